@@ -1,0 +1,181 @@
+"""``kztts export``: a Qwen3-TTS checkpoint directory -> a bundle directory."""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnxruntime as ort
+from tqdm import tqdm
+
+from kztts.errors import KzttsError
+from kztts.export.checkpoint import fingerprint, load_reference, read_config
+from kztts.export.onnx_export import export_onnx
+from kztts.export.talker_graph import TalkerGraph
+from kztts.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, GraphSpec, TensorSpec, write_manifest
+from kztts.sessions import _ORT_DTYPES, EXPORT_ID_KEY, GRAPH_KEY
+
+log = logging.getLogger(__name__)
+
+
+def stamp_graph(path: Path, name: str, export_id: str) -> None:
+    """Record which bundle and graph a file belongs to, in the ONNX model metadata.
+
+    The runtime compares the stamp with the manifest, so a graph copied in from
+    another export (same I/O, other weights) is refused instead of run.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    meta.update({GRAPH_KEY: name, EXPORT_ID_KEY: export_id})
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(path))
+
+
+def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precision: str,
+               export_id: str) -> GraphSpec:
+    """Stamp an exported graph and describe its I/O as ONNX Runtime sees it."""
+    path = bundle_dir / rel_file
+    stamp_graph(path, name, export_id)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def spec(args):
+        return tuple(TensorSpec(a.name, _ORT_DTYPES.get(a.type, a.type),
+                                tuple(d if isinstance(d, (int, str)) else "?" for d in a.shape)) for a in args)
+
+    return GraphSpec(name, rel_file, variant, precision, spec(sess.get_inputs()), spec(sess.get_outputs()),
+                     {"bytes": path.stat().st_size, "export_id": export_id})
+
+
+def model_config(model) -> dict:
+    """The shapes and ids the runtime needs, from a loaded Qwen3TTSForConditionalGeneration."""
+    tc = model.config.talker_config
+    cpc = tc.code_predictor_config
+    talker = TalkerGraph(model.talker).shape
+    cp_head_dim = getattr(cpc, "head_dim", cpc.hidden_size // cpc.num_attention_heads)
+    return {
+        "talker": {
+            "num_layers": talker.num_layers, "hidden": talker.hidden, "num_heads": talker.num_heads,
+            "num_kv_heads": talker.num_kv_heads, "head_dim": talker.head_dim,
+            "rope_theta": talker.rope_theta, "vocab": talker.vocab,
+            "max_positions": tc.max_position_embeddings, "text_hidden": tc.text_hidden_size,
+            "text_vocab": tc.text_vocab_size, "num_code_groups": tc.num_code_groups,
+            "rms_norm_eps": tc.rms_norm_eps,
+        },
+        "code_predictor": {
+            "num_layers": cpc.num_hidden_layers, "hidden": cpc.hidden_size,
+            "num_heads": cpc.num_attention_heads, "num_kv_heads": cpc.num_key_value_heads,
+            "head_dim": cp_head_dim, "rope_theta": float(cpc.rope_theta), "vocab": cpc.vocab_size,
+            "num_code_groups": cpc.num_code_groups,
+            "has_projection": not isinstance(model.talker.code_predictor.small_to_mtp_projection,
+                                             __import__("torch").nn.Identity),
+        },
+        "speaker_embedding_size": model.config.speaker_encoder_config.enc_dim,
+        "sample_rate": 24000,
+        "samples_per_frame": 1920,
+    }
+
+
+def special_ids(model) -> dict:
+    c, tc = model.config, model.config.talker_config
+    return {
+        "im_start": c.im_start_token_id, "im_end": c.im_end_token_id, "assistant": c.assistant_token_id,
+        "tts_pad": c.tts_pad_token_id, "tts_bos": c.tts_bos_token_id, "tts_eos": c.tts_eos_token_id,
+        "codec_pad": tc.codec_pad_id, "codec_bos": tc.codec_bos_id, "codec_eos": tc.codec_eos_token_id,
+        "codec_think": tc.codec_think_id, "codec_nothink": tc.codec_nothink_id,
+        "codec_think_bos": tc.codec_think_bos_id, "codec_think_eos": tc.codec_think_eos_id,
+    }
+
+
+def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
+    graph = TalkerGraph(model.talker).eval()
+    ins, outs = graph.io_names()
+    dyn = {"inputs_embeds": {1: "seq"}, "rope_cos": {1: "seq"}, "rope_sin": {1: "seq"}}
+    dyn.update({n: {2: "past"} for n in ins[3:]})
+    dyn.update({n: {2: "seq"} for n in outs[2:]})
+    rel = "graphs/talker.onnx"
+    export_onnx(graph, graph.example_inputs(), bundle_dir / rel, ins, outs, dyn)
+    return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)
+
+
+def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Export everything the CPU runtime needs; written to a temp dir, then moved into place."""
+    from kztts.export.embeddings import export_embeddings
+    from kztts.export.tokenizer import export_tokenizer
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    cfg = read_config(model_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        steps = tqdm(total=5, desc="export", unit="step", disable=None)
+        steps.set_postfix_str("loading checkpoint")
+        tts = load_reference(model_dir)
+        model = tts.model
+        steps.update()
+        steps.set_postfix_str("hashing checkpoint")
+        source = fingerprint(model_dir)
+        steps.update()
+        steps.set_postfix_str("embeddings + tokenizer")
+        tables = export_embeddings(model, work)
+        export_tokenizer(model_dir, work)
+        steps.update()
+        steps.set_postfix_str("talker graph")
+        export_id = source["sha256"][:16]
+        graphs = {"talker": export_talker(model, work, export_id)}
+        steps.update()
+        steps.set_postfix_str("manifest")
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
+            "tts_model_type": cfg["tts_model_type"], "tokenizer_type": TOKENIZER_TYPE,
+            "source": source, "config": model_config(model), "special_ids": special_ids(model),
+            "languages": dict(model.config.talker_config.codec_language_id or {}),
+            "generation": dict(getattr(model, "generate_config", None) or {}),
+            "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+        }
+        write_manifest(work, manifest)
+        steps.update()
+        steps.close()
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        work.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info("bundle written to %s", out_dir)
+    return out_dir
+
+
+def _code_fingerprint() -> str:
+    """Hash of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
+    import hashlib
+
+    import kztts.manifest
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")) + [Path(kztts.manifest.__file__)]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cached_bundle(model_dir: str | Path) -> Path:
+    """Export ``model_dir`` once into the cache (keyed by checkpoint name and exporter code)."""
+    import fcntl
+
+    from kztts.cache import cache_dir
+
+    model_dir = Path(model_dir)
+    root = cache_dir() / "bundles"
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"{model_dir.name}-{_code_fingerprint()}"
+    with open(root / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "kztts.json").is_file():
+            export_bundle(model_dir, out, overwrite=True)
+    return out

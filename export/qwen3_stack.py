@@ -1,0 +1,98 @@
+"""A Qwen3 decoder stack with explicit KV-cache I/O, written over the reference modules' weights.
+
+Both the Talker and the Code Predictor are Qwen3 decoders (RMSNorm on q and k over
+head_dim, then RoPE, GQA, SiLU MLP). The HF modules hide their cache in a
+``Cache`` object and build masks with transformers' mask utilities, neither of
+which exports cleanly; this wrapper reuses the very same ``nn.Linear`` and
+``RMSNorm`` modules, so the weights are shared, and only re-expresses the
+attention plumbing:
+
+- RoPE ``cos``/``sin`` are inputs ([1, T, head_dim]); the host builds them from
+  explicit positions (for the Talker the three M-RoPE axes are equal, which is
+  plain 1-D RoPE).
+- ``past_k``/``past_v`` are [1, kv_heads, P, head_dim]; the stack returns only
+  the T new entries, which the host writes into its own buffers.
+- the causal mask is built from the shapes: query i (absolute P + i) sees keys
+  0 .. P + i.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Qwen3Stack(nn.Module):
+    """Decoder layers + final norm of a Qwen3 model, over borrowed modules."""
+
+    def __init__(self, layers: nn.ModuleList, norm: nn.Module, *, num_heads: int, num_kv_heads: int,
+                 head_dim: int):
+        super().__init__()
+        self.layers = layers
+        self.norm = norm
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.groups = num_heads // num_kv_heads
+        self.scale = head_dim ** -0.5
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def _attention(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
+        b, t, _ = x.shape
+        hd, kv, g = self.head_dim, self.num_kv_heads, self.groups
+        q = attn.q_norm(attn.q_proj(x).view(b, t, self.num_heads, hd)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(b, t, kv, hd)).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
+        keys = torch.cat([past_k, k], dim=2)
+        values = torch.cat([past_v, v], dim=2)
+        # GQA without materialising repeated K/V: fold the query groups into the row axis.
+        qg = q.reshape(b, kv, g * t, hd)
+        scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
+        scores = scores.reshape(b, kv, g, t, -1) + mask
+        probs = torch.softmax(scores, dim=-1).reshape(b, kv, g * t, -1)
+        out = torch.matmul(probs, values).reshape(b, self.num_heads, t, hd)
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * hd)
+        return attn.o_proj(out), k, v
+
+    @staticmethod
+    def causal_mask(t: int | torch.Tensor, p: int | torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+        """Additive mask [t, p + t]: 0 where key j <= p + i, -inf elsewhere."""
+        rows = torch.arange(t).unsqueeze(1) + p
+        cols = torch.arange(t + p).unsqueeze(0)
+        zero = torch.zeros((), dtype=dtype)
+        return torch.where(cols > rows, torch.tensor(float("-inf"), dtype=dtype), zero)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                past_k: Sequence[torch.Tensor], past_v: Sequence[torch.Tensor]):
+        """Return (final-norm hidden [1,T,H], new keys, new values), one per layer."""
+        mask = self.causal_mask(x.shape[1], past_k[0].shape[2])
+        new_k, new_v = [], []
+        h = x
+        for layer, pk, pv in zip(self.layers, past_k, past_v):
+            a, k, v = self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, pk, pv, mask)
+            h = h + a
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            new_k.append(k)
+            new_v.append(v)
+        return self.norm(h), new_k, new_v
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, T, head_dim] cos/sin as the reference's default rope computes them (float32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[None], emb.sin()[None]

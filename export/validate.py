@@ -1,0 +1,105 @@
+"""``kztts validate``: a bundle against the official PyTorch model, side by side.
+
+For each prompt mode the reference generates greedily with qwen-tts and its
+prompt is captured; the bundle then builds the same prompt with its own numpy
+code and replays the Talker on the reference's codes (teacher forcing). Metrics
+compare the prefill embeddings, and the logits and hidden of every step.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kztts.bundle import Bundle
+from kztts.embeddings import EmbeddingTables
+from kztts.export.checkpoint import load_reference
+from kztts.export.reference import MODES, ReferenceRun, reference_run, teacher_forced_talker
+from kztts.prompt import build_prompt
+from kztts.talker import Talker
+
+log = logging.getLogger(__name__)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64 * b64).sum(-1) / (np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-300)
+
+
+@dataclass
+class ModeMetrics:
+    mode: str
+    prompt_positions: int
+    frames: int
+    prompt_max_abs: float
+    talker_logits_cos_min: float
+    talker_hidden_cos_min: float
+    talker_argmax_match: float
+
+
+def bundle_prompt(bundle: Bundle, tables: EmbeddingTables, run: ReferenceRun):
+    """The bundle's own prompt for a reference run (token ids, x-vector and ref codes as given)."""
+    lang = None if run.language.lower() == "auto" else bundle.manifest.languages[run.language.lower()]
+    return build_prompt(tables, run.input_ids, special_ids=bundle.manifest.special_ids, language_id=lang,
+                        speaker=run.speaker, mode="xvector" if run.xvector_mode else "icl",
+                        non_streaming=run.non_streaming, ref_text_ids=run.ref_ids, ref_codes=run.ref_codes)
+
+
+def replay_talker(talker: Talker, tables: EmbeddingTables, prompt, codes: np.ndarray):
+    """Teacher-forced bundle Talker: logits [F+1, V] and hidden [F+1, H]."""
+    logits, hidden = talker.prefill(prompt.embeds)
+    out_l, out_h = [logits], [hidden]
+    for k, frame in enumerate(codes):
+        text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
+        logits, hidden = talker.decode(tables.codec_sum(frame) + text)
+        out_l.append(logits)
+        out_h.append(hidden)
+    return np.stack(out_l), np.stack(out_h)
+
+
+def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker, mode: str,
+                  frames: int, language: str) -> ModeMetrics:
+    run = reference_run(tts, mode, frames=frames, language=language)
+    prompt = bundle_prompt(bundle, tables, run)
+    if prompt.embeds.shape != run.prefill.shape or prompt.trailing.shape != run.trailing.shape:
+        prompt_err = float("inf")
+    else:
+        prompt_err = float(max(np.abs(prompt.embeds - run.prefill).max(),
+                               np.abs(prompt.trailing - run.trailing).max() if run.trailing.size else 0.0,
+                               np.abs(prompt.tts_pad - run.tts_pad).max()))
+    ref_l, ref_h = teacher_forced_talker(tts.model, run.prefill, run.trailing, run.tts_pad, run.codes)
+    got_l, got_h = replay_talker(talker, tables, prompt, run.codes)
+    return ModeMetrics(
+        mode=mode, prompt_positions=int(run.prefill.shape[0]), frames=int(len(run.codes)),
+        prompt_max_abs=prompt_err,
+        talker_logits_cos_min=float(cosine_rows(got_l, ref_l).min()),
+        talker_hidden_cos_min=float(cosine_rows(got_h, ref_h).min()),
+        talker_argmax_match=float((got_l.argmax(-1) == ref_l.argmax(-1)).mean()),
+    )
+
+
+def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int = 32,
+             modes: tuple[str, ...] = MODES, languages: tuple[str, ...] = ("English", "Auto")) -> dict:
+    """Run every mode (and language setting) and aggregate: worst case over all of them."""
+    bundle = Bundle.open(bundle_dir)
+    tables = EmbeddingTables.from_bundle(bundle)
+    talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=min(
+        4096, int(bundle.manifest.talker["max_positions"])))
+    tts = load_reference(Path(reference_dir))
+    per_mode = []
+    for language in languages:
+        for mode in modes:
+            m = validate_mode(tts, bundle, tables, talker, mode, frames, language)
+            log.info("%s/%s: %s", mode, language, m)
+            per_mode.append({"language": language, **asdict(m)})
+    return {
+        "bundle": str(bundle_dir), "reference": str(reference_dir),
+        "frames": min(m["frames"] for m in per_mode),
+        "prompt_max_abs": max(m["prompt_max_abs"] for m in per_mode),
+        "talker_logits_cos_min": min(m["talker_logits_cos_min"] for m in per_mode),
+        "talker_hidden_cos_min": min(m["talker_hidden_cos_min"] for m in per_mode),
+        "talker_argmax_match": min(m["talker_argmax_match"] for m in per_mode),
+        "modes": per_mode,
+    }

@@ -1,0 +1,86 @@
+"""A bundle on disk: manifest, graphs, embedding tables and tokenizer, checked at open."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from kztts.errors import BundleError
+from kztts.manifest import Manifest, read_manifest
+from kztts.sessions import SessionConfig, open_session
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+_TABLE_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32}
+
+
+@dataclass
+class Bundle:
+    """An opened bundle. Graph sessions are created by ``session(name)`` and kept."""
+
+    path: Path
+    manifest: Manifest
+    session_config: SessionConfig = SessionConfig()
+    _sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: str | Path, session_config: SessionConfig = SessionConfig(),
+             load_graphs: bool = True) -> "Bundle":
+        """Read and check a bundle. With ``load_graphs`` every CPU graph is opened now,
+        so a corrupt or mismatched ONNX file fails here, naming the file."""
+        path = Path(path)
+        manifest = read_manifest(path)
+        bundle = cls(path, manifest, session_config)
+        bundle._check_files()
+        if load_graphs:
+            for name, spec in manifest.graphs.items():
+                if spec.variant == "dynamic":
+                    bundle.session(name)
+        return bundle
+
+    def _check_files(self) -> None:
+        if not (self.path / TOKENIZER_FILE).is_file():
+            raise BundleError(f"{self.path / TOKENIZER_FILE}: tokenizer missing; re-export the bundle")
+        for name, spec in self.manifest.graphs.items():
+            f = self.path / spec.file
+            if not f.is_file():
+                raise BundleError(f"{f}: graph file for {name!r} is missing; re-export the bundle")
+            size = spec.extra.get("bytes")
+            if size is not None and f.stat().st_size != size:
+                raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {size}: the file "
+                                  "is truncated or from another export; re-export the bundle")
+        for name, spec in self.manifest.embeddings.items():
+            self.table(name)
+
+    def table(self, name: str) -> np.ndarray:
+        """An embedding table, memory-mapped (not read into RAM), checked against the manifest."""
+        try:
+            spec = self.manifest.embeddings[name]
+        except KeyError:
+            raise BundleError(f"{self.manifest.path}: no embedding table {name!r}") from None
+        f = self.path / spec["file"]
+        if not f.is_file():
+            raise BundleError(f"{f}: embedding table {name!r} is missing; re-export the bundle")
+        try:
+            arr = np.load(f, mmap_mode="r")
+        except (ValueError, OSError, EOFError) as exc:
+            raise BundleError(f"{f}: unreadable embedding table ({exc}); re-export the bundle") from exc
+        want = _TABLE_DTYPES.get(spec["dtype"])
+        if want is None or arr.dtype != want or list(arr.shape) != list(spec["shape"]):
+            raise BundleError(f"{f}: table is {arr.dtype}{list(arr.shape)}, the manifest says "
+                              f"{spec['dtype']}{list(spec['shape'])}; re-export the bundle")
+        return arr
+
+    def session(self, name: str) -> ort.InferenceSession:
+        if name not in self._sessions:
+            try:
+                spec = self.manifest.graphs[name]
+            except KeyError:
+                raise BundleError(f"{self.manifest.path}: the bundle has no graph {name!r} "
+                                  f"(it has {sorted(self.manifest.graphs)})") from None
+            self._sessions[name] = open_session(self.path, spec, self.session_config)
+        return self._sessions[name]

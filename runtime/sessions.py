@@ -1,0 +1,95 @@
+"""ONNX Runtime session creation, with bundle-level error messages.
+
+Every graph of a bundle is opened here, so a corrupt file, or one whose inputs
+and outputs differ from what the manifest promises, is reported as a
+BundleError naming the file rather than as an ONNX Runtime traceback.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from kztts.errors import BundleError
+from kztts.manifest import GraphSpec
+
+log = logging.getLogger(__name__)
+
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
+               "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8",
+               "tensor(int8)": "int8", "tensor(uint16)": "uint16", "tensor(int16)": "int16"}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How graphs are run. ``threads`` 0 lets ONNX Runtime choose."""
+
+    threads: int = 0
+    optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
+
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _OPT_LEVELS[cfg.optimization]
+    if cfg.threads:
+        so.intra_op_num_threads = cfg.threads
+        so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # ORT warnings about unused initializers etc. are noise for users
+    return so
+
+
+GRAPH_KEY = "kztts.graph"
+EXPORT_ID_KEY = "kztts.export_id"
+
+
+def _check_stamp(path: Path, spec: GraphSpec, sess: ort.InferenceSession) -> None:
+    meta = sess.get_modelmeta().custom_metadata_map
+    want = spec.extra.get("export_id")
+    got = (meta.get(GRAPH_KEY), meta.get(EXPORT_ID_KEY))
+    if want is not None and got != (spec.name, want):
+        raise BundleError(f"{path}: this file is graph {got[0]!r} of export {got[1]!r}, but the manifest "
+                          f"expects graph {spec.name!r} of export {want!r}: the file comes from another "
+                          "bundle; re-export the bundle")
+
+
+def _check_io(path: Path, spec: GraphSpec, sess: ort.InferenceSession) -> None:
+    for kind, declared, actual in (("input", spec.inputs, sess.get_inputs()),
+                                   ("output", spec.outputs, sess.get_outputs())):
+        got = {a.name: (_ORT_DTYPES.get(a.type, a.type), len(a.shape)) for a in actual}
+        want = {t.name: (t.dtype, len(t.shape)) for t in declared}
+        if got != want:
+            missing = sorted(set(want) - set(got))
+            extra = sorted(set(got) - set(want))
+            differ = sorted(n for n in set(want) & set(got) if want[n] != got[n])
+            raise BundleError(
+                f"{path}: graph {kind}s do not match the manifest for {spec.name!r} "
+                f"(missing {missing[:4]}, unexpected {extra[:4]}, different dtype/rank {differ[:4]}); "
+                "the file belongs to another export: re-export the bundle")
+
+
+def open_session(bundle_dir: Path, spec: GraphSpec, cfg: SessionConfig = SessionConfig()) -> ort.InferenceSession:
+    """Open ``spec.file`` on the CPU EP and check its I/O against the manifest."""
+    path = Path(bundle_dir) / spec.file
+    if not path.is_file():
+        raise BundleError(f"{path}: graph file for {spec.name!r} is missing; re-export the bundle")
+    try:
+        sess = ort.InferenceSession(str(path), sess_options=_session_options(cfg),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for unreadable models
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BundleError(f"{path}: cannot load graph {spec.name!r}: the ONNX file is corrupt or "
+                          f"truncated ({first[:200]}); re-export the bundle") from exc
+    _check_stamp(path, spec, sess)
+    _check_io(path, spec, sess)
+    log.debug("opened %s (%s, %s)", path.name, spec.variant, spec.precision)
+    return sess

@@ -1,0 +1,54 @@
+"""The kztts command line: make-tiny -> export -> validate, and its error path."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def kztts(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "kztts.cli", *map(str, args)], capture_output=True,
+                          text=True, **kw)
+
+
+def test_validate_json_on_fresh_tiny_model(tiny_model_dir, tiny_bundle_dir):
+    out = kztts("validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 25, "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    for key in ("prompt_max_abs", "talker_logits_cos_min", "talker_hidden_cos_min", "talker_argmax_match", "frames"):
+        assert key in report
+    assert report["frames"] >= 24
+    assert report["prompt_max_abs"] <= 1e-5
+    assert report["talker_logits_cos_min"] >= 0.99999
+    assert report["talker_hidden_cos_min"] >= 0.99999
+    assert report["talker_argmax_match"] == 1.0
+    assert report["pass"] is True
+    assert {m["mode"] for m in report["modes"]} == {"xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream"}
+
+
+@pytest.mark.parametrize("variant", ["proj"], indirect=True)
+def test_make_tiny_then_export_from_the_command_line(tmp_path, variant):
+    model = tmp_path / "tiny"
+    out = kztts("make-tiny", model, "--seed", 7, "--variant", variant)
+    assert out.returncode == 0, out.stderr
+    assert (model / "config.json").is_file() and (model / "speech_tokenizer").is_dir()
+    out = kztts("export", model, "-o", tmp_path / "bundle")
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads((tmp_path / "bundle" / "kztts.json").read_text())
+    assert manifest["format"] == "kztts-bundle" and manifest["graphs"]["talker"]["variant"] == "dynamic"
+    assert len(manifest["source"]["sha256"]) == 64
+    # a second export into the same place needs --overwrite
+    again = kztts("export", model, "-o", tmp_path / "bundle")
+    assert again.returncode == 2
+    assert "exists and is not empty; choose another -o or pass --overwrite" in again.stderr
+
+
+def test_export_of_a_non_checkpoint_is_one_line_exit_2(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    out = kztts("export", tmp_path, "-o", tmp_path / "b")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_type is 'llama', not 'qwen3_tts'" in lines[0], out.stderr
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,41 @@
+"""The runtime package must work without torch: nothing under runtime/ imports it."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+
+
+def test_no_torch_import_statement():
+    offenders = []
+    for f in RUNTIME.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            offenders += [f"{f.name}: {n}" for n in names
+                          if n.split(".")[0] in ("torch", "transformers", "qwen_tts")]
+    assert not offenders, offenders
+
+
+def test_runtime_modules_import_with_torch_blocked():
+    code = (
+        "import sys, importlib, pkgutil\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'transformers', 'qwen_tts'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import kztts\n"
+        "for m in pkgutil.iter_modules(kztts.__path__):\n"
+        "    if m.name != 'export':\n"
+        "        importlib.import_module('kztts.' + m.name)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
