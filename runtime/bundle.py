@@ -24,17 +24,17 @@ class Bundle:
 
     path: Path
     manifest: Manifest
-    session_config: SessionConfig = SessionConfig()
+    session_config: SessionConfig = field(default_factory=SessionConfig)
     _sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, path: str | Path, session_config: SessionConfig = SessionConfig(),
+    def open(cls, path: str | Path, session_config: SessionConfig | None = None,
              load_graphs: bool = True) -> "Bundle":
         """Read and check a bundle. With ``load_graphs`` every CPU graph is opened now,
         so a corrupt or mismatched ONNX file fails here, naming the file."""
         path = Path(path)
         manifest = read_manifest(path)
-        bundle = cls(path, manifest, session_config)
+        bundle = cls(path, manifest, session_config or SessionConfig())
         bundle._check_files()
         if load_graphs:
             for name, spec in manifest.graphs.items():

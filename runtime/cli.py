@@ -13,11 +13,11 @@ log = logging.getLogger("kztts")
 
 
 def _need_export_extra() -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("qwen_tts") is None:
         raise KzttsError("this command needs the export extra (torch, transformers, qwen-tts): "
-                         "pip install -e '.[export]' && pip install --no-deps qwen-tts==0.1.1") from None
+                         "pip install -e '.[export]' && pip install --no-deps qwen-tts==0.1.1")
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:

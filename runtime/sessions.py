@@ -7,12 +7,13 @@ BundleError naming the file rather than as an ONNX Runtime traceback.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnxruntime as ort
 
-from kztts.errors import BundleError
+from kztts.errors import BundleError, KzttsError
 from kztts.manifest import GraphSpec
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,22 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor
                "tensor(int8)": "int8", "tensor(uint16)": "uint16", "tensor(int16)": "int16"}
 
 
+def _default_threads() -> int:
+    raw = os.environ.get("KZTTS_THREADS", "0")
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise KzttsError(f"KZTTS_THREADS={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
+    return threads
+
+
 @dataclass(frozen=True)
 class SessionConfig:
-    """How graphs are run. ``threads`` 0 lets ONNX Runtime choose."""
+    """How graphs are run. ``threads`` 0 lets ONNX Runtime choose (``$KZTTS_THREADS`` sets the default)."""
 
-    threads: int = 0
+    threads: int = field(default_factory=_default_threads)
     optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
 
 
@@ -44,6 +56,9 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     if cfg.threads:
         so.intra_op_num_threads = cfg.threads
         so.inter_op_num_threads = 1
+    # The frame loop alternates several sessions and numpy work: a session's threads
+    # spinning after its run would steal the cores the next stage needs.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3  # ORT warnings about unused initializers etc. are noise for users
     return so
 
@@ -77,13 +92,13 @@ def _check_io(path: Path, spec: GraphSpec, sess: ort.InferenceSession) -> None:
                 "the file belongs to another export: re-export the bundle")
 
 
-def open_session(bundle_dir: Path, spec: GraphSpec, cfg: SessionConfig = SessionConfig()) -> ort.InferenceSession:
+def open_session(bundle_dir: Path, spec: GraphSpec, cfg: SessionConfig | None = None) -> ort.InferenceSession:
     """Open ``spec.file`` on the CPU EP and check its I/O against the manifest."""
     path = Path(bundle_dir) / spec.file
     if not path.is_file():
         raise BundleError(f"{path}: graph file for {spec.name!r} is missing; re-export the bundle")
     try:
-        sess = ort.InferenceSession(str(path), sess_options=_session_options(cfg),
+        sess = ort.InferenceSession(str(path), sess_options=_session_options(cfg or SessionConfig()),
                                     providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises several unrelated types for unreadable models
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

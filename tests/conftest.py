@@ -5,7 +5,21 @@ the code that builds them, so a code change rebuilds them and reruns reuse them.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Tiny models run fastest on one thread, and the test machine may be shared: more
+# threads only add synchronisation (2 torch threads were 6x slower under load).
+os.environ.setdefault("KZTTS_THREADS", "1")
+
+
+def pytest_configure(config):
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
 
 VARIANTS = ("proj", "equal")
 

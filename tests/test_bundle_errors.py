@@ -9,8 +9,14 @@ import pytest
 from kztts.bundle import Bundle
 from kztts.errors import BundleError, KzttsError
 
-# The checks are about files, not model shapes: one variant is enough.
-pytestmark = pytest.mark.parametrize("variant", ["proj"], indirect=True)
+
+@pytest.fixture(scope="module")
+def tiny_bundle_dir():
+    """The checks are about files, not model shapes: one variant is enough."""
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("proj"))
 
 
 @pytest.fixture
