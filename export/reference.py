@@ -13,17 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kztts.audio import synthetic_voice
+
 MODES = ("xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream")
 DEFAULT_TEXT = "Hello world, this is a tiny test."
 DEFAULT_REF_TEXT = "A reference sentence."
-
-
-def synthetic_voice(seconds: float = 1.3, sr: int = 24000) -> np.ndarray:
-    """A deterministic voiced-like signal (a modulated 180 Hz tone in light noise)."""
-    t = np.arange(int(seconds * sr)) / sr
-    rng = np.random.default_rng(0)
-    return (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-            + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 @dataclass

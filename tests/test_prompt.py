@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
+from kztts.audio import synthetic_voice
 import pytest
 import torch
 
@@ -32,13 +34,6 @@ REF_TEXT = "A reference sentence."
 
 class _Captured(Exception):
     pass
-
-
-def _synthetic_voice(seconds: float = 1.3, sr: int = 24000) -> np.ndarray:
-    t = np.arange(int(seconds * sr)) / sr
-    rng = np.random.default_rng(0)
-    return (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-            + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +66,7 @@ def exported(ref_model, tiny_model_dir, tmp_path_factory):
 def voice(ref_model):
     """The reference's voice-clone prompt items (x-vector and ICL) for the synthetic voice."""
     tts = ref_model
-    wav = _synthetic_voice()
+    wav = synthetic_voice()
     return {
         "xvec": tts.create_voice_clone_prompt(ref_audio=(wav, 24000), x_vector_only_mode=True)[0],
         "icl": tts.create_voice_clone_prompt(ref_audio=(wav, 24000), ref_text=REF_TEXT,

@@ -1,0 +1,432 @@
+"""The 12 Hz speech tokenizer as ONNX graphs: decoder (codes -> wav), streaming decoder, encoder.
+
+The reference modules (``Qwen3TTSTokenizerV2Decoder``, the Mimi encoder) build
+their attention masks with transformers' mask utilities and compute conv padding
+from Python-level shapes, which the TorchScript exporter freezes to the example
+length. The wrappers below re-express the same computation over the very same
+weights, in plain tensor code whose shapes stay symbolic:
+
+``DecoderStep`` (graph ``decoder_stream``)
+    One chunk of frames with explicit state: every causal conv carries its last
+    ``kernel - 1`` input samples, every causal ConvTranspose its last input
+    sample, every transformer layer the post-RoPE keys/values of the last
+    ``sliding_window - 1`` positions. ``position`` is the absolute index (inside
+    the current decode segment) of the chunk's first frame: it feeds RoPE and the
+    sliding-window mask. Feeding a sequence chunk by chunk gives the samples of
+    one pass over the whole sequence (the decoder is causal end to end).
+``FullDecoder`` (graph ``decoder``)
+    ``DecoderStep`` from zero state at position 0: codes [1, F, 16] -> wav
+    [1, F * 1920], equal to ``Qwen3TTSTokenizerV2Decoder.forward`` (clamp included).
+    qwen-tts decodes through ``chunked_decode(chunk_size=300, left_context=25)``;
+    the runtime reproduces that segmentation on the host (kztts.codec).
+``EncoderGraph`` (graph ``encoder``)
+    wav [1, L] (24 kHz) -> codes [1, ceil(L / 1920), 16]: SEANet convs, the Mimi
+    transformer (full causal attention, as ``create_causal_mask`` builds it), the
+    stride-2 downsample, and the split RVQ (first ``encoder_valid_num_quantizers``
+    codebooks), nearest codeword by the same augmented-matmul distance that
+    ``torch.cdist`` uses, so ties and near-ties resolve like the reference.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kztts.export.onnx_export import export_onnx
+
+SAMPLES_PER_FRAME = 1920
+# qwen-tts: Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, used by Qwen3TTSTokenizerV2Model.decode
+REFERENCE_CHUNK = 300
+REFERENCE_LEFT_CONTEXT = 25
+
+
+# ---------------------------------------------------------------- decoder
+def _snake(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """SnakeBeta exactly as the reference: x + 1/(exp(beta)+1e-9) * sin(x * exp(alpha))^2."""
+    alpha = torch.exp(act.alpha)[None, :, None]
+    beta = torch.exp(act.beta)[None, :, None]
+    return x + (1.0 / (beta + act.no_div_by_zero)) * torch.pow(torch.sin(x * alpha), 2)
+
+
+class DecoderStep(nn.Module):
+    """forward(codes [1,C,16] int64, position [1] int64, *state) -> (wav [1, C*1920], *new_state)."""
+
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        cfg = decoder.config
+        self.dec = decoder
+        q = decoder.quantizer
+        layers = list(q.rvq_first.vq.layers) + list(q.rvq_rest.vq.layers)
+        for layer in layers:
+            if not isinstance(layer.project_out, nn.Identity):
+                raise NotImplementedError("decoder RVQ with project_out is not supported")
+        with torch.no_grad():
+            books = [l._codebook.embedding_sum / l._codebook.cluster_usage.clamp(min=l._codebook.epsilon)[:, None]
+                     for l in layers]
+        self.register_buffer("codebooks", torch.stack(books).detach().clone(), persistent=False)
+        self.num_quantizers = len(layers)
+        self.bins = books[0].shape[0]
+        self.n_semantic = q.n_q_semantic
+        if self.n_semantic != 1:
+            raise NotImplementedError("decoder with more than one semantic quantizer")
+        tr = decoder.pre_transformer
+        self.window = int(cfg.sliding_window)
+        self.kv_len = self.window - 1
+        self.head_dim = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.rope_scaling = float(tr.rotary_emb.attention_scaling)
+        self.register_buffer("inv_freq", tr.rotary_emb.inv_freq.detach().float().clone(), persistent=False)
+        self.samples_per_frame = int(decoder.total_upsample)
+        self.state_specs = self._state_specs()
+
+    # ---- state layout (names and shapes, batch 1), in graph input order
+    def _conv_ctx(self, cc) -> int:
+        conv = cc.conv
+        if conv.stride[0] != 1 or cc.padding != cc.kernel_size - 1:
+            raise NotImplementedError("decoder conv with stride != 1")
+        return cc.kernel_size - 1
+
+    @staticmethod
+    def _tconv_ctx(tc) -> int:
+        k, s = tc.conv.kernel_size[0], tc.conv.stride[0]
+        if tc.left_pad != 0 or tc.right_pad != k - s:
+            raise NotImplementedError("decoder ConvTranspose with unexpected trim")
+        return math.ceil(k / s) - 1
+
+    def _state_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        d = self.dec
+        specs = [("pre_conv", (1, d.pre_conv.conv.in_channels, self._conv_ctx(d.pre_conv)))]
+        for i in range(len(d.pre_transformer.layers)):
+            shape = (1, self.num_kv_heads, self.kv_len, self.head_dim)
+            specs += [(f"key_{i}", shape), (f"value_{i}", shape)]
+        for i, (tconv, block) in enumerate(d.upsample):
+            if self._tconv_ctx(tconv):
+                raise NotImplementedError("overlapping upsample ConvTranspose")
+            specs.append((f"up{i}_dwconv", (1, block.dwconv.conv.in_channels, self._conv_ctx(block.dwconv))))
+        first = d.decoder[0]
+        specs.append(("dec_in", (1, first.conv.in_channels, self._conv_ctx(first))))
+        for b, blk in enumerate(d.decoder[1:-2]):
+            tconv = blk.block[1]
+            specs.append((f"block{b}_tconv", (1, tconv.conv.in_channels, self._tconv_ctx(tconv))))
+            for r, unit in enumerate(blk.block[2:]):
+                specs.append((f"block{b}_res{r}", (1, unit.conv1.conv.in_channels, self._conv_ctx(unit.conv1))))
+        last = d.decoder[-1]
+        specs.append(("dec_out", (1, last.conv.in_channels, self._conv_ctx(last))))
+        return specs
+
+    def zero_state(self) -> list[torch.Tensor]:
+        return [torch.zeros(shape) for _, shape in self.state_specs]
+
+    # ---- building blocks
+    @staticmethod
+    def _causal_conv(cc, x, state, new):
+        conv = cc.conv
+        xx = torch.cat([state, x], dim=-1)
+        new.append(xx[..., -state.shape[-1]:])
+        return F.conv1d(xx, conv.weight, conv.bias, stride=1, dilation=conv.dilation[0], groups=conv.groups)
+
+    def _tconv(self, tc, x, state, new):
+        conv = tc.conv
+        s = conv.stride[0]
+        ctx = state.shape[-1]
+        if ctx == 0:  # kernel == stride: no overlap, no trim
+            return F.conv_transpose1d(x, conv.weight, conv.bias, stride=s)
+        xx = torch.cat([state, x], dim=-1)
+        new.append(xx[..., -ctx:])
+        y = F.conv_transpose1d(xx, conv.weight, conv.bias, stride=s)
+        # y covers (ctx + C - 1) * s + k samples: the chunk's own C * s start after ctx * s
+        # and end k - s before the end (the reference trims k - s on the right)
+        return y[..., ctx * s: y.shape[-1] - (conv.kernel_size[0] - s)]
+
+    def _attention(self, attn, x, cos, sin, past_k, past_v, allowed, new):
+        b, t, _ = x.shape
+        hd = self.head_dim
+        q = attn.q_proj(x).view(b, t, self.num_heads, hd).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, self.num_kv_heads, hd).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, self.num_kv_heads, hd).transpose(1, 2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        half = hd // 2
+        q = q * c + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * s
+        k = k * c + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * s
+        keys = torch.cat([past_k, k], dim=2)
+        values = torch.cat([past_v, v], dim=2)
+        new.append(keys[:, :, -self.kv_len:])
+        new.append(values[:, :, -self.kv_len:])
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, self.num_heads * hd)
+        return attn.o_proj(out)
+
+    def _transformer(self, x, position, states, new):
+        tr = self.dec.pre_transformer
+        t = x.shape[1]
+        x = tr.input_proj(x)
+        pos = position + torch.arange(t, dtype=torch.int64)  # [t] absolute positions
+        freqs = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[None]
+        cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
+        # keys: kv_len state slots (absolute position - kv_len + j) then the chunk
+        kpos = position - self.kv_len + torch.arange(self.kv_len + t, dtype=torch.int64)
+        qp, kp = pos[:, None], kpos[None, :]
+        allowed = (kp >= 0) & (kp <= qp) & (kp > qp - self.window)
+        for i, layer in enumerate(tr.layers):
+            h = layer.input_layernorm(x)
+            h = self._attention(layer.self_attn, h, cos, sin, states[2 * i], states[2 * i + 1], allowed, new)
+            x = x + layer.self_attn_layer_scale(h)
+            h = layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.mlp_layer_scale(h)
+        return tr.output_proj(tr.norm(x))
+
+    def forward(self, codes, position, *state):
+        d = self.dec
+        q = d.quantizer
+        it = iter(state)
+        new: list[torch.Tensor] = []
+        offsets = torch.arange(self.num_quantizers, dtype=torch.int64) * self.bins
+        flat = self.codebooks.reshape(-1, self.codebooks.shape[-1])
+        emb = F.embedding(codes + offsets, flat)  # [1, C, 16, D]
+        first = emb[:, :, 0].transpose(1, 2)
+        rest = emb[:, :, 1:].sum(dim=2).transpose(1, 2)
+        hidden = q.rvq_first.output_proj(first) + q.rvq_rest.output_proj(rest)
+        hidden = self._causal_conv(d.pre_conv, hidden, next(it), new)
+        kv = [next(it) for _ in range(2 * len(d.pre_transformer.layers))]
+        hidden = self._transformer(hidden.transpose(1, 2), position, kv, new).permute(0, 2, 1)
+        for tconv, block in d.upsample:
+            hidden = self._tconv(tconv, hidden, hidden.new_zeros(1, 1, 0), new)
+            x = self._causal_conv(block.dwconv, hidden, next(it), new)
+            x = block.norm(x.permute(0, 2, 1))
+            x = block.pwconv2(block.act(block.pwconv1(x)))
+            hidden = hidden + (block.gamma * x).permute(0, 2, 1)
+        wav = self._causal_conv(d.decoder[0], hidden, next(it), new)
+        for blk in d.decoder[1:-2]:
+            wav = _snake(blk.block[0], wav)
+            wav = self._tconv(blk.block[1], wav, next(it), new)
+            for unit in blk.block[2:]:
+                x = self._causal_conv(unit.conv1, _snake(unit.act1, wav), next(it), new)
+                x = unit.conv2.conv(_snake(unit.act2, x))
+                wav = wav + x
+        wav = _snake(d.decoder[-2], wav)
+        wav = self._causal_conv(d.decoder[-1], wav, next(it), new)
+        wav = wav.clamp(min=-1, max=1)
+        return (wav[:, 0], *new)
+
+
+class FullDecoder(nn.Module):
+    """codes [1, F, 16] -> wav [1, F * 1920]: one pass from zero state (== decoder.forward)."""
+
+    def __init__(self, step: DecoderStep):
+        super().__init__()
+        self.step = step
+
+    def forward(self, codes):
+        out = self.step(codes, torch.zeros(1, dtype=torch.int64), *self.step.zero_state())
+        return out[0]
+
+
+def _decoder_of(model) -> nn.Module:
+    """The Qwen3TTSTokenizerV2Decoder of a Qwen3TTSForConditionalGeneration (or of the tokenizer)."""
+    st = getattr(model, "speech_tokenizer", model)
+    st = getattr(st, "model", st)  # Qwen3TTSTokenizer wrapper -> Qwen3TTSTokenizerV2Model
+    return st
+
+
+def _static_outputs(path: Path, shapes: dict) -> None:
+    """Declare the (fixed) shapes of state outputs, which ONNX shape inference leaves symbolic."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for out in model.graph.output:
+        if out.name in shapes:
+            dims = out.type.tensor_type.shape.dim
+            for d, v in zip(dims, shapes[out.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    onnx.save(model, str(path))
+
+
+def _example_codes(frames: int, bins: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, bins, (1, frames, 16), generator=g, dtype=torch.int64)
+
+
+def export_decoder(model, bundle_dir: Path, export_id: str) -> dict:
+    """Export graphs ``decoder`` (full) and ``decoder_stream`` (stateful chunk) into ``bundle_dir/graphs``."""
+    from kztts.export.bundle_writer import graph_spec
+
+    bundle_dir = Path(bundle_dir)
+    st = _decoder_of(model)
+    step = DecoderStep(st.decoder).eval()
+    if step.samples_per_frame != SAMPLES_PER_FRAME:
+        raise NotImplementedError(f"decoder upsamples by {step.samples_per_frame}, expected {SAMPLES_PER_FRAME}")
+    codec_info = {
+        "samples_per_frame": step.samples_per_frame, "sample_rate": int(st.get_output_sample_rate()),
+        "num_quantizers": step.num_quantizers, "codebook_size": step.bins,
+        "sliding_window": step.window, "reference_chunk": REFERENCE_CHUNK,
+        "reference_left_context": REFERENCE_LEFT_CONTEXT,
+    }
+    codes = _example_codes(5, step.bins)
+
+    rel = "graphs/decoder.onnx"
+    export_onnx(FullDecoder(step).eval(), (codes,), bundle_dir / rel, ["codes"], ["wav"],
+                {"codes": {1: "frames"}, "wav": {1: "samples"}})
+    full = graph_spec(bundle_dir, "decoder", rel, "dynamic", "fp32", export_id)
+    full.extra.update(codec_info)
+
+    names = [n for n, _ in step.state_specs]
+    ins = ["codes", "position"] + [f"state_{n}" for n in names]
+    outs = ["wav"] + [f"new_state_{n}" for n in names]
+    rel = "graphs/decoder_stream.onnx"
+    example = (codes, torch.tensor([3], dtype=torch.int64), *step.zero_state())
+    export_onnx(step, example, bundle_dir / rel, ins, outs,
+                {"codes": {1: "frames"}, "wav": {1: "samples"}})
+    _static_outputs(bundle_dir / rel, {f"new_state_{n}": s for n, s in step.state_specs})
+    stream = graph_spec(bundle_dir, "decoder_stream", rel, "dynamic", "fp32", export_id)
+    stream.extra.update(codec_info)
+    stream.extra["state"] = [{"name": n, "shape": list(s)} for n, s in step.state_specs]
+    return {"decoder": full, "decoder_stream": stream}
+
+
+# ---------------------------------------------------------------- encoder
+def _mimi_conv(layer, x):
+    """MimiConv1d (causal) with the reference's padding, in static-shape form.
+
+    The reference pads ``kernel - stride`` on the left and ``(-L) mod stride`` on the
+    right. Padding ``stride - 1`` on the right instead yields the same output
+    frames (ceil(L / stride)): the extra samples are never read.
+    """
+    if not layer.causal:
+        raise NotImplementedError("non-causal Mimi conv")
+    k, s = int(layer.kernel_size), int(layer.stride)
+    mode = {"constant": "constant", "replicate": "replicate"}.get(layer.pad_mode)
+    if mode is None:
+        raise NotImplementedError(f"Mimi conv pad_mode {layer.pad_mode!r}")
+    x = F.pad(x, (k - s, s - 1), mode=mode)
+    return layer.conv(x)
+
+
+class EncoderGraph(nn.Module):
+    """wav [1, L] at 24 kHz -> codes [1, ceil(L/1920), n_valid] int64."""
+
+    def __init__(self, st_model: nn.Module):
+        super().__init__()
+        enc = st_model.encoder
+        self.enc = enc
+        self.n_valid = int(st_model.encoder_valid_num_quantizers)
+        cfg = enc.config
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = enc.quantizer
+        sem, aco = q.semantic_residual_vector_quantizer, q.acoustic_residual_vector_quantizer
+        if q.num_semantic_quantizers != 1:
+            raise NotImplementedError("encoder with more than one semantic quantizer")
+        n_ac = self.n_valid - 1
+        if n_ac > len(aco.layers):
+            raise ValueError(f"encoder has {1 + len(aco.layers)} quantizers, fewer than {self.n_valid}")
+        self.sem, self.aco, self.n_ac = sem, aco, n_ac
+        # augmented codebooks [D + 2, bins] for  |x|^2 - 2 x.e + |e|^2  as torch.cdist computes it
+        books = []
+        with torch.no_grad():
+            for layer in list(sem.layers) + list(aco.layers[:n_ac]):
+                cb = layer.codebook
+                embed = cb.embed_sum / cb.cluster_usage.clamp(min=cb.epsilon)[:, None]
+                books.append(embed.float())
+        aug = [torch.cat([e, torch.ones_like(e[:, :1]), e.pow(2).sum(-1, keepdim=True)], dim=-1).t() for e in books]
+        # one initializer per codebook, shared by the distance MatMul and the codeword Gather
+        self.aug = nn.ParameterList([nn.Parameter(a.contiguous(), requires_grad=False) for a in aug])  # [D+2, bins]
+        rot = enc.encoder_transformer.layers[0].self_attn.rotary_emb
+        self.register_buffer("inv_freq", rot.inv_freq.detach().float().clone(), persistent=False)
+        self.rope_scaling = float(rot.attention_scaling)
+
+    def _transformer(self, x):
+        tr = self.enc.encoder_transformer
+        b, t, _ = x.shape
+        pos = torch.arange(t, dtype=torch.int64)
+        freqs = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[None]
+        cos, sin = (emb.cos() * self.rope_scaling).unsqueeze(1), (emb.sin() * self.rope_scaling).unsqueeze(1)
+        allowed = pos[None, :] <= pos[:, None]  # full causal (create_causal_mask ignores sliding_window)
+        hd, half = self.head_dim, self.head_dim // 2
+        groups = self.num_heads // self.num_kv_heads
+        for layer in tr.layers:
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(b, t, self.num_heads, hd).transpose(1, 2)
+            k = attn.k_proj(h).view(b, t, self.num_kv_heads, hd).transpose(1, 2)
+            v = attn.v_proj(h).view(b, t, self.num_kv_heads, hd).transpose(1, 2)
+            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            if groups > 1:
+                k = k.repeat_interleave(groups, dim=1)
+                v = v.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, -1)
+            x = x + layer.self_attn_layer_scale(attn.o_proj(out))
+            x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
+        return x
+
+    def _rvq(self, x, first: int, count: int):
+        """Residual quantization of x [1, D, T] with codebooks first..first+count-1 -> [count] of [1, T]."""
+        codes = []
+        residual = x
+        for i in range(first, first + count):
+            r = residual[0].transpose(0, 1)  # [T, D]
+            norm = r.pow(2).sum(-1, keepdim=True)
+            lhs = torch.cat([r * -2.0, norm, torch.ones_like(norm)], dim=-1)  # [T, D+2]
+            dist = torch.sqrt(torch.clamp(torch.matmul(lhs, self.aug[i]), min=0.0))
+            idx = torch.argmin(dist, dim=-1)  # first minimum, as torch.cdist(...).argmin
+            codes.append(idx[None])
+            # the chosen codewords are columns of the augmented table's first D rows
+            picked = torch.index_select(self.aug[i], 1, idx)[: r.shape[1]]  # [D, T]
+            residual = residual - picked[None]
+        return codes
+
+    def forward(self, wav):
+        enc = self.enc
+        x = wav[:, None, :]
+        for layer in enc.encoder.layers:
+            name = type(layer).__name__
+            if name == "MimiConv1d":
+                x = _mimi_conv(layer, x)
+            elif name == "MimiResnetBlock":
+                h = x
+                for sub in layer.block:
+                    h = _mimi_conv(sub, h) if type(sub).__name__ == "MimiConv1d" else sub(h)
+                if type(layer.shortcut).__name__ == "MimiConv1d":
+                    x = _mimi_conv(layer.shortcut, x) + h
+                else:
+                    x = layer.shortcut(x) + h
+            else:
+                x = layer(x)
+        x = self._transformer(x.transpose(1, 2)).transpose(1, 2)
+        x = _mimi_conv(enc.downsample, x)
+        sem_in = self.sem.input_proj(x) if self.sem.input_proj is not None else x
+        aco_in = self.aco.input_proj(x) if self.aco.input_proj is not None else x
+        codes = self._rvq(sem_in, 0, 1) + self._rvq(aco_in, 1, self.n_ac)
+        return torch.stack(codes, dim=-1)  # [1, T, n_valid]
+
+
+def export_encoder(model, bundle_dir: Path, export_id: str) -> dict:
+    """Export graph ``encoder`` (wav [1, L] f32 24 kHz -> codes [1, F, 16] int64)."""
+    from kztts.export.bundle_writer import graph_spec
+
+    bundle_dir = Path(bundle_dir)
+    st = _decoder_of(model)
+    graph = EncoderGraph(st).eval()
+    example = (torch.randn(1, 3 * SAMPLES_PER_FRAME + 123, generator=torch.Generator().manual_seed(0)) * 0.1,)
+    rel = "graphs/encoder.onnx"
+    export_onnx(graph, example, bundle_dir / rel, ["wav"], ["codes"],
+                {"wav": {1: "samples"}, "codes": {1: "frames"}})
+    spec = graph_spec(bundle_dir, "encoder", rel, "dynamic", "fp32", export_id)
+    spec.extra.update({"sample_rate": int(st.get_input_sample_rate()),
+                       "samples_per_frame": int(st.get_encode_downsample_rate()),
+                       "num_quantizers": graph.n_valid})
+    return {"encoder": spec}

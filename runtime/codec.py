@@ -1,0 +1,227 @@
+"""The 12 Hz speech tokenizer on ONNX Runtime: codes -> 24 kHz samples (whole or streamed), wav -> codes.
+
+Decoding follows qwen-tts exactly (``Qwen3TTSTokenizerV2Model.decode``): the frames
+are decoded in segments of 300 frames, each segment preceded by up to 25 frames of
+left context whose samples are dropped (``chunked_decode(300, 25)``); every segment
+starts from a fresh decoder (zero conv state, RoPE positions from 0). Inside a
+segment the decoder is causal, so
+
+* ``Decoder.decode`` runs the ``decoder`` graph once per segment, and
+* ``StreamingDecoder.push`` runs the stateful ``decoder_stream`` graph on the
+  frames as they arrive (any chunk sizes), carrying each causal conv's input tail,
+  each ConvTranspose's last input and each transformer layer's last
+  ``sliding_window - 1`` keys/values. 25 frames before a segment boundary it starts
+  a second, fresh state on the same frames (their samples are discarded) and
+  switches to it at the boundary, so it returns the samples ``Decoder.decode``
+  returns for the same frames.
+
+``chunk_size=None`` turns the segmentation off (one causal pass over everything).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from kztts.errors import BundleError, KzttsError
+
+SAMPLE_RATE = 24000
+SAMPLES_PER_FRAME = 1920
+NUM_QUANTIZERS = 16
+CODEBOOK_SIZE = 2048
+REFERENCE_CHUNK = 300
+REFERENCE_LEFT_CONTEXT = 25
+
+
+def check_codes(codes, codebook_size: int = CODEBOOK_SIZE, num_quantizers: int = NUM_QUANTIZERS) -> np.ndarray:
+    """Codes as a contiguous int64 [F, num_quantizers] array, or a KzttsError saying what is wrong."""
+    arr = np.asarray(codes)
+    if arr.ndim != 2 or arr.shape[1] != num_quantizers:
+        raise KzttsError(f"codes must have shape [frames, {num_quantizers}], got {list(arr.shape)}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise KzttsError(f"codes must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= codebook_size):
+        raise KzttsError(f"codes must be in 0..{codebook_size - 1}, got values {int(arr.min())}..{int(arr.max())}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _segmentation(chunk_size, left_context) -> tuple[int | None, int]:
+    if chunk_size is None:
+        return None, 0
+    chunk_size, left_context = int(chunk_size), int(left_context)
+    if chunk_size <= 0 or not 0 <= left_context < chunk_size:
+        raise ValueError(f"need chunk_size > 0 and 0 <= left_context < chunk_size "
+                         f"(got {chunk_size}, {left_context})")
+    return chunk_size, left_context
+
+
+def _graph_extra(bundle, name: str) -> dict:
+    spec = bundle.manifest.graphs.get(name)
+    if spec is None:
+        raise BundleError(f"{bundle.path}: the bundle has no {name!r} graph; re-export it")
+    return spec.extra
+
+
+def _zero_state(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """Zero tensors for the ``state_*`` inputs of a ``decoder_stream`` session."""
+    inputs = session.get_inputs()
+    names = [i.name for i in inputs]
+    if names[:2] != ["codes", "position"] or not all(n.startswith("state_") for n in names[2:]):
+        raise BundleError(f"not a decoder_stream graph: inputs {names[:4]}...; expected codes, position, state_*")
+    zeros = {}
+    for i in inputs[2:]:
+        if not all(isinstance(d, int) for d in i.shape):
+            raise BundleError(f"decoder_stream state {i.name} has a symbolic shape {i.shape}")
+        zeros[i.name] = np.zeros(i.shape, dtype=np.float32)
+    return zeros
+
+
+class Decoder:
+    """Codes [F, 16] -> float32 samples [F * 1920] at 24 kHz.
+
+    Runs the ``decoder`` graph; given a ``decoder_stream`` session instead it runs
+    that graph from zero state once per segment (same samples, one weight copy).
+    """
+
+    def __init__(self, session: ort.InferenceSession, *, chunk_size: int | None = REFERENCE_CHUNK,
+                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE):
+        self.session = session
+        self.chunk_size, self.left_context = _segmentation(chunk_size, left_context)
+        self.codebook_size = int(codebook_size)
+        stateful = len(session.get_inputs()) > 1
+        self._zeros = _zero_state(session) if stateful else None
+
+    @classmethod
+    def from_bundle(cls, bundle, **kw) -> "Decoder":
+        extra = _graph_extra(bundle, "decoder")
+        kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
+        kw.setdefault("left_context", extra.get("reference_left_context", REFERENCE_LEFT_CONTEXT))
+        kw.setdefault("codebook_size", extra.get("codebook_size", CODEBOOK_SIZE))
+        return cls(bundle.session("decoder"), **kw)
+
+    def _run(self, codes: np.ndarray) -> np.ndarray:
+        feed = {"codes": codes[None]}
+        if self._zeros is not None:
+            feed.update(self._zeros, position=np.zeros(1, dtype=np.int64))
+        return self.session.run(["wav"], feed)[0][0]
+
+    def decode(self, codes) -> np.ndarray:
+        codes = check_codes(codes, self.codebook_size)
+        n = codes.shape[0]
+        if n == 0:
+            return np.zeros(0, dtype=np.float32)
+        if self.chunk_size is None:
+            return self._run(codes)
+        pieces, start = [], 0
+        while start < n:  # Qwen3TTSTokenizerV2Decoder.chunked_decode
+            end = min(start + self.chunk_size, n)
+            ctx = self.left_context if start - self.left_context > 0 else start
+            wav = self._run(codes[start - ctx:end])
+            pieces.append(wav[ctx * SAMPLES_PER_FRAME:])
+            start = end
+        return np.concatenate(pieces)
+
+
+class _State:
+    """One decode pass of the stream graph: its state tensors and next position."""
+
+    def __init__(self, zeros: dict[str, np.ndarray]):
+        self.tensors = dict(zeros)
+        self.position = 0
+
+
+class StreamingDecoder:
+    """Feed frames as they are produced; get their samples back at once.
+
+    ``push(codes [n, 16]) -> float32 [n * 1920]``. The concatenated output of any
+    sequence of pushes equals ``Decoder.decode`` of all frames pushed (same
+    ``chunk_size``/``left_context``). ``reset()`` starts a new utterance.
+    """
+
+    def __init__(self, session: ort.InferenceSession, *, chunk_size: int | None = REFERENCE_CHUNK,
+                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE,
+                 max_frames_per_run: int | None = None):
+        self.session = session
+        self.chunk_size, self.left_context = _segmentation(chunk_size, left_context)
+        self.codebook_size = int(codebook_size)
+        self.max_frames_per_run = max_frames_per_run
+        self._zeros = _zero_state(session)
+        self._out_names = ["wav"] + ["new_" + n for n in self._zeros]
+        self.reset()
+
+    @classmethod
+    def from_bundle(cls, bundle, **kw) -> "StreamingDecoder":
+        extra = _graph_extra(bundle, "decoder_stream")
+        kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
+        kw.setdefault("left_context", extra.get("reference_left_context", REFERENCE_LEFT_CONTEXT))
+        kw.setdefault("codebook_size", extra.get("codebook_size", CODEBOOK_SIZE))
+        return cls(bundle.session("decoder_stream"), **kw)
+
+    def reset(self) -> None:
+        self.frames = 0  # frames pushed since reset
+        self._main = _State(self._zeros)
+        self._next: _State | None = None  # warming up for the next segment
+
+    def _run(self, state: _State, codes: np.ndarray) -> np.ndarray:
+        feed = {"codes": codes[None], "position": np.array([state.position], dtype=np.int64), **state.tensors}
+        out = self.session.run(self._out_names, feed)
+        state.tensors = {name[4:]: t for name, t in zip(self._out_names[1:], out[1:])}
+        state.position += codes.shape[0]
+        return out[0][0]
+
+    def _boundaries(self) -> tuple[int, int]:
+        """(frame where the next segment's warm-up starts, frame where the next segment starts)."""
+        nxt = (self.frames // self.chunk_size + 1) * self.chunk_size
+        ctx = self.left_context if nxt - self.left_context > 0 else nxt
+        return nxt - ctx, nxt
+
+    def push(self, codes) -> np.ndarray:
+        codes = check_codes(codes, self.codebook_size)
+        out, i, n = [], 0, codes.shape[0]
+        while i < n:
+            m = n - i
+            if self.chunk_size is not None:
+                warm, nxt = self._boundaries()
+                m = min(m, (warm if self.frames < warm else nxt) - self.frames)
+            if self.max_frames_per_run:
+                m = min(m, self.max_frames_per_run)
+            piece = codes[i:i + m]
+            out.append(self._run(self._main, piece))
+            if self._next is not None:
+                self._run(self._next, piece)  # warm-up only: qwen-tts drops these samples
+            i += m
+            self.frames += m
+            if self.chunk_size is not None:
+                if self.frames == warm:
+                    self._next = _State(self._zeros)
+                if self.frames == nxt:
+                    self._main, self._next = (self._next or _State(self._zeros)), None
+        if not out:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(out)
+
+
+class Encoder:
+    """Reference audio -> codes [F, 16] int64 (F = ceil(samples / 1920)), the ``encoder`` graph (ICL prompts)."""
+
+    def __init__(self, session: ort.InferenceSession, sample_rate: int = SAMPLE_RATE):
+        self.session = session
+        self.sample_rate = int(sample_rate)
+
+    @classmethod
+    def from_bundle(cls, bundle) -> "Encoder":
+        extra = _graph_extra(bundle, "encoder")
+        return cls(bundle.session("encoder"), int(extra.get("sample_rate", SAMPLE_RATE)))
+
+    def encode(self, wav, sr: int = SAMPLE_RATE) -> np.ndarray:
+        """Codes of mono ``wav`` sampled at ``sr`` Hz (resampled to 24 kHz first, as qwen-tts does)."""
+        from kztts.audio import resample
+
+        wav = np.asarray(wav, dtype=np.float32)
+        if wav.ndim == 2:  # [n, channels] -> mono, as qwen-tts does
+            wav = wav.mean(axis=-1, dtype=np.float32)
+        if wav.ndim != 1 or wav.size == 0:
+            raise KzttsError(f"reference audio must be non-empty 1-D samples, got shape {list(wav.shape)}")
+        if int(sr) != self.sample_rate:
+            wav = resample(wav, int(sr), self.sample_rate)
+        codes = self.session.run(["codes"], {"wav": np.ascontiguousarray(wav)[None]})[0][0]
+        return np.ascontiguousarray(codes, dtype=np.int64)
