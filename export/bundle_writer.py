@@ -1,6 +1,7 @@
 """``kztts export``: a Qwen3-TTS checkpoint directory -> a bundle directory."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -102,9 +103,15 @@ def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
     return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)
 
 
-def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """Export everything the CPU runtime needs; written to a temp dir, then moved into place."""
+def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                  target: str | None = None, precision: str | None = None,
+                  context_binary: bool = False) -> Path:
+    """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
+    when given; written to a temp dir, then moved into place."""
+    from kztts.export.code_predictor_graph import export_code_predictor
+    from kztts.export.codec_graphs import export_decoder, export_encoder
     from kztts.export.embeddings import export_embeddings
+    from kztts.export.speaker_graph import export_speaker_encoder
     from kztts.export.tokenizer import export_tokenizer
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -114,7 +121,11 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        steps = tqdm(total=5, desc="export", unit="step", disable=None)
+        if target is not None:
+            from kztts.targets import load_target
+
+            target_cfg = load_target(target)  # fail on a bad target before the long work
+        steps = tqdm(total=6 + (target is not None), desc="export", unit="step", disable=None)
         steps.set_postfix_str("loading checkpoint")
         tts = load_reference(model_dir)
         model = tts.model
@@ -126,10 +137,23 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         tables = export_embeddings(model, work)
         export_tokenizer(model_dir, work)
         steps.update()
-        steps.set_postfix_str("talker graph")
+        steps.set_postfix_str("talker + code predictor graphs")
         export_id = source["sha256"][:16]
         graphs = {"talker": export_talker(model, work, export_id)}
+        graphs.update(export_code_predictor(model, work, export_id))
         steps.update()
+        steps.set_postfix_str("speech tokenizer + speaker encoder")
+        graphs.update(export_decoder(model, work, export_id))
+        graphs.update(export_encoder(model, work, export_id))
+        graphs.update(export_speaker_encoder(model, work, export_id))
+        steps.update()
+        if target is not None:
+            from kztts.export.htp_export import export_htp_graphs
+
+            steps.set_postfix_str(f"HTP graphs for {target}")
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
+                                            precision=precision, context_binary=context_binary))
+            steps.update()
         steps.set_postfix_str("manifest")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
@@ -154,8 +178,6 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
 
 def _code_fingerprint() -> str:
     """Hash of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
-    import hashlib
-
     import kztts.manifest
 
     h = hashlib.sha256()
@@ -170,10 +192,11 @@ def cached_bundle(model_dir: str | Path) -> Path:
 
     from kztts.cache import cache_dir
 
-    model_dir = Path(model_dir)
+    model_dir = Path(model_dir).resolve()
     root = cache_dir() / "bundles"
     root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{model_dir.name}-{_code_fingerprint()}"
+    where = hashlib.sha256(str(model_dir).encode()).hexdigest()[:8]  # two checkpoints may share a name
+    out = root / f"{model_dir.name}-{where}-{_code_fingerprint()}"
     with open(root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "kztts.json").is_file():

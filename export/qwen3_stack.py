@@ -13,7 +13,8 @@ attention plumbing:
 - ``past_k``/``past_v`` are [1, kv_heads, P, head_dim]; the stack returns only
   the T new entries, which the host writes into its own buffers.
 - the causal mask is built from the shapes: query i (absolute P + i) sees keys
-  0 .. P + i.
+  0 .. P + i; static graphs pass an additive mask instead (``mask=``), and may keep
+  keys transposed (``keys_transposed=True``, the layout of Qualcomm's LLM exports).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Qwen3Stack(nn.Module):
         return len(self.layers)
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
+                   past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor, keys_transposed: bool = False):
         b, t, _ = x.shape
         hd, kv, g = self.head_dim, self.num_kv_heads, self.groups
         q = attn.q_norm(attn.q_proj(x).view(b, t, self.num_heads, hd)).transpose(1, 2)
@@ -56,11 +57,15 @@ class Qwen3Stack(nn.Module):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
-        keys = torch.cat([past_k, k], dim=2)
         values = torch.cat([past_v, v], dim=2)
         # GQA without materialising repeated K/V: fold the query groups into the row axis.
         qg = q.reshape(b, kv, g * t, hd)
-        scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
+        if keys_transposed:  # past keys [b, kv, hd, P] (HTP layout): no transpose of the cache
+            k = k.transpose(2, 3)
+            scores = torch.matmul(qg, torch.cat([past_k, k], dim=3)) * self.scale
+        else:
+            keys = torch.cat([past_k, k], dim=2)
+            scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
         scores = scores.reshape(b, kv, g, t, -1) + mask
         probs = torch.softmax(scores, dim=-1).reshape(b, kv, g * t, -1)
         out = torch.matmul(probs, values).reshape(b, self.num_heads, t, hd)
@@ -76,13 +81,22 @@ class Qwen3Stack(nn.Module):
         return torch.where(cols > rows, torch.tensor(float("-inf"), dtype=dtype), zero)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past_k: Sequence[torch.Tensor], past_v: Sequence[torch.Tensor]):
-        """Return (final-norm hidden [1,T,H], new keys, new values), one per layer."""
-        mask = self.causal_mask(x.shape[1], past_k[0].shape[2])
+                past_k: Sequence[torch.Tensor], past_v: Sequence[torch.Tensor],
+                mask: torch.Tensor | None = None, keys_transposed: bool = False):
+        """Return (final-norm hidden [1,T,H], new keys, new values), one per layer.
+
+        ``mask``: None builds the causal mask from the shapes; otherwise an additive mask
+        broadcastable to [1, kv_heads, groups, T, P+T] (static graphs take it as an input).
+        ``keys_transposed``: past keys are [1, kv, head_dim, P] and new keys are returned
+        as [1, kv, head_dim, T] (the HTP layout); values keep [1, kv, P, head_dim].
+        """
+        if mask is None:
+            mask = self.causal_mask(x.shape[1], past_k[0].shape[3 if keys_transposed else 2])
         new_k, new_v = [], []
         h = x
         for layer, pk, pv in zip(self.layers, past_k, past_v):
-            a, k, v = self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, pk, pv, mask)
+            a, k, v = self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, pk, pv, mask,
+                                      keys_transposed)
             h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             new_k.append(k)

@@ -3,7 +3,8 @@
 For each prompt mode the reference generates greedily with qwen-tts and its
 prompt is captured; the bundle then builds the same prompt with its own numpy
 code and replays the Talker on the reference's codes (teacher forcing). Metrics
-compare the prefill embeddings, and the logits and hidden of every step.
+compare the prefill embeddings, and the logits and hidden of every step; the
+Code Predictor is given the reference's talker hidden and CB0 of every frame.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import numpy as np
 from kztts.bundle import Bundle
 from kztts.embeddings import EmbeddingTables
 from kztts.export.checkpoint import load_reference
-from kztts.export.reference import MODES, ReferenceRun, reference_run, teacher_forced_talker
+from kztts.code_predictor import CodePredictor
+from kztts.export.reference import (MODES, ReferenceRun, reference_run, teacher_forced_code_predictor,
+                                    teacher_forced_talker)
 from kztts.prompt import build_prompt
+from kztts.sampling import SamplingParams, XorShift32
 from kztts.talker import Talker
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,9 @@ class ModeMetrics:
     talker_logits_cos_min: float
     talker_hidden_cos_min: float
     talker_argmax_match: float
+    cp_codes_match_frame: float
+    cp_codes_match_step: float
+    cp_logits_cos_min: float
 
 
 def bundle_prompt(bundle: Bundle, tables: EmbeddingTables, run: ReferenceRun):
@@ -59,8 +66,25 @@ def replay_talker(talker: Talker, tables: EmbeddingTables, prompt, codes: np.nda
     return np.stack(out_l), np.stack(out_h)
 
 
-def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker, mode: str,
-                  frames: int, language: str) -> ModeMetrics:
+def code_predictor_metrics(model, predictors: dict[str, CodePredictor], hidden: np.ndarray,
+                           codes: np.ndarray) -> dict[str, float]:
+    """Greedy codes of each Code Predictor mode, and teacher-forced step logits, on the reference's
+    talker hiddens and CB0 per frame."""
+    greedy = SamplingParams.greedy_params()
+    out = {}
+    for mode, cp in predictors.items():
+        got = np.stack([cp.predict(hidden[k], int(codes[k, 0]), greedy, XorShift32(k))[0]
+                        for k in range(len(codes))])
+        out[f"cp_codes_match_{mode}"] = float((got == codes[:, 1:]).mean())
+    ref = teacher_forced_code_predictor(model, hidden, codes)
+    ours = np.stack([predictors["step"].teacher_forced_logits(hidden[k], int(codes[k, 0]), codes[k, 1:])
+                     for k in range(len(codes))])
+    out["cp_logits_cos_min"] = float(cosine_rows(ours, ref).min())
+    return out
+
+
+def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker,
+                  predictors: dict[str, CodePredictor], mode: str, frames: int, language: str) -> ModeMetrics:
     run = reference_run(tts, mode, frames=frames, language=language)
     prompt = bundle_prompt(bundle, tables, run)
     if prompt.embeds.shape != run.prefill.shape or prompt.trailing.shape != run.trailing.shape:
@@ -71,12 +95,14 @@ def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker, 
                                np.abs(prompt.tts_pad - run.tts_pad).max()))
     ref_l, ref_h = teacher_forced_talker(tts.model, run.prefill, run.trailing, run.tts_pad, run.codes)
     got_l, got_h = replay_talker(talker, tables, prompt, run.codes)
+    cp = code_predictor_metrics(tts.model, predictors, ref_h[:len(run.codes)], run.codes)
     return ModeMetrics(
         mode=mode, prompt_positions=int(run.prefill.shape[0]), frames=int(len(run.codes)),
         prompt_max_abs=prompt_err,
         talker_logits_cos_min=float(cosine_rows(got_l, ref_l).min()),
         talker_hidden_cos_min=float(cosine_rows(got_h, ref_h).min()),
         talker_argmax_match=float((got_l.argmax(-1) == ref_l.argmax(-1)).mean()),
+        **cp,
     )
 
 
@@ -87,11 +113,12 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
     tables = EmbeddingTables.from_bundle(bundle)
     talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=min(
         4096, int(bundle.manifest.talker["max_positions"])))
+    predictors = {m: CodePredictor.from_bundle(bundle, mode=m, embeddings=tables) for m in ("frame", "step")}
     tts = load_reference(Path(reference_dir))
     per_mode = []
     for language in languages:
         for mode in modes:
-            m = validate_mode(tts, bundle, tables, talker, mode, frames, language)
+            m = validate_mode(tts, bundle, tables, talker, predictors, mode, frames, language)
             log.info("%s/%s: %s", mode, language, m)
             per_mode.append({"language": language, **asdict(m)})
     return {
@@ -101,5 +128,9 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
         "talker_logits_cos_min": min(m["talker_logits_cos_min"] for m in per_mode),
         "talker_hidden_cos_min": min(m["talker_hidden_cos_min"] for m in per_mode),
         "talker_argmax_match": min(m["talker_argmax_match"] for m in per_mode),
+        "cp_codes_match": min(min(m["cp_codes_match_frame"], m["cp_codes_match_step"]) for m in per_mode),
+        "cp_codes_match_frame": min(m["cp_codes_match_frame"] for m in per_mode),
+        "cp_codes_match_step": min(m["cp_codes_match_step"] for m in per_mode),
+        "cp_logits_cos_min": min(m["cp_logits_cos_min"] for m in per_mode),
         "modes": per_mode,
     }

@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from kztts.errors import KzttsError
+from kztts.settings import PRESETS
 
 log = logging.getLogger("kztts")
 
@@ -33,7 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     _need_export_extra()
     from kztts.export.bundle_writer import export_bundle
 
-    out = export_bundle(Path(args.model_dir), Path(args.output), overwrite=args.overwrite)
+    out = export_bundle(Path(args.model_dir), Path(args.output), overwrite=args.overwrite,
+                        target=args.target, precision=args.precision, context_binary=args.context_binary)
     print(out)
     return 0
 
@@ -43,6 +46,8 @@ _BOUNDS = {  # the acceptance bounds of the foundation checks, printed next to t
     "talker_logits_cos_min": (">=", 0.99999),
     "talker_hidden_cos_min": (">=", 0.99999),
     "talker_argmax_match": (">=", 1.0),
+    "cp_codes_match": (">=", 1.0),
+    "cp_logits_cos_min": (">=", 0.99999),
 }
 
 
@@ -50,8 +55,35 @@ def _within(value: float, op: str, bound: float) -> bool:
     return value <= bound if op == "<=" else value >= bound
 
 
+_HTP_BOUNDS = {"talker_logits_cos_min": (">=", 0.999)}  # fp16 on the HTP; w8a16 is reported, not bounded
+
+
+def cmd_validate_target(args: argparse.Namespace) -> int:
+    from kztts.export.validate_htp import validate_target
+
+    report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
+                             args.frames, strict=not args.lenient)
+    bounds = _HTP_BOUNDS if report["precision"] == "fp16" else {}
+    ok = all(_within(report[k], op, b) for k, (op, b) in bounds.items())
+    report["pass"] = ok
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
+        for k in ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "cp_codes_match",
+                  "fp16_max_abs_activation"):
+            if report.get(k) is not None:
+                bound = bounds.get(k)
+                note = f"  ({bound[0]} {bound[1]:g}: {'ok' if _within(report[k], *bound) else 'FAIL'})" if bound else ""
+                print(f"{k:<26}{report[k]:.7g}{note}")
+        print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     _need_export_extra()
+    if args.target:
+        return cmd_validate_target(args)
     from kztts.export.validate import validate
 
     report = validate(Path(args.bundle), Path(args.reference), frames=args.frames)
@@ -61,15 +93,113 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         print(f"{'mode':<16}{'language':<10}{'prompt':>6}{'frames':>7}{'prompt max|d|':>15}"
-              f"{'logits cos':>12}{'hidden cos':>12}{'argmax':>8}")
+              f"{'logits cos':>12}{'hidden cos':>12}{'argmax':>8}{'cp frame':>9}{'cp step':>8}{'cp cos':>11}")
         for m in report["modes"]:
             print(f"{m['mode']:<16}{m['language']:<10}{m['prompt_positions']:>6}{m['frames']:>7}"
                   f"{m['prompt_max_abs']:>15.2e}{m['talker_logits_cos_min']:>12.7f}"
-                  f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}")
+                  f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}"
+                  f"{m['cp_codes_match_frame']:>9.3f}{m['cp_codes_match_step']:>8.3f}{m['cp_logits_cos_min']:>11.7f}")
         for k, (op, b) in _BOUNDS.items():
             print(f"{k:<24}{report[k]:.7g}  ({op} {b:g}: {'ok' if _within(report[k], op, b) else 'FAIL'})")
         print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+_SAMPLING_FLAGS = {  # flag dest -> environment-style override key
+    "temperature": "KZTTS_TEMP", "top_k": "KZTTS_TOPK", "top_p": "KZTTS_TOPP",
+    "repetition_penalty": "KZTTS_REPP", "cp_temperature": "KZTTS_CP_TEMP", "cp_top_k": "KZTTS_CP_TOPK",
+    "cp_top_p": "KZTTS_CP_TOPP", "cp_repetition_penalty": "KZTTS_CP_REPP",
+}
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Fail before any work when ``path`` cannot be written (no partial file is ever left)."""
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise KzttsError(f"{path}: is a directory; give a file name for the {what}")
+    if not parent.is_dir():
+        raise KzttsError(f"{path}: cannot write the {what}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise KzttsError(f"{path}: cannot write the {what}: permission denied")
+
+
+def _cached_export(model_dir: Path | None) -> Path:
+    """A checkpoint's bundle, exported once into the cache; None means the embedded demo:
+    a tiny random-weight model, made and exported once."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise KzttsError("exporting a checkpoint (or building the demo model) needs the export extra "
+                         "(pip install -e '.[export]' && pip install --no-deps qwen-tts==0.1.1); "
+                         "or give --bundle DIR")
+    from kztts.export.bundle_writer import cached_bundle
+
+    if model_dir is None:
+        from kztts.export.tiny import cached_tiny
+
+        model_dir = cached_tiny("equal")
+    return cached_bundle(model_dir)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
+    from kztts.audio import read_wav, synthetic_voice, write_wav
+    from kztts.settings import with_environment, with_overrides
+    from kztts.tts import TTS
+
+    out = Path(args.output)
+    _check_writable(out, "audio")
+    if args.codes_out:
+        _check_writable(Path(args.codes_out), "codes")
+    if not args.text.strip():
+        raise KzttsError("the text is empty; give the words to speak")
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
+    demo = args.bundle is None and args.model is None
+    if demo:
+        print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
+              "not speech)", file=sys.stderr)
+    bundle = Path(args.bundle) if args.bundle else _cached_export(Path(args.model) if args.model else None)
+    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict)
+    settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
+    flags = {key: getattr(args, dest) for dest, key in _SAMPLING_FLAGS.items()}
+    names = {key: "--" + dest.replace("_", "-") for dest, key in _SAMPLING_FLAGS.items()}
+    settings = with_overrides(settings, flags, names)
+    if args.xvector:
+        voice = tts.voice_from_xvector(args.xvector)
+    elif args.speaker_wav:
+        voice = tts.voice_from_wav(*read_wav(args.speaker_wav))
+    elif args.ref_audio:
+        voice = tts.voice_from_reference(*read_wav(args.ref_audio), args.ref_text)
+    elif demo:
+        voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    else:
+        raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
+                         "or --ref-audio F --ref-text T")
+    kw = dict(language=args.language, streaming_text=args.streaming_text, seed=args.seed, greedy=args.greedy,
+              max_frames=args.max_frames, settings=settings)
+    bar = tqdm(desc="frames", unit="frame", disable=None, leave=False, file=sys.stderr)
+    if args.stream:
+        holder: dict = {}
+        for chunk in tts.stream(args.text, voice, result=holder, **kw):
+            bar.update(len(chunk) // 1920)
+        result = holder["result"]
+    else:
+        result = tts.synthesize(args.text, voice, on_frame=lambda n: bar.update(1), **kw)
+    bar.close()
+    write_wav(out, result.samples, result.sample_rate)
+    if args.codes_out:
+        np.save(args.codes_out, result.codes)
+    summary = result.summary()
+    ms = summary["ms"]
+    print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio"
+          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}")
+    print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
+          f"{ms.get('first_audio', float('nan')):.0f} ms, total {summary['total_ms']:.0f} ms")
+    print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model_dir")
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
+    s.add_argument("--target", help="also export static HTP graphs for this qnn_configs target (name or file)")
+    s.add_argument("--precision", choices=["fp16", "w8a16"], help="HTP precision (default: the target's)")
+    s.add_argument("--context-binary", action="store_true",
+                   help="also prepare QNN context binaries (EPContext models) for the target")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
@@ -97,7 +231,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from")
     s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
+                                    "and compare them with the CPU/reference")
+    s.add_argument("--precision", choices=["fp16", "w8a16"], help="with --target: which exported precision")
+    s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
     s.set_defaults(func=cmd_validate)
+    s = sub.add_parser("synth", help="text -> speech (WAV)")
+    s.add_argument("text")
+    s.add_argument("-o", "--output", required=True, help="WAV file to write")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--bundle", help="bundle directory (default: the embedded tiny demo, random weights)")
+    where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")
+    s.add_argument("--language", help="language name (e.g. english, chinese) or auto (default)")
+    voice = s.add_mutually_exclusive_group()
+    voice.add_argument("--xvector", help="speaker x-vector file (.npy, or raw little-endian float32)")
+    voice.add_argument("--speaker-wav", help="recording of the voice to clone (x-vector)")
+    voice.add_argument("--ref-audio", help="recording for ICL voice cloning (needs --ref-text)")
+    s.add_argument("--ref-text", help="transcript of --ref-audio")
+    s.add_argument("--streaming-text", action="store_true",
+                   help="feed the text alongside the audio frames (qwen-tts's streaming mode)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--greedy", action="store_true", help="argmax for the talker and the code predictor")
+    s.add_argument("--max-frames", type=int, help="stop after N frames (12.5 frames per second)")
+    s.add_argument("--preset", choices=sorted(PRESETS), default="reference",
+                   help="sampling preset: the checkpoint's settings (reference) or the C++ port's (seed)")
+    for dest in _SAMPLING_FLAGS:
+        s.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None,
+                       help=f"override (also ${_SAMPLING_FLAGS[dest]})")
+    s.add_argument("--cp-mode", choices=["frame", "step"], default="frame",
+                   help="code predictor: one graph per frame (default) or one run per codebook")
+    s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
+    s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
+    s.add_argument("--target", help="qnn_configs target: run the graphs its placement puts on the HTP there "
+                                    "(the bundle must be exported with --target)")
+    s.add_argument("--strict", action="store_true",
+                   help="with --target: fail instead of falling back to the CPU (no QNN, or unsupported nodes)")
+    s.set_defaults(func=cmd_synth)
+
+    from kztts.cli_qnn import add_commands
+
+    add_commands(sub)
     return p
 
 

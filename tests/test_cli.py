@@ -14,16 +14,18 @@ def kztts(*args, **kw):
 
 
 def test_validate_json_on_fresh_tiny_model(tiny_model_dir, tiny_bundle_dir):
-    out = kztts("validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 25, "--json")
+    out = kztts("validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 24, "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    for key in ("prompt_max_abs", "talker_logits_cos_min", "talker_hidden_cos_min", "talker_argmax_match", "frames"):
+    for key in ("prompt_max_abs", "talker_logits_cos_min", "talker_hidden_cos_min", "talker_argmax_match", "frames",
+                "cp_codes_match", "cp_codes_match_frame", "cp_codes_match_step", "cp_logits_cos_min"):
         assert key in report
     assert report["frames"] >= 24
     assert report["prompt_max_abs"] <= 1e-5
     assert report["talker_logits_cos_min"] >= 0.99999
     assert report["talker_hidden_cos_min"] >= 0.99999
     assert report["talker_argmax_match"] == 1.0
+    assert report["cp_codes_match"] == 1.0 and report["cp_logits_cos_min"] >= 0.99999
     assert report["pass"] is True
     assert {m["mode"] for m in report["modes"]} == {"xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream"}
 

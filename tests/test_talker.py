@@ -20,16 +20,20 @@ def opened(tiny_bundle_dir):
 
 @pytest.mark.parametrize("mode", ["xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream"])
 def test_teacher_forced_talker_matches_reference(reference, opened, mode):
+    from kztts.code_predictor import CodePredictor
     from kztts.export.validate import validate_mode
 
     bundle, tables = opened
     talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=512)
-    m = validate_mode(reference, bundle, tables, talker, mode, FRAMES, "English")
+    predictors = {m: CodePredictor.from_bundle(bundle, mode=m, embeddings=tables) for m in ("frame", "step")}
+    m = validate_mode(reference, bundle, tables, talker, predictors, mode, FRAMES, "English")
     assert m.frames >= 24
     assert m.prompt_max_abs <= 1e-5, m
     assert m.talker_logits_cos_min >= 0.99999, m
     assert m.talker_hidden_cos_min >= 0.99999, m
     assert m.talker_argmax_match == 1.0, m
+    assert m.cp_codes_match_frame == m.cp_codes_match_step == 1.0, m
+    assert m.cp_logits_cos_min >= 0.99999, m
 
 
 def test_kv_cache_is_reused_not_regrown(opened):

@@ -1,0 +1,383 @@
+"""Static-shape graphs for the Qualcomm HTP (QNN execution provider).
+
+Layout (after Qualcomm's own LLM exports, /work/shared/QNN.md): two Talker graphs
+over one set of weights, a prompt processor of ``S = shapes.prefill_chunk``
+positions (``talker_prefill``) and a token generator of one position
+(``talker_decode``), both over a fixed context ``C = shapes.context``:
+
+inputs
+  ``inputs_embeds``        f32 [1, S, H]
+  ``attention_mask``       f32 [1, 1, S, C]   additive: 0 = attend, ``mask_value`` = masked
+  ``rope_cos``/``rope_sin`` f32 [1, S, head_dim]
+  ``past_key_{l}_in``      f32 [kv, 1, head_dim, C-S]   keys transposed
+  ``past_value_{l}_in``    f32 [kv, 1, C-S, head_dim]
+outputs
+  ``logits``               f32 [1, S, vocab]   every position (the host picks the last valid one)
+  ``hidden``               f32 [1, S, H]       final-norm hidden, every position
+  ``new_key_{l}``          f32 [kv, 1, head_dim, S]   only the new entries
+  ``new_value_{l}``        f32 [kv, 1, S, head_dim]
+
+Key slots 0..C-S-1 are the host's cache (the first C-S of its C-1 slots), slots
+C-S..C-1 are the S new positions; the mask says which are valid
+(``kztts.talker_static`` builds it). The mask value is finite (default -50, the
+target's ``attention_mask_value``): -inf or -65504 overflow in fp16 arithmetic
+and ruin 16-bit activation quantization.
+
+Also for the HTP: ``cp_frame`` (the Code Predictor's 15 steps unrolled with in-graph
+sampling, from ``kztts.export.code_predictor_graph``; it is static already) and,
+when the target places the decoder on the HTP, ``decoder_chunk`` (the streaming
+speech decoder over ``shapes.decoder_chunk`` frames with explicit state).
+
+RMSNorm is rewritten fp16-safe (``x / s`` with ``s = max(1, max|x|)`` before
+squaring, mathematically identical): a plain RMSNorm squares activations and
+saturates at 65504 in fp16 (an activation of 2000 already gives a wrong norm).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kztts.errors import KzttsError
+from kztts.export.onnx_export import export_onnx
+from kztts.export.qwen3_stack import Qwen3Stack
+from kztts.export.talker_graph import check_rope_is_1d, talker_shape
+from kztts.manifest import GraphSpec
+from kztts.targets import Target, load_target
+
+log = logging.getLogger(__name__)
+
+PREFILL = "talker_prefill"
+DECODE = "talker_decode"
+DECODER_CHUNK = "decoder_chunk"
+
+
+class SafeRMSNorm(nn.Module):
+    """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.clamp(x.abs().amax(-1, keepdim=True), min=1.0)
+        xs = x / s
+        var = xs.pow(2).mean(-1, keepdim=True)
+        return self.weight * (xs * torch.rsqrt(var + self.eps / (s * s)))
+
+
+class _Attn(nn.Module):
+    """The attention module's projections, with fp16-safe q/k norms."""
+
+    def __init__(self, attn: nn.Module, safe: bool):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.q_norm = SafeRMSNorm(attn.q_norm) if safe else attn.q_norm
+        self.k_norm = SafeRMSNorm(attn.k_norm) if safe else attn.k_norm
+
+
+class _Layer(nn.Module):
+    """A decoder layer seen through the attributes Qwen3Stack uses (weights shared, not copied)."""
+
+    def __init__(self, layer: nn.Module, safe: bool):
+        super().__init__()
+        self.self_attn = _Attn(layer.self_attn, safe)
+        self.mlp = layer.mlp
+        norm = SafeRMSNorm if safe else (lambda m: m)
+        self.input_layernorm = norm(layer.input_layernorm)
+        self.post_attention_layernorm = norm(layer.post_attention_layernorm)
+
+
+class TalkerStaticGraph(nn.Module):
+    """forward(inputs_embeds, attention_mask, rope_cos, rope_sin, past_key_0_in, past_value_0_in, ...)
+    -> (logits [1,S,V], hidden [1,S,H], new_key_0, new_value_0, ...), shapes in the module docstring."""
+
+    def __init__(self, talker, seq: int, context: int, safe_norm: bool = True):
+        super().__init__()
+        check_rope_is_1d(talker)
+        if not 0 < seq < context:
+            raise ValueError(f"static talker: need 0 < seq ({seq}) < context ({context})")
+        s = talker_shape(talker)
+        self.shape, self.seq, self.context = s, seq, context
+        layers = nn.ModuleList(_Layer(layer, safe_norm) for layer in talker.model.layers)
+        norm = SafeRMSNorm(talker.model.norm) if safe_norm else talker.model.norm
+        self.stack = Qwen3Stack(layers, norm, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                                head_dim=s.head_dim)
+        self.codec_head = talker.codec_head
+
+    @property
+    def past(self) -> int:
+        return self.context - self.seq
+
+    def forward(self, inputs_embeds, attention_mask, rope_cos, rope_sin, *past):
+        s = self.shape
+        kv, hd, S, P = s.num_kv_heads, s.head_dim, self.seq, self.past
+        pk = [p.reshape(1, kv, hd, P) for p in past[0::2]]  # [kv,1,..] -> [1,kv,..]: no data movement
+        pv = [p.reshape(1, kv, P, hd) for p in past[1::2]]
+        mask = attention_mask.reshape(1, 1, 1, S, self.context)
+        hidden, new_k, new_v = self.stack(inputs_embeds, rope_cos, rope_sin, pk, pv, mask=mask,
+                                          keys_transposed=True)
+        logits = self.codec_head(hidden)
+        kv_out = []
+        for k, v in zip(new_k, new_v):
+            kv_out += [k.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd)]
+        return (logits, hidden, *kv_out)
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        layers = range(self.shape.num_layers)
+        kv_in = [f"past_{kind}_{i}_in" for i in layers for kind in ("key", "value")]
+        kv_out = [f"new_{kind}_{i}" for i in layers for kind in ("key", "value")]
+        return ["inputs_embeds", "attention_mask", "rope_cos", "rope_sin", *kv_in], ["logits", "hidden", *kv_out]
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        s, S, P = self.shape, self.seq, self.past
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, S, s.hidden, generator=g)
+        mask = torch.zeros(1, 1, S, self.context)
+        cos, sin = torch.randn(1, S, s.head_dim, generator=g), torch.randn(1, S, s.head_dim, generator=g)
+        past = []
+        for _ in range(s.num_layers):
+            past += [torch.randn(s.num_kv_heads, 1, s.head_dim, P, generator=g),
+                     torch.randn(s.num_kv_heads, 1, P, s.head_dim, generator=g)]
+        return (x, mask, cos, sin, *past)
+
+
+def export_static_talker(talker, path: Path, seq: int, context: int, safe_norm: bool = True) -> Path:
+    graph = TalkerStaticGraph(talker, seq, context, safe_norm).eval()
+    ins, outs = graph.io_names()
+    export_onnx(graph, graph.example_inputs(), path, ins, outs, None)
+    _check_static(path)
+    return path
+
+
+def _check_static(path: Path) -> None:
+    """Every graph input and output has a fixed shape (the HTP needs static shapes)."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    for v in list(m.graph.input) + list(m.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") for d in dims):
+            raise RuntimeError(f"{path.name}: {v.name} has a dynamic shape; static HTP graphs need fixed shapes")
+
+
+def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, target: Target,
+          **extra) -> GraphSpec:
+    from kztts.export.bundle_writer import graph_spec
+
+    spec = graph_spec(work_dir, name, rel, "static", precision, export_id)
+    return replace(spec, extra={**spec.extra, "target": target.name, "soc_model": target.soc_model,
+                                "htp_arch": target.htp_arch, **extra})
+
+
+def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
+                      context_binary: bool = False) -> dict[str, GraphSpec]:
+    """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
+
+    Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
+    (when placed on the HTP), precision ``fp16`` (float graph, fp16 arithmetic on the
+    HTP) or ``w8a16`` (QDQ graph calibrated on real prompts). ``context_binary`` adds
+    EPContext models prepared for the target (``extra.context_file``).
+    """
+    target = load_target(target)
+    precision = precision or target.precision
+    if precision not in ("fp16", "w8a16"):
+        raise KzttsError(f"precision {precision!r}: expected fp16 or w8a16")
+    if context_binary:
+        from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+        if not qnn_available():  # fail before the long work
+            raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
+    work_dir = Path(work_dir)
+    S, C = target.shapes.prefill_chunk, target.shapes.context
+    limit = int(model.config.talker_config.max_position_embeddings)
+    if C - 1 > limit:
+        raise KzttsError(f"{target.path}: shapes.context {C} exceeds the model's {limit} positions")
+    common = dict(context=C, mask_value=target.attention_mask_value, target_shapes={
+        "prefill_chunk": S, "context": C, "decoder_chunk": target.shapes.decoder_chunk})
+    float_files: dict[str, tuple[str, int]] = {}
+    talker_graphs = [(n, seq) for n, seq in ((PREFILL, S), (DECODE, 1)) if target.on_htp(n)]
+    for name, seq in talker_graphs:
+        rel = f"graphs/{name}.onnx"
+        export_static_talker(model.talker, work_dir / rel, seq, C)
+        float_files[name] = (rel, seq)
+
+    specs: dict[str, GraphSpec] = {}
+    if precision == "w8a16" and float_files:
+        from kztts.export.quantize import quantize_talker_graphs
+
+        qfiles = quantize_talker_graphs(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target)
+        for name, (rel, seq) in float_files.items():
+            specs[name] = _spec(work_dir, name, qfiles[name], "w8a16", export_id, target, seq=seq, **common)
+    else:
+        for name, (rel, seq) in float_files.items():
+            specs[name] = _spec(work_dir, name, rel, "fp16", export_id, target, seq=seq, **common)
+
+    if target.on_htp("cp_frame"):
+        spec = export_cp_frame_htp(model, work_dir, export_id, target)
+        if spec is not None:
+            specs["cp_frame"] = spec
+    if target.on_htp("decoder"):
+        specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target)
+
+    if context_binary and specs:
+        specs.update(_with_context_binaries(work_dir, specs, target, export_id))
+    return specs
+
+
+def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec | None:
+    """The Code Predictor frame graph (15 unrolled steps, in-graph sampling) for the HTP.
+
+    It is static already, so the CPU bundle's ``graphs/cp_frame.onnx`` is reused when the
+    CPU export wrote it. It stays a float graph (fp16 on the HTP) in w8a16 bundles too:
+    its in-graph sampling (TopK, CumSum, comparisons) must not be quantized."""
+    rel = "graphs/cp_frame.onnx"
+    if not (work_dir / rel).is_file():
+        try:
+            from kztts.export.code_predictor_graph import export_cp_frame
+        except ImportError as exc:  # the Code Predictor exporter is optional for the Talker path
+            log.warning("cp_frame not exported for the HTP: %s", exc)
+            return None
+        export_cp_frame(model, work_dir / rel)
+    return _spec(work_dir, "cp_frame", rel, "fp16", export_id, target, cpu_precision="fp32")
+
+
+def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec:
+    """The streaming speech decoder (``kztts.export.codec_graphs.DecoderStep``) over a fixed
+    chunk of ``shapes.decoder_chunk`` frames: graph ``decoder_chunk`` with the I/O of
+    ``decoder_stream`` (codes [1, F, 16], position [1], state_* -> wav [1, F*1920], new_state_*)
+    at static shapes. Measured on the simulator (tiny model, 10 chunks of 4 frames, fp16):
+    SNR 22.5 dB vs the CPU EP, too coarse for audio, so the shipped targets keep the
+    decoder on the CPU."""
+    from kztts.export.codec_graphs import DecoderStep, _decoder_of, _example_codes
+
+    st = _decoder_of(model)
+    step = DecoderStep(st.decoder).eval()
+    frames = target.shapes.decoder_chunk
+    names = [n for n, _ in step.state_specs]
+    ins = ["codes", "position"] + [f"state_{n}" for n in names]
+    outs = ["wav"] + [f"new_state_{n}" for n in names]
+    rel = f"graphs/{DECODER_CHUNK}.onnx"
+    example = (_example_codes(frames, step.bins), torch.tensor([0], dtype=torch.int64), *step.zero_state())
+    export_onnx(step, example, work_dir / rel, ins, outs, None)
+    _check_static(work_dir / rel)
+    return _spec(work_dir, DECODER_CHUNK, rel, "fp16", export_id, target, frames=frames,
+                 samples_per_frame=step.samples_per_frame,
+                 state=[{"name": n, "shape": list(sh)} for n, sh in step.state_specs])
+
+
+def make_context_binaries(work_dir: Path, files: dict[str, str], target: Target,
+                          on_session=None) -> dict[str, dict]:
+    """EPContext models ``graphs/<graph>_ctx.onnx`` (+ ``_qnn.bin``) prepared for ``target``.
+
+    Device targets: the graphs are compiled in one process with ``ep.share_ep_contexts``
+    so that they land in one QNN context with shared weights (the last session ends the
+    sharing group and writes the one ``.bin`` all models point to; measured on the
+    tiny Talker: 0.76 MB shared vs 1.37 MB separate). The simulator target gets one
+    context per graph: the x86 HTP emulator segfaults reloading a multi-graph,
+    weight-shared context (measured with onnxruntime-qnn 2.7.0), so it could not be
+    checked here. ``on_session(name, session)`` sees each generating session (tests
+    compare its outputs with the reloaded model's).
+    """
+    from kztts.qnn import create_session, qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
+    names = list(files)
+    shared = len(names) > 1 and target.runs_on == "device"
+    out: dict[str, dict] = {}
+    for i, name in enumerate(names):
+        src = work_dir / files[name]
+        ctx_rel = f"graphs/{name}_ctx.onnx"
+        for old in (work_dir / "graphs").glob(f"{name}_ctx*"):
+            old.unlink()
+        cfg = {"ep.context_enable": "1", "ep.context_file_path": str(work_dir / ctx_rel),
+               "ep.context_embed_mode": "0"}
+        if shared:
+            cfg["ep.share_ep_contexts"] = "1"
+            if i == len(names) - 1:
+                cfg["ep.stop_share_ep_contexts"] = "1"
+        sess = create_session(src, target, strict=True, context=cfg)
+        if on_session is not None:
+            on_session(name, sess)
+        out[name] = {"file": ctx_rel, "shared": shared}
+    for name, d in out.items():
+        import onnx
+
+        node = onnx.load(str(work_dir / d["file"]), load_external_data=False).graph.node
+        bins = sorted({a.s.decode() for n in node for a in n.attribute if a.name == "ep_cache_context"})
+        d["binaries"] = [f"graphs/{b}" for b in bins]
+    return out
+
+
+def add_context_binaries(bundle_dir: str | Path, target=None, on_session=None,
+                         graphs: list[str] | None = None) -> dict[str, GraphSpec]:
+    """Prepare context binaries for the static graphs (or ``graphs``) of an existing bundle and
+    record them in its manifest (what ``kztts export --context-binary`` does during the export)."""
+    from kztts.manifest import read_manifest, write_manifest
+    from kztts.qnn import bundle_target
+
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir)
+    specs = {n: g for n, g in manifest.graphs.items() if g.variant == "static" and (graphs is None or n in graphs)}
+    if not specs:
+        raise RuntimeError(f"{bundle_dir}: no static graphs to prepare")
+    if target is None:
+        from types import SimpleNamespace
+
+        target = bundle_target(SimpleNamespace(manifest=manifest))
+    target = load_target(target)
+    new = _with_context_binaries(bundle_dir, specs, target, manifest.data["graphs"][next(iter(specs))]
+                                 .get("export_id", ""), on_session)
+    data = dict(manifest.data)
+    data["graphs"] = {**data["graphs"], **{n: g.to_json() for n, g in new.items()}}
+    write_manifest(bundle_dir, data)
+    return new
+
+
+def _with_context_binaries(work_dir: Path, specs: dict[str, GraphSpec], target: Target, export_id: str,
+                           on_session=None) -> dict[str, GraphSpec]:
+    from kztts.export.bundle_writer import stamp_graph
+
+    # one context per sharing group: the two Talker graphs share their weights, the others stand alone
+    groups = [[n for n in (PREFILL, DECODE) if n in specs]] + [[n] for n in specs if n not in (PREFILL, DECODE)]
+    ctx: dict[str, dict] = {}
+    for group in filter(None, groups):
+        ctx.update(make_context_binaries(work_dir, {n: specs[n].file for n in group}, target, on_session))
+    out = {}
+    for name, d in ctx.items():
+        stamp_graph(work_dir / d["file"], name, export_id)
+        extra = {**specs[name].extra, "context_file": d["file"], "context_binaries": d["binaries"],
+                 "shared_context": d["shared"], "context_target": target.name,
+                 "context_bytes": sum((work_dir / b).stat().st_size for b in d["binaries"])}
+        out[name] = replace(specs[name], extra=extra)
+    return out
+
+
+def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision: str | None = None,
+                         context_binary: bool = False, tag: str = "") -> Path:
+    """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
+    checkpoint, the exporter code, the target file and the options."""
+    import fcntl
+    import hashlib
+
+    from kztts.cache import cache_dir
+    from kztts.export.bundle_writer import _code_fingerprint, export_bundle
+    from kztts.targets import target_path
+
+    model_dir = Path(model_dir)
+    tfile = target_path(target)
+    h = hashlib.sha256(tfile.read_bytes() + f"{precision}|{context_binary}|{tag}".encode()).hexdigest()[:8]
+    root = cache_dir() / "bundles"
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"{model_dir.name}-{_code_fingerprint()}-{tfile.stem}-{h}"
+    with open(root / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "kztts.json").is_file():
+            export_bundle(model_dir, out, overwrite=True, target=str(tfile), precision=precision,
+                          context_binary=context_binary)
+    return out

@@ -1,0 +1,81 @@
+"""``kztts inspect``: where each graph of a bundle runs (QNN/HTP or CPU) and in which precision."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kztts.errors import KzttsError
+
+
+def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False) -> dict:
+    """Open every graph as ``synth --target`` would and report its node placement.
+
+    Static graphs open on the target's HTP (``target`` None: the one the bundle was
+    exported for); dynamic graphs run on the CPU EP by design (symbolic shapes)."""
+    import onnxruntime as ort
+
+    from kztts.bundle import Bundle
+    from kztts.qnn import (EP_NAME, Placement, bundle_target, graph_files, open_target_session, qnn_available,
+                           qnn_unavailable_reason, session_precision)
+    from kztts.sessions import _session_options
+    from kztts.targets import load_target
+
+    bundle = Bundle.open(bundle_dir, load_graphs=False)
+    graphs = bundle.manifest.graphs
+    has_static = any(g.variant == "static" for g in graphs.values())
+    tcfg = None
+    if target is not None:
+        tcfg = load_target(target)
+    elif has_static:
+        tcfg = load_target(bundle_target(bundle))
+    rows = []
+    for name, spec in graphs.items():
+        row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision}
+        if spec.variant == "static" and tcfg is not None:
+            sess = open_target_session(bundle, name, tcfg, strict)
+            qnn_file, _ = graph_files(bundle, name)
+            row["context_binary"] = qnn_file.name != Path(spec.file).name and EP_NAME in sess.get_providers()
+        else:
+            so = _session_options(bundle.session_config)
+            so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+            sess = ort.InferenceSession(str(bundle.path / spec.file), sess_options=so,
+                                        providers=["CPUExecutionProvider"])
+            row["context_binary"] = False
+        pl = Placement.of(sess)
+        row.update(qnn_nodes=pl.qnn_nodes, cpu_nodes=pl.cpu_nodes, cpu_op_types=pl.cpu_op_types,
+                   precision=session_precision(spec.precision, sess))
+        rows.append(row)
+    return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
+            "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
+            "qnn_unavailable_reason": qnn_unavailable_reason(), "graphs": rows}
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    report = inspect_bundle(Path(args.bundle), args.target, args.strict)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    head = f"target {report['target']} ({report['soc']})" if report["target"] else "no target (CPU only)"
+    if report["target"] and not report["qnn_available"]:
+        head += f"; QNN unavailable: {report['qnn_unavailable_reason']}"
+    print(head)
+    print(f"{'graph':<18}{'variant':<9}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
+    for r in report["graphs"]:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["cpu_op_types"].items())) if r["qnn_nodes"] else \
+            ("(all)" if r["cpu_nodes"] else "")
+        prec = r["precision"] + (" [ctx]" if r["context_binary"] else "")
+        print(f"{r['graph']:<18}{r['variant']:<9}{r['qnn_nodes']:>6}{r['cpu_nodes']:>6}  {prec:<24}{ops}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("inspect", help="show where each graph of a bundle runs (QNN/HTP or CPU) and its precision")
+    s.add_argument("bundle")
+    s.add_argument("--target", help="qnn_configs target (name or file); default: the one the bundle was exported for")
+    s.add_argument("--strict", action="store_true", help="fail if any node of a static graph would fall back to CPU")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_inspect)
+
+
+__all__ = ["add_commands", "inspect_bundle", "KzttsError"]

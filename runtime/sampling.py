@@ -1,0 +1,296 @@
+"""Host-side token sampling: a portable PRNG and the Hugging Face logits-processor chain, in numpy.
+
+Everything works on one float32 score vector ``[V]`` and returns a new array.
+
+Processors (each equals its transformers counterpart, see tests/test_sampling.py):
+
+- ``repetition_penalty(scores, prev_ids, penalty, window=None)``  RepetitionPenaltyLogitsProcessor
+- ``min_new_tokens(scores, step, min_tokens, eos_id)``            MinNewTokensLengthLogitsProcessor
+- ``suppress_tokens(scores, ids)``                                SuppressTokensLogitsProcessor
+- ``temperature(scores, t)``                                      TemperatureLogitsWarper
+- ``top_k(scores, k)``                                            TopKLogitsWarper
+- ``top_p(scores, p)``                                            TopPLogitsWarper
+
+``sample_token(scores, params, u)`` runs temperature -> top_k -> top_p -> ``draw`` (or an
+exact argmax when the params are greedy). The repetition penalty, min-new-tokens and
+suppression are applied by the caller before it, in that order, as in transformers.
+
+Determinism contract (shared with the in-graph sampler of the ``cp_frame`` graph,
+``kztts.export.code_predictor_graph.sample_rows``; both pick the same token bit for bit):
+
+- All arithmetic is float32 and every step is a fixed sequence of IEEE operations;
+  ``temperature``/``top_p``/``repetition_penalty`` are rounded to float32 first. The
+  top-p threshold uses ``float32(1) - float32(top_p)``, which equals transformers'
+  ``1 - top_p`` rounded to float32 for any float32 ``top_p``.
+- Probabilities are unnormalised ``e = exp_f32(s - max)``: a Cephes-style float32 exp
+  written as plain multiply/add/floor/table-lookup steps, because numpy's and ONNX
+  Runtime's exp (and their softmax sums) differ in the last bits. Sums are running
+  (sequential) float32 sums in a stated order, never a library reduction.
+- The *draw order* is descending processed score, ties broken by the lower token id
+  (what ONNX ``TopK`` produces). Top-p accumulates in the reverse (ascending) order,
+  smallest first, as transformers does, and removes ``cumsum(e) <= (1 - p) * sum(e)``
+  except the top token.
+- ``draw(scores, u)``: running sum ``c`` of ``e`` in draw order; the token is the first
+  with ``c > u * c[-1]`` (its cumulative probability exceeds ``u``). If rounding leaves
+  none, the last token with ``e > 0``: zero-probability tokens are never drawn.
+- Greedy (``greedy=True``, ``temperature == 0`` or ``top_k == 1``) is ``argmax`` of the
+  (penalised) scores, lowest id on ties, like numpy/torch ``argmax``.
+- Temperature-scaled scores are clipped at ``+FLT_MAX`` so a tiny temperature cannot turn
+  two logits into ``+inf`` and the probabilities into NaN (transformers would fail there).
+
+``XorShift32`` is Marsaglia's 32-bit xorshift (13, 17, 5): tiny, portable, and the same
+stream in any language; ``uniform()`` takes the top 24 bits, so every uniform is exactly a
+float32 value in [0, 1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import numpy as np
+
+from kztts.errors import KzttsError
+
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+_NEG_INF = np.float32(-np.inf)
+_ZERO_SEED_STATE = 0x9E3779B9  # xorshift state must be nonzero: seed 0 maps here
+_U32 = 0xFFFFFFFF
+
+
+class XorShift32:
+    """Deterministic 32-bit xorshift PRNG (Marsaglia 2003, shifts 13/17/5).
+
+    ``seed`` is any integer, reduced modulo 2**32; a zero state (seed 0, 2**32, ...) is
+    replaced by the constant 0x9E3779B9 because xorshift never leaves 0.
+    """
+
+    __slots__ = ("state",)
+
+    def __init__(self, seed: int = 0):
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise KzttsError(f"seed must be an integer, got {seed!r}")
+        state = int(seed) & _U32
+        self.state = state if state else _ZERO_SEED_STATE
+
+    def next_u32(self) -> int:
+        x = self.state
+        x ^= (x << 13) & _U32
+        x ^= x >> 17
+        x ^= (x << 5) & _U32
+        self.state = x
+        return x
+
+    def uniform(self) -> float:
+        """Uniform in [0, 1) with 24 random bits: (x >> 8) * 2**-24 (exact in float32)."""
+        return (self.next_u32() >> 8) * (1.0 / 16777216.0)
+
+    def uniforms(self, n: int) -> np.ndarray:
+        """``n`` successive ``uniform()`` values as float32 [n]."""
+        return np.array([self.uniform() for _ in range(int(n))], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one generator (Talker or Code Predictor).
+
+    The released checkpoints' defaults are temperature 0.9, top_k 50, top_p 1.0 (and
+    repetition penalty 1.05 for the Talker only); ``SamplingParams.greedy_params()`` is argmax.
+
+    ``temperature`` >= 0 (0 = greedy), ``top_k`` >= 0 (0 = off, 1 = greedy), ``top_p`` in
+    (0, 1] (1 = off), ``repetition_penalty`` > 0 (1 = off), ``greedy`` forces argmax.
+    """
+
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float = 1.0
+    greedy: bool = False
+
+    @classmethod
+    def greedy_params(cls) -> "SamplingParams":
+        return cls(temperature=0.0, top_k=1, top_p=1.0, greedy=True)
+
+    @property
+    def is_greedy(self) -> bool:
+        return bool(self.greedy) or float(self.temperature) == 0.0 or int(self.top_k) == 1
+
+    def validate(self, name_prefix: str = "") -> "SamplingParams":
+        """Raise KzttsError naming the first invalid parameter and its accepted range."""
+        p = name_prefix
+
+        def number(name, value, kind):
+            if isinstance(value, bool) or not isinstance(value, kind):
+                what = "an integer" if kind is _INT else "a number"
+                raise KzttsError(f"{p}{name} must be {what}, got {value!r}")
+            return value
+
+        t = number("temperature", self.temperature, _REAL)
+        if not math.isfinite(float(t)) or t < 0:
+            raise KzttsError(f"{p}temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        k = number("top_k", self.top_k, _INT)
+        if k < 0:
+            raise KzttsError(f"{p}top_k must be an integer >= 0 (0 = disabled, 1 = greedy), got {k!r}")
+        tp = number("top_p", self.top_p, _REAL)
+        if not (0.0 < float(tp) <= 1.0):
+            raise KzttsError(f"{p}top_p must be in (0, 1] (1 = disabled), got {tp!r}")
+        rp = number("repetition_penalty", self.repetition_penalty, _REAL)
+        if not math.isfinite(float(rp)) or rp <= 0:
+            raise KzttsError(f"{p}repetition_penalty must be a finite number > 0 (1 = off), got {rp!r}")
+        if not isinstance(self.greedy, (bool, np.bool_)):
+            raise KzttsError(f"{p}greedy must be true or false, got {self.greedy!r}")
+        return self
+
+
+_INT = (int, np.integer)
+_REAL = (int, float, np.integer, np.floating)
+
+
+def _scores(scores) -> np.ndarray:
+    s = np.asarray(scores)
+    if s.ndim != 1:
+        raise ValueError(f"scores must be a 1-D vector [V], got shape {s.shape}")
+    return s.astype(np.float32, copy=True)
+
+
+# ---------------------------------------------------------------- processors
+def repetition_penalty(scores, prev_ids: Iterable[int], penalty: float,
+                       window: Optional[int] = None) -> np.ndarray:
+    """Penalise every id in ``prev_ids`` once: x / p if x > 0 else x * p.
+
+    ``window``: only the last ``window`` ids count (None = all). ``penalty`` 1.0 is a no-op."""
+    s = _scores(scores)
+    ids = np.asarray(list(prev_ids) if not isinstance(prev_ids, np.ndarray) else prev_ids, dtype=np.int64)
+    ids = ids.reshape(-1)
+    if window is not None:
+        ids = ids[-int(window):] if window > 0 else ids[:0]
+    if ids.size == 0:
+        return s
+    p = np.float32(penalty)
+    idx = np.unique(ids)
+    v = s[idx]
+    s[idx] = np.where(v < 0, v * p, v / p)
+    return s
+
+
+def min_new_tokens(scores, step: int, min_tokens: int, eos_id) -> np.ndarray:
+    """EOS id(s) -> -inf while fewer than ``min_tokens`` tokens were generated (``step`` < min)."""
+    s = _scores(scores)
+    if step < min_tokens:
+        s[np.asarray(eos_id, dtype=np.int64).reshape(-1)] = _NEG_INF
+    return s
+
+
+def suppress_tokens(scores, ids) -> np.ndarray:
+    """The given ids -> -inf."""
+    s = _scores(scores)
+    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if idx.size:
+        s[idx] = _NEG_INF
+    return s
+
+
+def temperature(scores, t: float) -> np.ndarray:
+    """scores / t (t > 0), in float32."""
+    return _scores(scores) / np.float32(t)
+
+
+def top_k(scores, k: int) -> np.ndarray:
+    """Keep every score >= the k-th largest (ties at the k-th value are all kept); 0 = off."""
+    s = _scores(scores)
+    k = int(k)
+    if k <= 0 or k >= s.size:
+        return s
+    kth = np.partition(s, s.size - k)[s.size - k]
+    s[s < kth] = _NEG_INF
+    return s
+
+
+def draw_order(scores) -> np.ndarray:
+    """Token ids by descending score, ties by lower id (ONNX TopK order)."""
+    s = np.asarray(scores, dtype=np.float32)
+    return np.argsort(-s, kind="stable")
+
+
+# exp(x) for x <= 0 as a fixed sequence of float32 IEEE operations (Cephes expf: Cody-Waite
+# reduction x = n ln2 + r, polynomial in r, times 2**n read from a table). numpy's and ONNX
+# Runtime's own exp differ in the last bits; with this sequence the host sampler and the
+# cp_frame graph compute bit-identical probabilities, hence draw identical tokens.
+EXP_MIN = np.float32(-87.0)  # below: 0 (e**-87 ~ 1.6e-38 next to the top token's 1)
+EXP_LOG2E = np.float32(1.44269504088896341)
+EXP_C1 = np.float32(0.693359375)
+EXP_C2 = np.float32(-2.12194440e-4)
+EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                          4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+POW2_NEG = np.array([2.0 ** -i for i in range(128)], dtype=np.float32)  # 2**-i, exact
+
+
+def exp_f32(x) -> np.ndarray:
+    """exp(x) for x <= 0 in float32 (~1 ulp), 0 where x < -87 (so -inf -> 0)."""
+    x = np.asarray(x, dtype=np.float32)
+    xc = np.maximum(x, EXP_MIN)
+    n = np.floor(xc * EXP_LOG2E + np.float32(0.5))
+    r = xc - n * EXP_C1
+    r = r - n * EXP_C2
+    z = r * r
+    y = np.full_like(r, EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        y = y * r + c
+    y = y * z + r + np.float32(1.0)
+    e = y * POW2_NEG[(-n).astype(np.int64)]
+    return np.where(x < EXP_MIN, np.float32(0.0), e).astype(np.float32, copy=False)
+
+
+def top_p(scores, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """Nucleus filter with transformers' TopPLogitsWarper semantics; skipped at p >= 1.
+
+    Ascending order (the reverse of the draw order), cumulative probability, remove where it
+    is <= 1 - p, always keep the ``min_tokens_to_keep`` largest. The cumulative probability
+    is compared unnormalised, ``cumsum(e) <= (1 - p) * sum(e)`` with ``e = exp_f32(s - max)``
+    and the sum accumulated in the same ascending order."""
+    s = _scores(scores)
+    p32 = np.float32(p)
+    if p32 >= 1:
+        return s
+    asc = draw_order(s)[::-1]
+    sorted_s = s[asc]
+    with np.errstate(over="ignore"):  # -FLT_MAX - FLT_MAX -> -inf -> probability 0
+        cum = np.cumsum(exp_f32(sorted_s - sorted_s[-1]), dtype=np.float32)
+    remove = cum <= (np.float32(1) - p32) * cum[-1]
+    if min_tokens_to_keep > 0:
+        remove[-min_tokens_to_keep:] = False
+    s[asc[remove]] = _NEG_INF
+    return s
+
+
+def draw(scores, u: float) -> int:
+    """Inverse-CDF draw: the first token in draw order whose cumulative probability exceeds ``u``.
+
+    With ``e = exp_f32(s - max)`` in draw order and ``c = cumsum(e)`` (float32, in order), the
+    token at position ``min(count(c <= u * c[-1]), count(e > 0) - 1)``: never one of zero
+    probability, even when rounding leaves ``u * c[-1] >= c[-1]``."""
+    s = np.asarray(scores, dtype=np.float32)
+    order = draw_order(s)
+    sorted_s = s[order]
+    with np.errstate(over="ignore"):
+        e = exp_f32(sorted_s - sorted_s[0])
+    cum = np.cumsum(e, dtype=np.float32)
+    n = int(np.count_nonzero(cum <= np.float32(u) * cum[-1]))
+    last = int(np.count_nonzero(e > 0)) - 1
+    return int(order[min(n, max(last, 0))])
+
+
+def argmax(scores) -> int:
+    """Greedy choice: the highest score, lowest id on ties."""
+    return int(np.argmax(np.asarray(scores, dtype=np.float32)))
+
+
+def sample_token(scores, params: SamplingParams, u: float) -> int:
+    """temperature -> top_k -> top_p -> draw on ``u`` (or argmax when greedy)."""
+    if params.is_greedy:
+        return argmax(scores)
+    with np.errstate(over="ignore"):  # x / tiny t -> inf, clipped just below
+        s = np.minimum(temperature(scores, params.temperature), FLT_MAX)
+    s = top_k(s, params.top_k)
+    s = top_p(s, params.top_p)
+    return draw(s, u)

@@ -1,0 +1,160 @@
+"""The Talker over the static HTP graphs: same API as :class:`kztts.talker.Talker`.
+
+Two graphs of one static context ``C`` (``kztts.export.htp_export``): a prefill
+chunk of ``S`` positions and an AR-1 decode step. The host keeps the KV cache in
+the graphs' own layout (keys ``[kv, 1, head_dim, C-1]``, values ``[kv, 1, C-1,
+head_dim]`` per layer), passes it whole to decode (no copy) and its first ``C-S``
+slots to prefill, and writes the graphs' new entries into it. Slot ``j`` holds
+position ``j``; the additive mask marks the filled slots and the causal part of
+the new positions, so the zero-initialised tail never needs clearing.
+
+A prompt of ``T`` positions runs ``ceil(T / S)`` prefill chunks (the last one
+padded); positions that no longer fit a chunk (past ``C - S``) run through the
+decode graph one by one. Usable context: ``C - 1`` positions.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from kztts.errors import BundleError, ContextOverflowError, KzttsError
+from kztts.rope import rope_tables
+
+PREFILL = "talker_prefill"
+DECODE = "talker_decode"
+
+
+def _shape(sess: ort.InferenceSession, name: str) -> list[int]:
+    for a in sess.get_inputs():
+        if a.name == name:
+            if not all(isinstance(d, int) for d in a.shape):
+                raise BundleError(f"static talker graph input {name} has a dynamic shape {a.shape}")
+            return list(a.shape)
+    raise BundleError(f"static talker graph has no input {name!r}")
+
+
+class StaticTalker:
+    """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
+
+    def __init__(self, prefill_session: ort.InferenceSession, decode_session: ort.InferenceSession,
+                 config: dict, mask_value: float = -50.0):
+        self.prefill_session, self.decode_session = prefill_session, decode_session
+        self.num_layers = int(config["num_layers"])
+        self.hidden_size = int(config["hidden"])
+        self.vocab = int(config["vocab"])
+        kv, hd = int(config["num_kv_heads"]), int(config["head_dim"])
+        self.mask_value = np.float32(mask_value)
+        S = _shape(prefill_session, "inputs_embeds")[1]
+        P = _shape(prefill_session, "past_key_0_in")[3]
+        Pd = _shape(decode_session, "past_key_0_in")[3]
+        self.chunk, self.graph_context = S, P + S
+        if _shape(decode_session, "inputs_embeds")[1] != 1 or Pd + 1 != self.graph_context:
+            raise BundleError(f"static talker graphs disagree: prefill context {P + S}, decode context {Pd + 1} "
+                              "(decode must take one position); re-export the bundle")
+        if _shape(prefill_session, "past_key_0_in") != [kv, 1, hd, P]:
+            raise BundleError(f"static talker graph past_key_0_in is {_shape(prefill_session, 'past_key_0_in')}, "
+                              f"the manifest config says [{kv}, 1, {hd}, {P}]")
+        C = self.graph_context
+        if C - 1 > int(config["max_positions"]):
+            raise KzttsError(f"static talker context {C} exceeds the model's {config['max_positions']} positions")
+        self.keys = [np.zeros((kv, 1, hd, C - 1), np.float32) for _ in range(self.num_layers)]
+        self.values = [np.zeros((kv, 1, C - 1, hd), np.float32) for _ in range(self.num_layers)]
+        self._cos, self._sin = rope_tables(C + S, hd, float(config["rope_theta"]))
+        self.length = 0
+        self._out_names = ["logits", "hidden"] + [
+            f"new_{kind}_{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+        self.on_feed: Callable[[str, dict], None] | None = None  # calibration hook: (graph name, feed)
+
+    @classmethod
+    def from_bundle(cls, bundle, target=None, strict: bool = False) -> "StaticTalker":
+        """Open ``talker_prefill``/``talker_decode`` of ``bundle`` on ``target``'s HTP
+        (``kztts.qnn.open_target_session``: CPU fallback with one warning unless strict)."""
+        from kztts.qnn import open_target_session
+
+        spec = bundle.manifest.graphs.get(PREFILL)
+        if spec is None or DECODE not in bundle.manifest.graphs:
+            raise BundleError(f"{bundle.manifest.path}: no static talker graphs ({PREFILL}, {DECODE}); export "
+                              "the bundle with --target")
+        pre = open_target_session(bundle, PREFILL, target, strict)
+        dec = open_target_session(bundle, DECODE, target, strict)
+        return cls(pre, dec, bundle.manifest.talker, float(spec.extra.get("mask_value", -50.0)))
+
+    @property
+    def position(self) -> int:
+        return self.length
+
+    @property
+    def context(self) -> int:
+        """Positions the cache holds (the graphs' static context minus one)."""
+        return self.graph_context - 1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _check_room(self, n: int) -> None:
+        if self.length + n > self.context:
+            raise ContextOverflowError(
+                f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
+                "shorten the text, lower --max-frames, or export with a larger static context")
+
+    @staticmethod
+    def _causal(seq: int) -> np.ndarray:
+        return np.tril(np.ones((seq, seq), bool))
+
+    def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
+        p, C = self.length, self.graph_context
+        P = C - seq
+        x = np.zeros((1, seq, self.hidden_size), np.float32)
+        x[0, :n] = embeds
+        mask = np.full((1, 1, seq, C), self.mask_value, np.float32)
+        mask[0, 0, :, :p] = 0.0  # filled cache slots
+        mask[0, 0, :, P:][self._causal(seq)] = 0.0  # new position k is seen by queries i >= k
+        feed = {"inputs_embeds": x, "attention_mask": mask,
+                "rope_cos": self._cos[None, p:p + seq], "rope_sin": self._sin[None, p:p + seq]}
+        for i in range(self.num_layers):
+            if P == C - 1:
+                feed[f"past_key_{i}_in"], feed[f"past_value_{i}_in"] = self.keys[i], self.values[i]
+            else:
+                feed[f"past_key_{i}_in"] = np.ascontiguousarray(self.keys[i][..., :P])
+                feed[f"past_value_{i}_in"] = np.ascontiguousarray(self.values[i][:, :, :P])
+        if self.on_feed is not None:
+            self.on_feed(graph, feed)
+        out = sess.run(self._out_names, feed)
+        for i in range(self.num_layers):
+            self.keys[i][..., p:p + n] = out[2 + 2 * i][..., :n]
+            self.values[i][:, :, p:p + n] = out[3 + 2 * i][:, :, :n]
+        self.length = p + n
+        return out[0][0, n - 1], out[1][0, n - 1]
+
+    def _append(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = embeds.shape[0]
+        self._check_room(t)
+        S, C = self.chunk, self.graph_context
+        done, result = 0, None
+        while done < t:
+            left = t - done
+            if left > 1 and self.length <= C - S:
+                n = min(S, left)
+                result = self._run(PREFILL, self.prefill_session, embeds[done:done + n], n, S)
+            else:
+                n = 1
+                result = self._run(DECODE, self.decode_session, embeds[done:done + 1], 1, 1)
+            done += n
+        return result
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run a fresh prompt ([T, H]); the cache is reset first."""
+        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
+            raise KzttsError(f"prefill expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
+        self.reset()
+        return self._append(np.asarray(embeds, dtype=np.float32))
+
+    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append one position ([H]) and return its logits and hidden."""
+        if embed.shape != (self.hidden_size,):
+            raise KzttsError(f"decode expects one embedding [{self.hidden_size}], got {embed.shape}")
+        if self.length == 0:
+            raise KzttsError("decode called before prefill")
+        return self._append(np.asarray(embed, dtype=np.float32)[None])

@@ -1,0 +1,332 @@
+"""Deployment targets (``qnn_configs/<name>.json``): SoC, precision, QNN provider options,
+static shapes and default placement, validated when loaded.
+
+The QNN execution provider accepts any string for most of its options and silently
+ignores bad ones (a bogus ``htp_performance_mode`` runs without complaint), so every
+key and value of a target file is checked here: an unknown key, a value of the wrong
+type or outside its range, a SoC number that does not match the SoC name, or a
+missing field raises :class:`TargetError` naming the file and the key.
+
+File layout (all keys required unless marked optional)::
+
+    {
+      "schema": "kztts-qnn-target/1",
+      "name": "sm8650",
+      "description": "...",
+      "runs_on": "device" | "simulator",
+      "soc": {"name": "SM8650", "marketing_name": "...", "soc_model": 57, "htp_arch": 75},
+      "precision": "fp16" | "w8a16",
+      "provider_options": {"htp_performance_mode": "burst", ...},   # see PROVIDER_OPTIONS
+      "shapes": {"prefill_chunk": 128, "context": 4096, "decoder_chunk": 25},
+      "attention_mask_value": -50.0,
+      "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu"}
+    }
+
+``soc_model``, ``htp_arch``, ``backend_path`` and ``backend_type`` are not provider
+options of the file: kztts derives them from ``soc`` and the installed onnxruntime-qnn.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from kztts.errors import KzttsError
+
+SCHEMA = "kztts-qnn-target/1"
+PRECISIONS = ("fp16", "w8a16")
+PLACEMENT_GRAPHS = ("talker_prefill", "talker_decode", "cp_frame", "decoder")
+PLACES = ("htp", "cpu")
+RUNS_ON = ("device", "simulator")
+
+
+class TargetError(KzttsError):
+    """A target file is missing, unreadable or does not follow the schema."""
+
+
+@dataclass(frozen=True)
+class SocInfo:
+    name: str
+    soc_model: int  # QNN's SoC id (QNN SDK "Supported Snapdragon devices" table)
+    htp_arch: int  # Hexagon architecture version (v73 -> 73)
+    vtcm_mb: int  # VTCM size: the largest vtcm_mb the SoC accepts
+    aliases: tuple[str, ...] = ()
+
+
+# QNN SoC ids and HTP versions, as in Qualcomm's own tables (QNN SDK docs; the same numbers
+# appear in LiteRT's and ExecuTorch's Qualcomm backends).
+SOCS = {s.name: s for s in (
+    SocInfo("SM8450", 36, 69, 8),  # Snapdragon 8 Gen 1
+    SocInfo("SM8550", 43, 73, 8),  # Snapdragon 8 Gen 2
+    SocInfo("SM8650", 57, 75, 8),  # Snapdragon 8 Gen 3
+    SocInfo("SM8750", 69, 79, 8),  # Snapdragon 8 Elite
+    SocInfo("SC8380XP", 60, 73, 8, ("X1E80100",)),  # Snapdragon X Elite
+)}
+_SOC_ALIASES = {a: s for s in SOCS.values() for a in (s.name, *s.aliases)}
+
+_BOOL = ("0", "1")
+_PERF_MODES = ("burst", "balanced", "default", "high_performance", "high_power_saver", "low_balanced",
+               "extreme_power_saver", "low_power_saver", "power_saver", "sustained_high_performance")
+
+
+def _enum(*values: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        s = _as_str(v)
+        if s not in values:
+            raise ValueError(f"{v!r} is not one of {', '.join(values)}")
+        return s
+    return check
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError(f"{v!r} is not an integer")
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an integer") from None
+        if not lo <= n <= hi:
+            raise ValueError(f"{n} is outside {lo}..{hi}")
+        return str(n)
+    return check
+
+
+def _as_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (int, str)):
+        return str(v)
+    raise ValueError(f"{v!r} is not a string")
+
+
+# Provider options a target may set, with their checks; values are normalised to the
+# strings the EP expects. Values the project owns (backend, soc_model, htp_arch) are refused.
+PROVIDER_OPTIONS: dict[str, Callable[[Any], str]] = {
+    "htp_performance_mode": _enum(*_PERF_MODES),
+    "htp_graph_finalization_optimization_mode": _enum("0", "1", "2", "3"),
+    "vtcm_mb": _int_range(1, 64),  # checked against the SoC below
+    "enable_htp_fp16_precision": _enum(*_BOOL),
+    "offload_graph_io_quantization": _enum(*_BOOL),
+    "qnn_context_priority": _enum("low", "normal", "normal_high", "high"),
+    "rpc_control_latency": _int_range(0, 100000),
+    "profiling_level": _enum("off", "basic", "detailed"),
+    "enable_htp_spill_fill_buffer": _enum(*_BOOL),
+    "enable_htp_shared_memory_allocator": _enum(*_BOOL),
+    "htp_bf16_enable": _enum(*_BOOL),
+    "device_id": _int_range(0, 16),
+}
+_OWNED_OPTIONS = {
+    "backend_path": "kztts uses the HTP backend of the installed onnxruntime-qnn",
+    "backend_type": "kztts uses the HTP backend of the installed onnxruntime-qnn",
+    "soc_model": "set soc.soc_model instead",
+    "htp_arch": "set soc.htp_arch instead",
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Static shapes of the HTP graphs."""
+
+    prefill_chunk: int  # positions per Talker prefill run
+    context: int  # Talker KV positions (prompt + frames)
+    decoder_chunk: int  # codec frames per speech-decoder run
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    path: Path
+    description: str
+    runs_on: str
+    soc: SocInfo
+    marketing_name: str
+    precision: str
+    provider_options: dict[str, str]
+    shapes: Shapes
+    attention_mask_value: float
+    placement: dict[str, str]
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def soc_model(self) -> int:
+        return self.soc.soc_model
+
+    @property
+    def htp_arch(self) -> int:
+        return self.soc.htp_arch
+
+    def qnn_options(self, backend_path: str) -> dict[str, str]:
+        """Provider options for ``add_provider_for_devices``: the file's, plus backend and SoC.
+
+        With ``soc_model`` set the HTP computes in fp16 (QAIRT >= 2.35 has no fp32 HTP math);
+        quantized (QDQ) graphs run in their integer types."""
+        opts = {"backend_path": backend_path, "soc_model": str(self.soc_model), "htp_arch": str(self.htp_arch)}
+        opts.update(self.provider_options)
+        return opts
+
+    def on_htp(self, graph: str) -> bool:
+        return self.placement.get(graph, "cpu") == "htp"
+
+    def with_shapes(self, **changes: int) -> "Target":
+        """The same target with other static shapes (tests use small contexts)."""
+        shapes = replace(self.shapes, **changes)
+        _check_shapes(self.path, shapes)
+        return replace(self, shapes=shapes)
+
+    def to_json(self) -> dict:
+        """What a bundle records about the target it was exported for."""
+        return {"name": self.name, "soc": self.soc.name, "soc_model": self.soc_model, "htp_arch": self.htp_arch,
+                "runs_on": self.runs_on, "precision": self.precision,
+                "shapes": {"prefill_chunk": self.shapes.prefill_chunk, "context": self.shapes.context,
+                           "decoder_chunk": self.shapes.decoder_chunk},
+                "attention_mask_value": self.attention_mask_value, "placement": dict(self.placement),
+                "provider_options": dict(self.provider_options)}
+
+
+def configs_dir() -> Path:
+    """``$KZTTS_QNN_CONFIGS`` if set, else the project's ``qnn_configs/``."""
+    env = os.environ.get("KZTTS_QNN_CONFIGS")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parent.parent / "qnn_configs"
+
+
+def list_targets() -> list[str]:
+    d = configs_dir()
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def target_path(name_or_path: str | os.PathLike) -> Path:
+    """A target name (``sm8650``) or a JSON file path -> the file."""
+    s = str(name_or_path)
+    p = Path(s).expanduser()
+    if s.endswith(".json") or os.sep in s or p.is_file():
+        if not p.is_file():
+            raise TargetError(f"{p}: target file not found")
+        return p
+    f = configs_dir() / f"{s}.json"
+    if not f.is_file():
+        known = ", ".join(list_targets()) or "none"
+        raise TargetError(f"unknown target {s!r}: no {f} (known targets: {known}; or give a path to a JSON file)")
+    return f
+
+
+def load_target(name_or_path: "str | os.PathLike | Target") -> Target:
+    """Read and validate a target; raises :class:`TargetError` naming the file and key."""
+    if isinstance(name_or_path, Target):
+        return name_or_path
+    path = target_path(name_or_path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TargetError(f"{path}: not a readable JSON file ({exc})") from exc
+    return parse_target(data, path)
+
+
+# ------------------------------------------------------------------ validation
+def _err(path: Path, key: str, msg: str) -> TargetError:
+    return TargetError(f"{path}: {key}: {msg}")
+
+
+def _obj(path: Path, data: Any, where: str, required: dict[str, type], optional: dict[str, type] = {}) -> dict:
+    """Check an object's keys (no unknown, none missing) and value types."""
+    if not isinstance(data, dict):
+        raise _err(path, where or "(top level)", f"expected a JSON object, got {type(data).__name__}")
+    prefix = f"{where}." if where else ""
+    allowed = {**required, **optional}
+    for k in data:
+        if k not in allowed:
+            raise _err(path, prefix + k, f"unknown key (allowed: {', '.join(allowed)})")
+    for k in required:
+        if k not in data:
+            raise _err(path, prefix + k, "missing required field")
+    for k, typ in allowed.items():
+        if k in data:
+            v = data[k]
+            ok = isinstance(v, typ) and not (typ in (int, float, (int, float)) and isinstance(v, bool))
+            if not ok:
+                want = typ.__name__ if isinstance(typ, type) else "number"
+                raise _err(path, prefix + k, f"expected {want}, got {json.dumps(v)}")
+    return data
+
+
+def _check_shapes(path: Path, s: Shapes) -> None:
+    for k in ("prefill_chunk", "context", "decoder_chunk"):
+        v = getattr(s, k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise _err(path, f"shapes.{k}", f"must be a positive integer, got {v!r}")
+    if s.context > 32768:
+        raise _err(path, "shapes.context", f"{s.context} exceeds 32768 positions")
+    if s.prefill_chunk >= s.context:
+        raise _err(path, "shapes.prefill_chunk",
+                   f"{s.prefill_chunk} must be smaller than shapes.context ({s.context})")
+
+
+def parse_target(data: Any, path: Path) -> Target:
+    path = Path(path)
+    top = _obj(path, data, "", {
+        "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
+        "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict})
+    if top["schema"] != SCHEMA:
+        raise _err(path, "schema", f"{top['schema']!r} is not supported (expected {SCHEMA!r})")
+    if not top["name"] or not all(c.isalnum() or c in "-_." for c in top["name"]):
+        raise _err(path, "name", f"{top['name']!r} must be a non-empty name of letters, digits, -_.")
+    if top["runs_on"] not in RUNS_ON:
+        raise _err(path, "runs_on", f"{top['runs_on']!r} is not one of {', '.join(RUNS_ON)}")
+
+    soc = _obj(path, top["soc"], "soc", {"name": str, "soc_model": int, "htp_arch": int},
+               {"marketing_name": str})
+    info = _SOC_ALIASES.get(soc["name"].upper())
+    if info is None:
+        raise _err(path, "soc.name", f"unknown SoC {soc['name']!r} (known: {', '.join(SOCS)})")
+    if soc["soc_model"] != info.soc_model:
+        raise _err(path, "soc.soc_model", f"{soc['soc_model']} is not the QNN SoC number of {info.name} "
+                                          f"(expected {info.soc_model})")
+    if soc["htp_arch"] != info.htp_arch:
+        raise _err(path, "soc.htp_arch", f"{soc['htp_arch']} is not the HTP version of {info.name} "
+                                         f"(expected {info.htp_arch})")
+
+    if top["precision"] not in PRECISIONS:
+        raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(PRECISIONS)}")
+
+    options: dict[str, str] = {}
+    for k, v in top["provider_options"].items():
+        key = f"provider_options.{k}"
+        if k in _OWNED_OPTIONS:
+            raise _err(path, key, f"not allowed in a target file ({_OWNED_OPTIONS[k]})")
+        check = PROVIDER_OPTIONS.get(k)
+        if check is None:
+            raise _err(path, key, f"unknown provider option (allowed: {', '.join(PROVIDER_OPTIONS)})")
+        try:
+            options[k] = check(v)
+        except ValueError as exc:
+            raise _err(path, key, str(exc)) from None
+    if "vtcm_mb" in options and int(options["vtcm_mb"]) > info.vtcm_mb:
+        raise _err(path, "provider_options.vtcm_mb",
+                   f"{options['vtcm_mb']} MB exceeds the {info.vtcm_mb} MB VTCM of {info.name}")
+    if options.get("htp_bf16_enable") == "1" and info.soc_model < 88:
+        raise _err(path, "provider_options.htp_bf16_enable", f"bf16 needs soc_model >= 88 ({info.name} is "
+                                                             f"{info.soc_model})")
+
+    sh = _obj(path, top["shapes"], "shapes", {"prefill_chunk": int, "context": int, "decoder_chunk": int})
+    shapes = Shapes(sh["prefill_chunk"], sh["context"], sh["decoder_chunk"])
+    _check_shapes(path, shapes)
+
+    mask = float(top["attention_mask_value"])
+    if not -1e4 <= mask <= -10:
+        raise _err(path, "attention_mask_value",
+                   f"{mask} must be in -10000..-10: negative enough to mask, small enough for fp16 "
+                   "and for 16-bit activation quantization")
+
+    place = _obj(path, top["placement"], "placement", {g: str for g in PLACEMENT_GRAPHS})
+    for g, v in place.items():
+        if v not in PLACES:
+            raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(PLACES)}")
+
+    return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
+                  marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
+                  provider_options=options, shapes=shapes, attention_mask_value=mask,
+                  placement=dict(place), raw=data)

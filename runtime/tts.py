@@ -1,0 +1,252 @@
+"""``kztts.TTS``: text in, audio out, from a bundle (no torch)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from kztts.bundle import Bundle
+from kztts.code_predictor import CodePredictor
+from kztts.codec import SAMPLES_PER_FRAME, Decoder, Encoder, StreamingDecoder
+from kztts.embeddings import EmbeddingTables
+from kztts.errors import ContextOverflowError, KzttsError
+from kztts.frames import FrameLoop, StageTimes
+from kztts.prompt import Prompt, build_prompt, language_id
+from kztts.sampling import XorShift32
+from kztts.sessions import SessionConfig
+from kztts.settings import GenerationSettings, reference_settings, with_environment
+from kztts.speaker import SpeakerEncoder, load_xvector
+from kztts.talker import DEFAULT_CONTEXT, Talker
+from kztts.text import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Voice:
+    """Who speaks: an x-vector, plus reference codes and transcript for ICL voice cloning."""
+
+    speaker: np.ndarray  # x-vector f32[enc_dim]
+    ref_codes: np.ndarray | None = None  # [F_ref, 16] int64 (ICL)
+    ref_text: str | None = None  # transcript of the reference audio (ICL)
+
+    @property
+    def icl(self) -> bool:
+        return self.ref_codes is not None
+
+
+@dataclass
+class SynthesisResult:
+    samples: np.ndarray  # float32 mono in [-1, 1]
+    sample_rate: int
+    codes: np.ndarray  # (frames, 16) int64
+    times: StageTimes
+    total_seconds: float
+    stopped_by_eos: bool
+
+    @property
+    def frames(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.samples.shape[0] / self.sample_rate
+
+    @property
+    def real_time_factor(self) -> float:
+        """Processing seconds per second of audio (below 1 is faster than real time)."""
+        return self.total_seconds / self.audio_seconds if self.audio_seconds else float("inf")
+
+    def summary(self) -> dict:
+        return {"frames": self.frames, "audio_seconds": round(self.audio_seconds, 3),
+                "real_time_factor": round(self.real_time_factor, 3), "stopped_by_eos": self.stopped_by_eos,
+                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1)}
+
+
+@dataclass
+class _Run:
+    """One synthesis in progress: its frame loop, prompt and the voice's ICL codes."""
+
+    loop: FrameLoop
+    prompt: Prompt
+    voice: Voice
+    started: float
+    codes: list = field(default_factory=list)
+
+
+class TTS:
+    """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks."""
+
+    def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
+                 session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False):
+        """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
+        (its static graphs, exported with ``kztts export --target``), the others on the CPU.
+        Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``."""
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config)
+        m = self.bundle.manifest
+        self.tables = EmbeddingTables.from_bundle(self.bundle)
+        self.tokenizer = TextTokenizer(self.bundle.path)
+        self.target = None
+        if target is not None:
+            from kztts.targets import load_target
+
+            self.target = load_target(target)
+        if self.target is not None and self.target.on_htp("talker_decode"):
+            from kztts.talker_static import StaticTalker
+
+            self.talker = StaticTalker.from_bundle(self.bundle, self.target, strict)
+        else:
+            self.talker = Talker(self.bundle.session("talker"), m.talker,
+                                 context=min(context, int(m.talker["max_positions"])))
+        if self.target is not None and self.target.on_htp("cp_frame"):
+            from kztts.qnn import open_target_session
+
+            sessions = {"cp_frame": open_target_session(self.bundle, "cp_frame", self.target, strict)}
+            self.code_predictor = CodePredictor(sessions, m.code_predictor, m.talker, self.tables, mode="frame")
+        else:
+            self.code_predictor = CodePredictor.from_bundle(self.bundle, mode=cp_mode, embeddings=self.tables)
+        self.sample_rate = int(m.data["config"].get("sample_rate", 24000))
+        self.speaker_size = int(m.data["config"]["speaker_embedding_size"])
+        self._decoder: Decoder | None = None
+        self._streaming: StreamingDecoder | None = None
+        self._speaker_encoder: SpeakerEncoder | None = None
+        self._encoder: Encoder | None = None
+
+    # ------------------------------------------------------------ voices
+    def voice_from_xvector(self, path: str | Path) -> Voice:
+        """A voice from a precomputed x-vector file (.npy, or raw little-endian float32)."""
+        return Voice(load_xvector(path, self.speaker_size))
+
+    def voice_from_wav(self, wav: np.ndarray, sr: int) -> Voice:
+        """An x-vector voice from a recording (any sample rate)."""
+        if self._speaker_encoder is None:
+            self._speaker_encoder = SpeakerEncoder.from_bundle(self.bundle)
+        return Voice(self._speaker_encoder.xvector(wav, sr))
+
+    def voice_from_reference(self, wav: np.ndarray, sr: int, ref_text: str) -> Voice:
+        """An ICL voice: x-vector, the recording's codes and its transcript."""
+        self.tokenizer.ref_ids(ref_text)  # reject an empty transcript before encoding audio
+        if self._encoder is None:
+            self._encoder = Encoder.from_bundle(self.bundle)
+        speaker = self.voice_from_wav(wav, sr).speaker
+        return Voice(speaker, self._encoder.encode(wav, sr), ref_text)
+
+    def default_settings(self) -> GenerationSettings:
+        """The checkpoint's generation settings (as qwen-tts merges them), then $KZTTS_* overrides."""
+        return with_environment(reference_settings(self.bundle.manifest.generation))
+
+    # ------------------------------------------------------------ generation
+    def _prompt(self, text: str, voice: Voice, language: str | None, streaming_text: bool) -> Prompt:
+        ids = self.tokenizer.assistant_ids(text)
+        ref_ids = self.tokenizer.ref_ids(voice.ref_text) if voice.icl else None
+        return build_prompt(self.tables, ids, special_ids=self.bundle.manifest.special_ids,
+                            language_id=language_id(self.bundle.manifest.languages, language),
+                            speaker=voice.speaker, mode="icl" if voice.icl else "xvector",
+                            non_streaming=not streaming_text, ref_text_ids=ref_ids, ref_codes=voice.ref_codes)
+
+    def _start(self, text: str, voice: Voice, language: str | None, streaming_text: bool, seed: int,
+               greedy: bool, max_frames: int | None, settings: GenerationSettings | None) -> _Run:
+        started = time.perf_counter()
+        if not isinstance(voice, Voice):
+            raise KzttsError("a voice is required: the Base model clones one (use voice_from_xvector, "
+                             "voice_from_wav or voice_from_reference)")
+        s = settings or self.default_settings()
+        if greedy:
+            s = s.greedy()
+        if max_frames is not None:
+            s = replace(s, max_frames=int(max_frames))
+        s.validate()
+        prompt = self._prompt(text, voice, language, streaming_text)
+        needed = prompt.embeds.shape[0] + s.max_frames - 1
+        if prompt.embeds.shape[0] > self.talker.context:
+            raise ContextOverflowError(
+                f"the text is too long: its prompt takes {prompt.embeds.shape[0]} positions, the context holds "
+                f"{self.talker.context}; split the text into shorter pieces")
+        if needed > self.talker.context:
+            s = replace(s, max_frames=self.talker.context - prompt.embeds.shape[0] + 1)
+            log.info("max frames lowered to %d to fit the context of %d", s.max_frames, self.talker.context)
+        loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
+                         int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(seed))
+        loop.times.prompt = time.perf_counter() - started
+        return _Run(loop, prompt, voice, started)
+
+    def _streaming_decoder(self) -> StreamingDecoder:
+        if self._streaming is None:
+            self._streaming = StreamingDecoder.from_bundle(self.bundle)
+        return self._streaming
+
+    def stream(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
+               seed: int = 0, greedy: bool = False, max_frames: int | None = None,
+               settings: GenerationSettings | None = None, chunk_frames: int = 4,
+               result: dict | None = None) -> Iterator[np.ndarray]:
+        """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
+        frames are produced. If ``result`` is a dict it receives the SynthesisResult at the end."""
+        if chunk_frames < 1:
+            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
+        dec = self._streaming_decoder()
+        dec.reset()
+        times = run.loop.times
+        if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes] and cuts the reference's samples
+            t = time.perf_counter()
+            dec.push(run.voice.ref_codes)
+            times.decoder += time.perf_counter() - t
+        pending: list[np.ndarray] = []
+        chunks: list[np.ndarray] = []
+
+        def flush() -> np.ndarray:
+            t = time.perf_counter()
+            audio = dec.push(np.stack(pending))
+            times.decoder += time.perf_counter() - t
+            pending.clear()
+            if times.first_audio is None:
+                times.first_audio = time.perf_counter() - run.started
+            chunks.append(audio)
+            return audio
+
+        for frame in run.loop.frames(run.prompt):
+            run.codes.append(frame)
+            pending.append(frame)
+            if len(pending) == chunk_frames:
+                yield flush()
+        if pending:
+            yield flush()
+        if result is not None:
+            samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            result["result"] = self._result(run, samples)
+
+    def synthesize(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
+                   seed: int = 0, greedy: bool = False, max_frames: int | None = None,
+                   settings: GenerationSettings | None = None, on_frame=None) -> SynthesisResult:
+        """Generate all frames, then decode them (the reference's chunked decode).
+
+        For ICL voices the reference codes are decoded in front of the new ones and
+        their samples dropped, as qwen-tts does; kztts drops exactly ``ref frames * 1920``
+        samples, where qwen-tts's proportional cut can keep one more sample through
+        float rounding. ``on_frame(index)`` is called after each frame (progress)."""
+        run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
+        for frame in run.loop.frames(run.prompt):
+            run.codes.append(frame)
+            if on_frame is not None:
+                on_frame(len(run.codes))
+        if self._decoder is None:
+            self._decoder = Decoder.from_bundle(self.bundle)
+        t = time.perf_counter()
+        codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        if run.voice.icl:
+            ref = run.voice.ref_codes
+            samples = self._decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
+        else:
+            samples = self._decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
+        run.loop.times.decoder += time.perf_counter() - t
+        run.loop.times.first_audio = time.perf_counter() - run.started
+        return self._result(run, samples)
+
+    def _result(self, run: _Run, samples: np.ndarray) -> SynthesisResult:
+        codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        return SynthesisResult(samples.astype(np.float32, copy=False), self.sample_rate, codes, run.loop.times,
+                               time.perf_counter() - run.started, run.loop.stopped_by_eos)

@@ -1,0 +1,174 @@
+"""Text to speech end to end: `kztts synth` and `kztts.TTS` against qwen-tts, streaming, bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from kztts.audio import synthetic_voice, write_wav
+from kztts.errors import KzttsError
+from kztts.tts import TTS
+
+FRAMES = 40
+TEXT = "Hello world, this is a tiny test."
+REF_TEXT = "A reference sentence."
+
+
+def kztts(*args):
+    return subprocess.run([sys.executable, "-m", "kztts.cli", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def voice_wav(tmp_path_factory):
+    """The reference voice as a float WAV file, so the CLI and qwen-tts see the same samples."""
+    path = tmp_path_factory.mktemp("voice") / "voice.wav"
+    write_wav(path, synthetic_voice(), 24000, subtype="FLOAT")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tts(tiny_bundle_dir):
+    return TTS(tiny_bundle_dir)
+
+
+def reference_wav(reference, codes, ref_codes):
+    """qwen-tts's decode of generated codes, with its ICL handling (decode ref ++ codes, drop the ref part)."""
+    import torch
+
+    full = codes if ref_codes is None else np.concatenate([ref_codes, codes])
+    wavs, _ = reference.model.speech_tokenizer.decode([{"audio_codes": torch.as_tensor(full)}])
+    wav = wavs[0]
+    return wav if ref_codes is None else wav[ref_codes.shape[0] * 1920:]
+
+
+@pytest.mark.parametrize("mode", ["xvec_nonstream", "xvec_stream", "icl_nonstream", "icl_stream"])
+def test_synth_greedy_codes_and_wav_equal_qwen_tts(reference, tiny_bundle_dir, voice_wav, tmp_path, mode):
+    from kztts.export.reference import reference_run
+
+    wav, sr = sf.read(voice_wav, dtype="float32")
+    ref = reference_run(reference, mode, frames=FRAMES, language="English", text=TEXT, ref_text=REF_TEXT,
+                        ref_audio=wav, ref_sr=sr)
+    assert ref.codes.shape == (FRAMES, 16)
+    out, codes_out = tmp_path / "out.wav", tmp_path / "codes.npy"
+    voice = ["--speaker-wav", voice_wav] if mode.startswith("xvec") else ["--ref-audio", voice_wav, "--ref-text", REF_TEXT]
+    args = ["synth", TEXT, "-o", out, "--bundle", tiny_bundle_dir, "--language", "english", "--greedy",
+            "--max-frames", FRAMES, "--codes-out", codes_out, *voice]
+    if mode.endswith("_stream"):
+        args.append("--streaming-text")
+    res = kztts(*args)
+    assert res.returncode == 0, res.stderr
+    codes = np.load(codes_out)
+    assert codes.dtype == np.int64 and codes.shape == (FRAMES, 16)
+    np.testing.assert_array_equal(codes, ref.codes)
+    got, got_sr = sf.read(out, dtype="float32")
+    want = reference_wav(reference, ref.codes, ref.ref_codes)
+    assert got_sr == 24000 and got.shape == want.shape == (FRAMES * 1920,)
+    assert np.abs(got - want).max() <= 1e-3
+
+
+def test_stream_concatenated_equals_synthesize(tts):
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    whole = tts.synthesize(TEXT, voice, seed=5, max_frames=13)
+    holder: dict = {}
+    chunks = list(tts.stream(TEXT, voice, seed=5, max_frames=13, chunk_frames=3, result=holder))
+    assert [len(c) for c in chunks] == [3 * 1920] * 4 + [1920]
+    np.testing.assert_array_equal(holder["result"].codes, whole.codes)
+    np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)
+    assert holder["result"].times.first_audio < whole.times.first_audio
+
+
+def test_stream_icl_equals_synthesize(tts):
+    wav = synthetic_voice()
+    voice = tts.voice_from_reference(wav, 24000, REF_TEXT)
+    whole = tts.synthesize(TEXT, voice, greedy=True, max_frames=6)
+    chunks = list(tts.stream(TEXT, voice, greedy=True, max_frames=6, chunk_frames=4))
+    np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_codes_and_sampling_differs_by_seed(tts):
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    a = tts.synthesize(TEXT, voice, seed=11, max_frames=12)
+    b = tts.synthesize(TEXT, voice, seed=11, max_frames=12)
+    c = tts.synthesize(TEXT, voice, seed=12, max_frames=12)
+    np.testing.assert_array_equal(a.codes, b.codes)
+    assert not np.array_equal(a.codes, c.codes)
+
+
+@pytest.mark.parametrize("variant", ["equal"], indirect=True)
+def test_stop_path_on_a_model_that_emits_eos(tmp_path, variant):
+    """A checkpoint biased to EOS: generation stops there, like qwen-tts, and the audio is that long."""
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.checkpoint import load_reference
+    from kztts.export.reference import reference_run
+    from kztts.export.tiny import cached_tiny
+
+    model_dir = cached_tiny(variant, eos_bias=True)
+    ref = reference_run(load_reference(model_dir), "xvec_nonstream", frames=60, language="English", text=TEXT)
+    assert 2 <= len(ref.codes) < 60, "the EOS-biased test model must stop by itself"
+    tts = TTS(cached_bundle(model_dir))
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    result = tts.synthesize(TEXT, voice, language="english", greedy=True, max_frames=60)
+    assert result.stopped_by_eos
+    np.testing.assert_array_equal(result.codes, ref.codes)
+    assert result.samples.shape == (len(ref.codes) * 1920,)
+
+
+def test_settings_env_override_error_names_the_variable(tts, monkeypatch):
+    monkeypatch.setenv("KZTTS_CP_TOPP", "1.5")
+    with pytest.raises(KzttsError, match=r"KZTTS_CP_TOPP='1.5' is out of range: expected a number in \(0, 1\]"):
+        tts.default_settings()
+
+
+# ------------------------------------------------------------------ bad input from the command line
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory, tiny_bundle_dir):
+    d = tmp_path_factory.mktemp("bad")
+    write_wav(d / "silent.wav", np.zeros(24000, np.float32), 24000)
+    (d / "garbage.wav").write_bytes(b"RIFF not really a wav")
+    np.save(d / "short.npy", np.zeros(7, np.float32))
+    write_wav(d / "voice.wav", synthetic_voice(), 24000)
+    return d
+
+
+@pytest.mark.parametrize("variant", ["proj"], indirect=True)
+@pytest.mark.parametrize("case, extra, message", [
+    ("empty", ["", ], "the text is empty"),
+    ("blank", ["   \n ", ], "the text is empty"),
+    ("overflow", ["word " * 5000, "--speaker-wav", "{d}/voice.wav"], "the text is too long: its prompt takes"),
+    ("language", [TEXT, "--language", "klingon", "--speaker-wav", "{d}/voice.wav"],
+     "unknown language 'klingon'; known: auto, chinese"),
+    ("unreadable", [TEXT, "--speaker-wav", "{d}/garbage.wav"], "garbage.wav: cannot read audio"),
+    ("silent", [TEXT, "--speaker-wav", "{d}/silent.wav"], "silent.wav: the audio is silent"),
+    ("xvector", [TEXT, "--xvector", "{d}/short.npy"], "short.npy: x-vector has shape [7] (7 values), expected 64"),
+    ("no-voice", [TEXT], "a voice is required"),
+    ("unwritable", [TEXT, "--xvector", "{d}/short.npy", "-o", "/nonexistent/dir/x.wav"],
+     "directory /nonexistent/dir does not exist"),
+    ("bad-flag", [TEXT, "--top-p", "0"], "--top-p='0' is out of range: expected a number in (0, 1]"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_output(bad_inputs, tiny_bundle_dir, tmp_path, variant, case, extra,
+                                                    message):
+    out = tmp_path / "out.wav"
+    args = [a.format(d=bad_inputs) if isinstance(a, str) else a for a in extra]
+    if "-o" not in args:
+        args += ["-o", out]
+    if case == "bad-flag":
+        args += ["--speaker-wav", bad_inputs / "silent.wav"]
+    res = kztts("synth", *args, "--bundle", tiny_bundle_dir, "--max-frames", 3)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_summary_is_printed(tiny_bundle_dir, voice_wav, tmp_path):
+    res = kztts("synth", TEXT, "-o", tmp_path / "a.wav", "--bundle", tiny_bundle_dir, "--speaker-wav", voice_wav,
+                "--max-frames", 5, "--stream")
+    assert res.returncode == 0, res.stderr
+    assert "5 frames, 0.40 s of audio" in res.stdout
+    assert "time to first audio" in res.stdout and "code_predictor" in res.stdout
+    info = json.dumps(res.stdout)
+    assert "real-time factor" in info
