@@ -341,14 +341,15 @@ def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
     assert rows["talker"]["qnn_nodes"] == 0 and rows["talker"]["precision"] == "fp32 (cpu)"
 
 
-def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, tiny_dir, reference_tts):
-    from kztts.export.validate_htp import validate_target
-
-    r = validate_target(htp_bundle, tiny_dir, small_target, None, frames=6, modes=("xvec_nonstream",),
-                        tts=reference_tts)
+def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, tiny_dir):
+    """`kztts validate --target --json`: the HTP side in its own process, keys as documented."""
+    res = subprocess.run([sys.executable, "-m", "kztts.cli", "validate", str(htp_bundle), "--reference", str(tiny_dir),
+                          "--target", str(small_target), "--frames", "6", "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
     for key in ("talker_logits_cos_min", "cp_codes_match", "target", "precision", "talker_argmax_match"):
         assert key in r
-    assert r["target"] == "simulator" and r["precision"] == "fp16"
+    assert r["target"] == "simulator" and r["precision"] == "fp16" and r["pass"] is True
     assert r["talker_logits_cos_min"] >= 0.999
     assert r["cp_codes_match"] is not None and r["cp_codes_match"] >= 0.5  # fp16 ties flip some greedy codes
     assert r["fp16_saturation_risk"] == [] and 0 < r["fp16_max_abs_activation"] < 3e4
