@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from kztts.embeddings import load_table
 from kztts.errors import BundleError
 from kztts.manifest import Manifest, read_manifest
 from kztts.sessions import SessionConfig, open_session
@@ -15,7 +16,6 @@ from kztts.sessions import SessionConfig, open_session
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
-_TABLE_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32}
 
 
 @dataclass
@@ -62,18 +62,7 @@ class Bundle:
             spec = self.manifest.embeddings[name]
         except KeyError:
             raise BundleError(f"{self.manifest.path}: no embedding table {name!r}") from None
-        f = self.path / spec["file"]
-        if not f.is_file():
-            raise BundleError(f"{f}: embedding table {name!r} is missing; re-export the bundle")
-        try:
-            arr = np.load(f, mmap_mode="r")
-        except (ValueError, OSError, EOFError) as exc:
-            raise BundleError(f"{f}: unreadable embedding table ({exc}); re-export the bundle") from exc
-        want = _TABLE_DTYPES.get(spec["dtype"])
-        if want is None or arr.dtype != want or list(arr.shape) != list(spec["shape"]):
-            raise BundleError(f"{f}: table is {arr.dtype}{list(arr.shape)}, the manifest says "
-                              f"{spec['dtype']}{list(spec['shape'])}; re-export the bundle")
-        return arr
+        return load_table(self.path, name, spec)
 
     def session(self, name: str) -> ort.InferenceSession:
         if name not in self._sessions:

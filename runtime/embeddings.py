@@ -34,7 +34,8 @@ def silu(x: np.ndarray) -> np.ndarray:
         return x / (np.float32(1.0) + np.exp(-x))
 
 
-def _load_table(bundle_dir: Path, name: str, spec: dict) -> np.ndarray:
+def load_table(bundle_dir: Path, name: str, spec: dict) -> np.ndarray:
+    """One table of the manifest, memory-mapped and checked against its spec."""
     try:
         f = Path(bundle_dir) / spec["file"]
         dtype, shape = spec["dtype"], list(spec["shape"])
@@ -63,7 +64,7 @@ class EmbeddingTables:
         if missing:
             raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
         self.specs = {n: dict(embeddings[n]) for n in _TABLES}
-        t = {n: _load_table(self.bundle_dir, n, self.specs[n]) for n in _TABLES}
+        t = {n: load_table(self.bundle_dir, n, self.specs[n]) for n in _TABLES}
         self.text_dtype = self.specs["text_embedding"]["dtype"]
         if self.text_dtype not in ("bf16", "fp16"):
             raise BundleError(f"{self.bundle_dir / self.specs['text_embedding']['file']}: text_embedding "
