@@ -39,3 +39,12 @@ def test_runtime_modules_import_with_torch_blocked():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_no_generic_top_level_names_installed(tmp_path):
+    """Only `kztts` is installed: the source folders `export`/`runtime` are not import names."""
+    code = ("import importlib.util as u, kztts, kztts.export\n"
+            "print(u.find_spec('export') is None, u.find_spec('runtime') is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
