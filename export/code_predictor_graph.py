@@ -54,7 +54,7 @@ from torch import nn
 from kztts import sampling as S
 from kztts.export.bundle_writer import graph_spec
 from kztts.export.onnx_export import export_onnx
-from kztts.export.qwen3_stack import Qwen3Stack
+from kztts.export.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
 from kztts.manifest import GraphSpec
 from kztts.rope import rope_tables
 
@@ -201,18 +201,12 @@ class CodePredictorStepStack(nn.Module):
         return (h[:, -1], *[t for pair in zip(new_k, new_v) for t in pair])
 
     def io_names(self):
-        layers = range(self.shape.num_layers)
-        kv_in = [f"past_{kind}_{i}" for i in layers for kind in ("key", "value")]
-        kv_out = [f"new_{kind}_{i}" for i in layers for kind in ("key", "value")]
+        kv_in, kv_out = kv_io_names(self.shape.num_layers)
         return ["inputs_embeds", "rope_cos", "rope_sin", *kv_in], ["hidden", *kv_out]
 
     def example_inputs(self, t: int = 2, p: int = 1):
         s = self.shape
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(1, t, s.talker_hidden, generator=g)
-        cos, sin = torch.randn(1, t, s.head_dim, generator=g), torch.randn(1, t, s.head_dim, generator=g)
-        past = [torch.randn(1, s.num_kv_heads, p, s.head_dim, generator=g) for _ in range(2 * s.num_layers)]
-        return (x, cos, sin, *past)
+        return example_stack_inputs(t, p, s.talker_hidden, s.head_dim, s.num_kv_heads, s.num_layers)
 
 
 def _add_head_tree(path: Path, heads: list[np.ndarray]) -> None:

@@ -110,3 +110,20 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[None], emb.sin()[None]
+
+
+def kv_io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """Graph input/output names of the KV cache: past_{key,value}_{l} in, new_{key,value}_{l} out."""
+    kv_in = [f"past_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
+    kv_out = [f"new_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
+    return kv_in, kv_out
+
+
+def example_stack_inputs(t: int, p: int, hidden: int, head_dim: int, num_kv_heads: int,
+                         num_layers: int) -> tuple[torch.Tensor, ...]:
+    """Random (inputs_embeds, cos, sin, past_k0, past_v0, ...) for tracing a stack graph."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, t, hidden, generator=g)
+    cos, sin = torch.randn(1, t, head_dim, generator=g), torch.randn(1, t, head_dim, generator=g)
+    past = [torch.randn(1, num_kv_heads, p, head_dim, generator=g) for _ in range(2 * num_layers)]
+    return (x, cos, sin, *past)

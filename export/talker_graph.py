@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kztts.export.qwen3_stack import Qwen3Stack
+from kztts.export.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,9 @@ class TalkerGraph(nn.Module):
         return (logits, last, *kv)
 
     def io_names(self) -> tuple[list[str], list[str]]:
-        layers = range(self.shape.num_layers)
-        kv_in = [f"past_{kind}_{i}" for i in layers for kind in ("key", "value")]
-        kv_out = [f"new_{kind}_{i}" for i in layers for kind in ("key", "value")]
+        kv_in, kv_out = kv_io_names(self.shape.num_layers)
         return ["inputs_embeds", "rope_cos", "rope_sin", *kv_in], ["logits", "hidden", *kv_out]
 
     def example_inputs(self, t: int = 3, p: int = 2) -> tuple[torch.Tensor, ...]:
         s = self.shape
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(1, t, s.hidden, generator=g)
-        cos, sin = torch.randn(1, t, s.head_dim, generator=g), torch.randn(1, t, s.head_dim, generator=g)
-        past = [torch.randn(1, s.num_kv_heads, p, s.head_dim, generator=g) for _ in range(2 * s.num_layers)]
-        return (x, cos, sin, *past)
+        return example_stack_inputs(t, p, s.hidden, s.head_dim, s.num_kv_heads, s.num_layers)

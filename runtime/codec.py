@@ -54,6 +54,15 @@ def _segmentation(chunk_size, left_context) -> tuple[int | None, int]:
     return chunk_size, left_context
 
 
+def _from_bundle_kwargs(bundle, name: str, kw: dict) -> dict:
+    """Segmentation and codebook size recorded with graph ``name``, unless given in ``kw``."""
+    extra = _graph_extra(bundle, name)
+    kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
+    kw.setdefault("left_context", extra.get("reference_left_context", REFERENCE_LEFT_CONTEXT))
+    kw.setdefault("codebook_size", extra.get("codebook_size", CODEBOOK_SIZE))
+    return kw
+
+
 def _graph_extra(bundle, name: str) -> dict:
     spec = bundle.manifest.graphs.get(name)
     if spec is None:
@@ -92,11 +101,7 @@ class Decoder:
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "Decoder":
-        extra = _graph_extra(bundle, "decoder")
-        kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
-        kw.setdefault("left_context", extra.get("reference_left_context", REFERENCE_LEFT_CONTEXT))
-        kw.setdefault("codebook_size", extra.get("codebook_size", CODEBOOK_SIZE))
-        return cls(bundle.session("decoder"), **kw)
+        return cls(bundle.session("decoder"), **_from_bundle_kwargs(bundle, "decoder", kw))
 
     def _run(self, codes: np.ndarray) -> np.ndarray:
         feed = {"codes": codes[None]}
@@ -150,11 +155,7 @@ class StreamingDecoder:
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "StreamingDecoder":
-        extra = _graph_extra(bundle, "decoder_stream")
-        kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
-        kw.setdefault("left_context", extra.get("reference_left_context", REFERENCE_LEFT_CONTEXT))
-        kw.setdefault("codebook_size", extra.get("codebook_size", CODEBOOK_SIZE))
-        return cls(bundle.session("decoder_stream"), **kw)
+        return cls(bundle.session("decoder_stream"), **_from_bundle_kwargs(bundle, "decoder_stream", kw))
 
     def reset(self) -> None:
         self.frames = 0  # frames pushed since reset
