@@ -54,6 +54,12 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 _FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: str | None = None) -> Path:
     """Write ``samples`` (1-D, or [n, channels]) at ``sr`` to ``path`` atomically.
 
@@ -83,6 +89,7 @@ def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: st
     os.close(fd)
     try:
         sf.write(tmp, np.clip(x, -1.0, 1.0), int(sr), format=fmt, subtype=subtype)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file a normal file's mode
         os.replace(tmp, path)
     except Exception as exc:
         try:

@@ -199,3 +199,12 @@ def test_resample_matches_librosa(sr):
     voice = synthetic_voice(sr)  # broadband: differs only in the 0.913..1.0 Nyquist transition band
     ref, ours = librosa.resample(voice, orig_sr=sr, target_sr=24000), resample(voice, sr, 24000)
     assert np.sqrt(np.mean((ours - ref) ** 2) / np.mean(ref ** 2)) <= 2e-3  # measured ~5e-4
+
+
+def test_written_wav_has_a_normal_file_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = write_wav(tmp_path / "a.wav", np.zeros(100, np.float32) + 0.1, 24000)
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o644
