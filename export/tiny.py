@@ -82,6 +82,12 @@ positions), a 10-token one after 8-12 frames in non-streaming mode, a 20-token o
 are audio codes too, so the counter starts high and EOS comes at the first allowed frame
 or soon after. Models built without ``eos_bias`` contain none of this.
 
+``massive_layer``
+----------------
+``massive_layer=L`` builds a talker with attention biases (4 layers at the tiny size)
+and injects a ~1e5 activation into layer L's residual stream
+(``kztts.export.massive``): the test model of the fp16 precision guard.
+
 Numbers derived from a forward pass (the decoder calibration scale, the EOS weight)
 are rounded to 4 significant digits, so the bytes do not depend on BLAS threading.
 """
@@ -115,6 +121,7 @@ VARIANTS = ("proj", "equal")
 _FULL_VARIANT = {"0.6b": "equal", "1.7b": "proj"}
 # Recommended eos_bias for a model meant to exercise the stop path (see module docstring).
 EOS_BIAS_DEFAULT = 80.0
+MASSIVE_TINY_LAYERS = 4  # talker layers of a tiny model with an injected massive activation
 MARKER = "kztts_tiny.json"  # provenance file written into every built checkpoint
 
 # ---------------------------------------------------------------- released ids
@@ -202,8 +209,11 @@ def _talker_dims(size: str, variant: str) -> dict:
     )
 
 
-def make_configs(size: str = "tiny", variant: Optional[str] = None):
-    """(Qwen3TTSConfig, Qwen3TTSTokenizerV2Config) for ``size``/``variant``."""
+def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_layer: Optional[int] = None):
+    """(Qwen3TTSConfig, Qwen3TTSTokenizerV2Config) for ``size``/``variant``.
+
+    ``massive_layer``: the talker gets attention biases (and, for tiny, 4 layers) so that
+    ``kztts.export.massive`` can inject a massive activation into that layer."""
     from transformers import MimiConfig
 
     from kztts.export.qwen_import import import_qwen_tts
@@ -216,6 +226,8 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None):
 
     variant = resolve_variant(size, variant)
     d = _talker_dims(size, variant)
+    if massive_layer is not None and size == "tiny":
+        d["layers"] = MASSIVE_TINY_LAYERS
     cp = d["cp"]
     code_predictor_config = dict(
         vocab_size=2048, hidden_size=cp["hidden"], intermediate_size=cp["inter"],
@@ -231,7 +243,7 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None):
         head_dim=d["head_dim"],  # not an __init__ argument: stored through **kwargs
         hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000,
         rope_scaling={"interleaved": True, "mrope_section": d["mrope"], "rope_type": "default"},
-        attention_bias=False, num_code_groups=16,
+        attention_bias=massive_layer is not None, num_code_groups=16,
         text_hidden_size=d["text_hidden"], text_vocab_size=TEXT_VOCAB_SIZE,  # text_vocab_size: kwargs too
         codec_language_id=dict(LANGUAGE_IDS), spk_id={}, spk_is_dialect={},
         position_id_per_seconds=13, **CODEC_IDS,
@@ -691,7 +703,8 @@ class _Progress:
             self.bar.close()
 
 
-def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optional[float]) -> dict:
+def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optional[float],
+                massive_layer: Optional[int] = None) -> dict:
     from transformers import EncodecFeatureExtractor
 
     from kztts.export.qwen_import import import_qwen_tts
@@ -700,7 +713,7 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
     from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 
-    cfg, st_cfg = make_configs(size, variant)
+    cfg, st_cfg = make_configs(size, variant, massive_layer)
     info: dict = {}
     progress = _Progress(size, variant, seed)
     try:
@@ -713,6 +726,10 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
             for head in model.talker.code_predictor.lm_head:
                 head.weight.mul_(8.0)
             _round_to_bf16_(model.talker.model.text_embedding.weight)
+            if massive_layer is not None:
+                from kztts.export.massive import inject_massive_activation_
+
+                info["massive"] = inject_massive_activation_(model, massive_layer)
         with progress.step("construct speech tokenizer"):
             with _no_init():
                 st = Qwen3TTSTokenizerV2Model(st_cfg).eval()
@@ -747,12 +764,13 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
 
 
 def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", seed: int = 1234,
-              eos_bias: Union[float, bool, None] = None) -> Path:
+              eos_bias: Union[float, bool, None] = None, massive_layer: Optional[int] = None) -> Path:
     """Write a random-weight Qwen3-TTS-12Hz Base checkpoint to ``out_dir``; return its path.
 
     ``size``: "tiny", "0.6b" or "1.7b"; ``variant``: "proj" or "equal" for tiny (full
     sizes use the released layout whatever ``variant`` says); ``eos_bias``: None, True
-    (= ``EOS_BIAS_DEFAULT``) or a number, see the module docstring. The checkpoint is
+    (= ``EOS_BIAS_DEFAULT``) or a number, see the module docstring; ``massive_layer``: a
+    talker layer to inject a massive activation into (module docstring). The checkpoint is
     built in a temporary directory next to ``out_dir`` and renamed into place, so an
     interrupted build leaves no half checkpoint. An existing ``out_dir`` is replaced only
     if it is empty or a previous make_tiny output (it holds ``kztts_tiny.json``).
@@ -772,7 +790,7 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
     except OSError as exc:
         raise KzttsError(f"cannot write the model to {out_dir}: {exc.strerror or exc}") from exc
     try:
-        info = _build_into(tmp, size, variant, seed, eos_bias)
+        info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer)
         marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias,
                       fingerprint=source_fingerprint(), **info)
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
@@ -798,12 +816,13 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 # ---------------------------------------------------------------- cache
 def source_fingerprint() -> str:
-    """First 12 hex digits of the sha256 of this file: changing the builder rebuilds cached models."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    """First 12 hex digits of the sha256 of the builder's files: changing them rebuilds cached models."""
+    here = Path(__file__)
+    return hashlib.sha256(here.read_bytes() + (here.parent / "massive.py").read_bytes()).hexdigest()[:12]
 
 
 def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "tiny",
-                eos_bias: Union[float, bool, None] = None) -> Path:
+                eos_bias: Union[float, bool, None] = None, massive_layer: Optional[int] = None) -> Path:
     """``cache_dir()/models/{size}-{variant}-s{seed}[-eos{bias}]-{fingerprint}``, built if missing.
 
     Same arguments as ``make_tiny`` (for full sizes the name carries the implied variant).
@@ -813,6 +832,8 @@ def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "
     name = f"{size}-{variant}-s{seed}"
     if eos_bias is not None:
         name += f"-eos{eos_bias:g}"
+    if massive_layer is not None:
+        name += f"-massive{int(massive_layer)}"
     name += f"-{source_fingerprint()}"
     models = cache_dir() / "models"
     path = models / name
@@ -829,7 +850,8 @@ def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "
             if not (path / MARKER).is_file():
                 for stale in models.glob(f".{name}.tmp-*"):  # left by a killed build
                     shutil.rmtree(stale, ignore_errors=True)
-                make_tiny(path, size=size, variant=variant, seed=seed, eos_bias=eos_bias)
+                make_tiny(path, size=size, variant=variant, seed=seed, eos_bias=eos_bias,
+                          massive_layer=massive_layer)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return path

@@ -26,7 +26,8 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     _need_export_extra()
     from kztts.export.tiny import make_tiny
 
-    out = make_tiny(Path(args.out_dir), size=args.size, variant=args.variant, seed=args.seed)
+    out = make_tiny(Path(args.out_dir), size=args.size, variant=args.variant, seed=args.seed,
+                    massive_layer=args.massive_layer)
     print(out)
     return 0
 
@@ -36,7 +37,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from kztts.export.bundle_writer import export_bundle
 
     out = export_bundle(Path(args.model_dir), Path(args.output), overwrite=args.overwrite,
-                        target=args.target, precision=args.precision, context_binary=args.context_binary)
+                        target=args.target, precision=args.precision, context_binary=args.context_binary,
+                        segments=args.segments)
     print(out)
     return 0
 
@@ -82,6 +84,10 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     _need_export_extra()
+    if args.placement:
+        from kztts.cli_placement import cmd_validate_placement
+
+        return cmd_validate_placement(args)
     if args.target:
         return cmd_validate_target(args)
     from kztts.export.validate import validate
@@ -162,7 +168,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
               "not speech)", file=sys.stderr)
     bundle = Path(args.bundle) if args.bundle else _cached_export(Path(args.model) if args.model else None)
-    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict)
+    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement)
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
     flags = {key: getattr(args, dest) for dest, key in _SAMPLING_FLAGS.items()}
     names = {key: "--" + dest.replace("_", "-") for dest, key in _SAMPLING_FLAGS.items()}
@@ -214,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny only: 'proj' = narrower code predictor with projection (like 1.7B), "
                         "'equal' = same width (like 0.6B)")
     s.add_argument("--size", choices=["tiny", "0.6b", "1.7b"], default="tiny")
+    s.add_argument("--massive-layer", type=int, default=None, metavar="L",
+                   help="inject a ~1e5 activation into talker layer L (a test model for the fp16 precision "
+                        "guard; the tiny talker then has 4 layers)")
     s.set_defaults(func=cmd_make_tiny)
 
     s = sub.add_parser("export", help="checkpoint directory -> kztts bundle")
@@ -224,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", choices=["fp16", "w8a16"], help="HTP precision (default: the target's)")
     s.add_argument("--context-binary", action="store_true",
                    help="also prepare QNN context binaries (EPContext models) for the target")
+    s.add_argument("--segments", action="store_true",
+                   help="with --target: also export the Talker as per-layer graphs, so a layer placement "
+                        "(kztts calibrate, --placement) can be applied at load time")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
@@ -234,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
                                     "and compare them with the CPU/reference")
     s.add_argument("--precision", choices=["fp16", "w8a16"], help="with --target: which exported precision")
+    s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
+                                       "a placement file (kztts calibrate), or a target with layer_placement")
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
     s.set_defaults(func=cmd_validate)
     s = sub.add_parser("synth", help="text -> speech (WAV)")
@@ -266,11 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(the bundle must be exported with --target)")
     s.add_argument("--strict", action="store_true",
                    help="with --target: fail instead of falling back to the CPU (no QNN, or unsupported nodes)")
+    s.add_argument("--placement", help="where the Talker's layers run: all-htp, all-cpu, prefill-htp-decode-cpu, "
+                                       "or a placement file (kztts calibrate); needs --target for HTP parts")
     s.set_defaults(func=cmd_synth)
 
-    from kztts.cli_qnn import add_commands
+    from kztts import cli_placement, cli_qnn
 
-    add_commands(sub)
+    cli_qnn.add_commands(sub)
+    cli_placement.add_commands(sub)
     return p
 
 
