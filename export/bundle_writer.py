@@ -105,9 +105,10 @@ def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
 
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
-                  context_binary: bool = False) -> Path:
+                  context_binary: bool = False, segments: bool = False) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
-    when given; written to a temp dir, then moved into place."""
+    when given (and its per-layer Talker segments with ``segments``); written to a temp
+    dir, then moved into place."""
     from kztts.export.code_predictor_graph import export_code_predictor
     from kztts.export.codec_graphs import export_decoder, export_encoder
     from kztts.export.embeddings import export_embeddings
@@ -121,6 +122,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        if segments and target is None:
+            raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
         if target is not None:
             from kztts.targets import load_target
 
@@ -152,7 +155,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
 
             steps.set_postfix_str(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
-                                            precision=precision, context_binary=context_binary))
+                                            precision=precision, context_binary=context_binary,
+                                            segments=segments))
             steps.update()
         steps.set_postfix_str("manifest")
         manifest = {

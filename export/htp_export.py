@@ -175,13 +175,15 @@ def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, t
 
 
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
-                      context_binary: bool = False) -> dict[str, GraphSpec]:
+                      context_binary: bool = False, segments: bool = False) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
     (when placed on the HTP), precision ``fp16`` (float graph, fp16 arithmetic on the
     HTP) or ``w8a16`` (QDQ graph calibrated on real prompts). ``context_binary`` adds
-    EPContext models prepared for the target (``extra.context_file``).
+    EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
+    Talker as per-layer graphs (``kztts.export.segment_graphs``; float, fp16 on the HTP) so a
+    layer placement can be chosen at load time.
     """
     target = load_target(target)
     precision = precision or target.precision
@@ -217,6 +219,15 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
         for name, (rel, seq) in float_files.items():
             specs[name] = _spec(work_dir, name, rel, "fp16", export_id, target, seq=seq, **common)
 
+    if segments:
+        from kztts.export.segment_graphs import export_talker_segments
+
+        def seg_spec(name: str, rel: str, **extra) -> GraphSpec:
+            return _spec(work_dir, name, rel, "fp16", export_id, target, mask_value=target.attention_mask_value,
+                         segment=True, **extra)
+
+        specs.update(export_talker_segments(model, work_dir, export_id=export_id, target=target, spec_fn=seg_spec))
+
     if target.on_htp("cp_frame"):
         spec = export_cp_frame_htp(model, work_dir, export_id, target)
         if spec is not None:
@@ -225,7 +236,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
         specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target)
 
     if context_binary and specs:
-        specs.update(_with_context_binaries(work_dir, specs, target, export_id))
+        binaries = {n: s for n, s in specs.items() if not s.extra.get("segment")}  # segments: chosen at load
+        specs.update(_with_context_binaries(work_dir, binaries, target, export_id))
     return specs
 
 
@@ -359,7 +371,7 @@ def _with_context_binaries(work_dir: Path, specs: dict[str, GraphSpec], target: 
 
 
 def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision: str | None = None,
-                         context_binary: bool = False, tag: str = "") -> Path:
+                         context_binary: bool = False, segments: bool = False, tag: str = "") -> Path:
     """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
     checkpoint, the exporter code, the target file and the options."""
     import fcntl
@@ -371,7 +383,8 @@ def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision
 
     model_dir = Path(model_dir)
     tfile = target_path(target)
-    h = hashlib.sha256(tfile.read_bytes() + f"{precision}|{context_binary}|{tag}".encode()).hexdigest()[:8]
+    opts = f"{precision}|{context_binary}|{tag}" + ("|segments" if segments else "")
+    h = hashlib.sha256(tfile.read_bytes() + opts.encode()).hexdigest()[:8]
     root = cache_dir() / "bundles"
     root.mkdir(parents=True, exist_ok=True)
     out = root / f"{model_dir.name}-{_code_fingerprint()}-{tfile.stem}-{h}"
@@ -379,5 +392,5 @@ def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "kztts.json").is_file():
             export_bundle(model_dir, out, overwrite=True, target=str(tfile), precision=precision,
-                          context_binary=context_binary)
+                          context_binary=context_binary, segments=segments)
     return out

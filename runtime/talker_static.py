@@ -35,6 +35,18 @@ def _shape(sess: ort.InferenceSession, name: str) -> list[int]:
     raise BundleError(f"static talker graph has no input {name!r}")
 
 
+def chunk_inputs(embeds: np.ndarray, n: int, seq: int, filled: int, context: int, hidden: int,
+                 mask_value: float) -> tuple[np.ndarray, np.ndarray]:
+    """The padded input [1, seq, H] of ``n`` new positions and its additive mask [1, 1, seq, C]
+    (cache slots ``0..filled-1`` valid, the new positions causal among themselves)."""
+    x = np.zeros((1, seq, hidden), np.float32)
+    x[0, :n] = embeds
+    mask = np.full((1, 1, seq, context), mask_value, np.float32)
+    mask[0, 0, :, :filled] = 0.0
+    mask[0, 0, :, context - seq:][np.tril(np.ones((seq, seq), bool))] = 0.0
+    return x, mask
+
+
 class StaticTalker:
     """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
 
@@ -99,18 +111,10 @@ class StaticTalker:
                 f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
                 "shorten the text, lower --max-frames, or export with a larger static context")
 
-    @staticmethod
-    def _causal(seq: int) -> np.ndarray:
-        return np.tril(np.ones((seq, seq), bool))
-
     def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
         p, C = self.length, self.graph_context
         P = C - seq
-        x = np.zeros((1, seq, self.hidden_size), np.float32)
-        x[0, :n] = embeds
-        mask = np.full((1, 1, seq, C), self.mask_value, np.float32)
-        mask[0, 0, :, :p] = 0.0  # filled cache slots
-        mask[0, 0, :, P:][self._causal(seq)] = 0.0  # new position k is seen by queries i >= k
+        x, mask = chunk_inputs(embeds, n, seq, p, C, self.hidden_size, self.mask_value)
         feed = {"inputs_embeds": x, "attention_mask": mask,
                 "rope_cos": self._cos[None, p:p + seq], "rope_sin": self._sin[None, p:p + seq]}
         for i in range(self.num_layers):

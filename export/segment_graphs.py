@@ -1,0 +1,152 @@
+"""The Talker as layer segments: one static graph per decoder layer, plus the head.
+
+A placement (``kztts.placement``) decides at load time which layers run on the HTP
+and which on the CPU; the runtime chains the graphs and passes the hidden state
+between them (``kztts.talker_segmented``). So every layer is its own graph, in both
+static shapes of the HTP Talker (``kztts.export.htp_export``): a prefill chunk of
+``S`` positions and an AR-1 decode step over context ``C``. The same graphs run on
+the CPU EP in fp32 (the fp16-safe RMSNorm is exact arithmetic), so one KV layout
+serves both devices and a layer can move without re-exporting.
+
+``talker_{phase}_layer_{l}`` (phase ``prefill``: seq = S, ``decode``: seq = 1)
+  in   ``hidden_in`` [1, seq, H], ``attention_mask`` [1, 1, seq, C],
+       ``rope_cos``/``rope_sin`` [1, seq, head_dim],
+       ``past_key_in`` [kv, 1, head_dim, C-seq], ``past_value_in`` [kv, 1, C-seq, head_dim]
+  out  ``hidden_out`` [1, seq, H], ``new_key`` [kv, 1, head_dim, seq],
+       ``new_value`` [kv, 1, seq, head_dim], ``stats`` [len(LAYER_STATS)]
+``talker_{phase}_head``
+  in   ``hidden_in`` [1, seq, H]
+  out  ``logits`` [1, seq, vocab], ``hidden`` [1, seq, H] (final norm), ``stats`` [len(HEAD_STATS)]
+
+``stats`` are the largest magnitudes inside the graph (order: ``LAYER_STATS``): what
+``kztts calibrate`` records, on the CPU in fp32, to find the layers fp16 cannot hold.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kztts.export.onnx_export import export_onnx
+from kztts.export.qwen3_stack import rotate_half
+from kztts.export.talker_graph import check_rope_is_1d, talker_shape
+from kztts.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
+
+PHASES = ("prefill", "decode")
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return x.abs().amax().reshape(1)
+
+
+class LayerStaticGraph(nn.Module):
+    """One decoder layer at static shapes, with magnitude probes (I/O in the module docstring)."""
+
+    def __init__(self, layer: nn.Module, shape, seq: int, context: int):
+        super().__init__()
+        from kztts.export.htp_export import _Layer
+
+        self.layer = _Layer(layer, safe=True)
+        self.s, self.seq, self.context = shape, seq, context
+
+    def forward(self, hidden_in, attention_mask, rope_cos, rope_sin, past_key_in, past_value_in):
+        s, S, C = self.s, self.seq, self.context
+        kv, hd, nh = s.num_kv_heads, s.head_dim, s.num_heads
+        g = nh // kv
+        P = C - S
+        lay = self.layer
+        attn = lay.self_attn
+        x = lay.input_layernorm(hidden_in)
+        qp, kp, vp = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = attn.q_norm(qp.view(1, S, nh, hd)).transpose(1, 2)
+        k = attn.k_norm(kp.view(1, S, kv, hd)).transpose(1, 2)
+        v = vp.view(1, S, kv, hd).transpose(1, 2)
+        c, sn = rope_cos.unsqueeze(1), rope_sin.unsqueeze(1)
+        q = q * c + rotate_half(q) * sn
+        k = k * c + rotate_half(k) * sn
+        pk = past_key_in.reshape(1, kv, hd, P)
+        pv = past_value_in.reshape(1, kv, P, hd)
+        kt = k.transpose(2, 3)
+        qg = q.reshape(1, kv, g * S, hd)
+        scores = torch.matmul(qg, torch.cat([pk, kt], dim=3)) * (hd ** -0.5)
+        masked = scores.reshape(1, kv, g, S, C) + attention_mask.reshape(1, 1, 1, S, C)
+        probs = torch.softmax(masked, dim=-1).reshape(1, kv, g * S, C)
+        out = torch.matmul(probs, torch.cat([pv, v], dim=2)).reshape(1, nh, S, hd)
+        a = attn.o_proj(out.transpose(1, 2).reshape(1, S, nh * hd))
+        mid = hidden_in + a
+        y = lay.post_attention_layernorm(mid)
+        mlp = lay.mlp
+        gate, up = mlp.gate_proj(y), mlp.up_proj(y)
+        inter = mlp.act_fn(gate) * up
+        m = mlp.down_proj(inter)
+        hidden_out = mid + m
+        stats = torch.cat([_amax(hidden_in), _amax(x), torch.maximum(torch.maximum(_amax(qp), _amax(kp)), _amax(vp)),
+                           _amax(scores), _amax(a), _amax(mid), _amax(y),
+                           torch.maximum(torch.maximum(_amax(gate), _amax(up)), _amax(inter)), _amax(m),
+                           _amax(hidden_out)])
+        return hidden_out, kt.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd), stats
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        s, S, C = self.s, self.seq, self.context
+        gen = torch.Generator().manual_seed(0)
+        return (torch.randn(1, S, s.hidden, generator=gen), torch.zeros(1, 1, S, C),
+                torch.randn(1, S, s.head_dim, generator=gen), torch.randn(1, S, s.head_dim, generator=gen),
+                torch.randn(s.num_kv_heads, 1, s.head_dim, C - S, generator=gen),
+                torch.randn(s.num_kv_heads, 1, C - S, s.head_dim, generator=gen))
+
+
+class HeadStaticGraph(nn.Module):
+    """Final norm + codec head at static shapes, with magnitude probes."""
+
+    def __init__(self, talker, seq: int):
+        super().__init__()
+        from kztts.export.htp_export import SafeRMSNorm
+
+        self.norm = SafeRMSNorm(talker.model.norm)
+        self.codec_head = talker.codec_head
+        self.seq, self.hidden = seq, talker_shape(talker).hidden
+
+    def forward(self, hidden_in):
+        h = self.norm(hidden_in)
+        logits = self.codec_head(h)
+        return logits, h, torch.cat([_amax(hidden_in), _amax(logits)])
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(1, self.seq, self.hidden, generator=torch.Generator().manual_seed(0)),)
+
+
+LAYER_IO = (["hidden_in", "attention_mask", "rope_cos", "rope_sin", "past_key_in", "past_value_in"],
+            ["hidden_out", "new_key", "new_value", "stats"])
+HEAD_IO = (["hidden_in"], ["logits", "hidden", "stats"])
+
+
+def export_talker_segments(model, work_dir: Path, *, export_id: str, target, spec_fn) -> dict:
+    """Every layer and the head, prefill and decode, into ``work_dir/graphs/segments``.
+
+    ``spec_fn(name, rel, **extra)`` makes the manifest entry (``htp_export._spec``)."""
+    from kztts.export.htp_export import _check_static
+
+    talker = model.talker
+    check_rope_is_1d(talker)
+    shape = talker_shape(talker)
+    S, C = target.shapes.prefill_chunk, target.shapes.context
+    specs = {}
+    for phase, seq in (("prefill", S), ("decode", 1)):
+        units = [(i, LayerStaticGraph(layer, shape, seq, C).eval(), LAYER_IO)
+                 for i, layer in enumerate(talker.model.layers)]
+        units.append(("head", HeadStaticGraph(talker, seq).eval(), HEAD_IO))
+        for unit, graph, (ins, outs) in units:
+            name = segment_graph_name(phase, unit)
+            rel = f"graphs/segments/{name}.onnx"
+            (work_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            export_onnx(graph, graph.example_inputs(), work_dir / rel, ins, outs, None)
+            _check_static(work_dir / rel)
+            specs[name] = spec_fn(name, rel, seq=seq, context=C, phase=phase,
+                                  unit=unit, stats=list(LAYER_STATS if unit != "head" else HEAD_STATS))
+    return specs
+
+
+def with_segment_extra(spec, **extra):
+    return replace(spec, extra={**spec.extra, **extra})

@@ -1,0 +1,170 @@
+"""The Talker as a chain of layer segments, each on its device: same API as ``kztts.talker.Talker``.
+
+The bundle holds every layer (and the head) as its own static graph, in a prefill
+chunk and an AR-1 decode shape (``kztts.export.segment_graphs``). A placement
+(``kztts.placement``) puts each on the CPU (fp32) or the HTP (fp16); this runner
+passes the hidden state from graph to graph and keeps one host KV cache in the
+HTP layout, which graphs on either device read and extend, so a layer can change
+device between prefill and decode with no conversion.
+
+Chunking, masks and positions are those of ``kztts.talker_static.StaticTalker``.
+``on_unit(phase, unit, outputs)`` sees every graph's outputs (``hidden`` rows of the
+valid positions, ``stats``): ``kztts calibrate`` and ``kztts validate --placement``
+use it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from kztts.errors import BundleError, ContextOverflowError, KzttsError
+from kztts.placement import PHASES, LayerPlacement, resolve_placement
+from kztts.rope import rope_tables
+from kztts.segments import Unit, segment_graph_name
+from kztts.talker_static import chunk_inputs
+
+UnitHook = Callable[[str, Unit, dict], None]
+
+
+def _static_dim(sess: ort.InferenceSession, name: str, axis: int) -> int:
+    for a in sess.get_inputs():
+        if a.name == name and isinstance(a.shape[axis], int):
+            return a.shape[axis]
+    raise BundleError(f"layer segment graph has no static input {name!r}; re-export with --segments")
+
+
+class SegmentedTalker:
+    """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
+
+    def __init__(self, sessions: dict[str, ort.InferenceSession], placement: LayerPlacement, config: dict,
+                 mask_value: float = -50.0):
+        self.placement = placement
+        self.num_layers = int(config["num_layers"])
+        if placement.num_layers != self.num_layers:
+            raise KzttsError(f"placement {placement.source} is for {placement.num_layers} layers, "
+                             f"the Talker has {self.num_layers}")
+        self.hidden_size = int(config["hidden"])
+        self.vocab = int(config["vocab"])
+        kv, hd = int(config["num_kv_heads"]), int(config["head_dim"])
+        self.sessions = sessions
+        self.plan = {ph: placement.segments(ph) for ph in PHASES}
+        for ph in PHASES:
+            for seg in self.plan[ph]:
+                for u in seg.units:
+                    if segment_graph_name(ph, u) not in sessions:
+                        raise BundleError(f"no session for {segment_graph_name(ph, u)}")
+        pre0 = sessions[segment_graph_name("prefill", 0)]
+        dec0 = sessions[segment_graph_name("decode", 0)]
+        self.chunk = _static_dim(pre0, "hidden_in", 1)
+        self.graph_context = _static_dim(pre0, "attention_mask", 3)
+        if _static_dim(dec0, "hidden_in", 1) != 1 or _static_dim(dec0, "attention_mask", 3) != self.graph_context:
+            raise BundleError("layer segment graphs disagree on the static context; re-export the bundle")
+        C = self.graph_context
+        if C - 1 > int(config["max_positions"]):
+            raise KzttsError(f"static talker context {C} exceeds the model's {config['max_positions']} positions")
+        self.mask_value = np.float32(mask_value)
+        self.keys = [np.zeros((kv, 1, hd, C - 1), np.float32) for _ in range(self.num_layers)]
+        self.values = [np.zeros((kv, 1, C - 1, hd), np.float32) for _ in range(self.num_layers)]
+        self._cos, self._sin = rope_tables(C + self.chunk, hd, float(config["rope_theta"]))
+        self.length = 0
+        self.on_unit: UnitHook | None = None
+
+    @classmethod
+    def from_bundle(cls, bundle, placement: "str | LayerPlacement", target=None,
+                    strict: bool = False) -> "SegmentedTalker":
+        """Open the graphs ``placement`` needs: HTP ones on ``target`` (``kztts.qnn``), CPU ones on the CPU EP."""
+        m = bundle.manifest
+        placement = resolve_placement(placement, int(m.talker["num_layers"]))
+        first = segment_graph_name("prefill", 0)
+        if first not in m.graphs:
+            raise BundleError(f"{m.path}: no layer segment graphs ({first}, ...); export the bundle with "
+                              "--target TARGET --segments")
+        sessions: dict[str, ort.InferenceSession] = {}
+        for ph in PHASES:
+            for seg in placement.segments(ph):
+                for u in seg.units:
+                    name = segment_graph_name(ph, u)
+                    if seg.device == "htp":
+                        from kztts.qnn import open_target_session
+
+                        sessions[name] = open_target_session(bundle, name, target, strict)
+                    else:
+                        sessions[name] = bundle.session(name)
+        for ph in PHASES:  # the shapes are read from layer 0 of each phase
+            name = segment_graph_name(ph, 0)
+            if name not in sessions:
+                sessions[name] = bundle.session(name)
+        return cls(sessions, placement, m.talker, float(m.graphs[first].extra.get("mask_value", -50.0)))
+
+    @property
+    def position(self) -> int:
+        return self.length
+
+    @property
+    def context(self) -> int:
+        return self.graph_context - 1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _run(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+        p, C = self.length, self.graph_context
+        P = C - seq
+        h, mask = chunk_inputs(embeds, n, seq, p, C, self.hidden_size, self.mask_value)
+        cos, sin = self._cos[None, p:p + seq], self._sin[None, p:p + seq]
+        logits = hidden = None
+        for seg in self.plan[phase]:
+            for u in seg.units:
+                sess = self.sessions[segment_graph_name(phase, u)]
+                if u == "head":
+                    logits, hidden, stats = sess.run(None, {"hidden_in": h})
+                    out = {"hidden": hidden[0, :n], "logits": logits[0, :n], "stats": stats}
+                else:
+                    keys, values = self.keys[u], self.values[u]
+                    feed = {"hidden_in": h, "attention_mask": mask, "rope_cos": cos, "rope_sin": sin,
+                            "past_key_in": keys if P == C - 1 else np.ascontiguousarray(keys[..., :P]),
+                            "past_value_in": values if P == C - 1 else np.ascontiguousarray(values[:, :, :P])}
+                    h, nk, nv, stats = sess.run(None, feed)
+                    keys[..., p:p + n] = nk[..., :n]
+                    values[:, :, p:p + n] = nv[:, :, :n]
+                    out = {"hidden": h[0, :n], "stats": stats}
+                if self.on_unit is not None:
+                    self.on_unit(phase, u, out)
+        self.length = p + n
+        return logits[0, n - 1], hidden[0, n - 1]
+
+    def _append(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = embeds.shape[0]
+        if self.length + t > self.context:
+            raise ContextOverflowError(
+                f"context overflow: {self.length} positions used + {t} new > context {self.context}; "
+                "shorten the text, lower --max-frames, or export with a larger static context")
+        S, C = self.chunk, self.graph_context
+        done, result = 0, None
+        while done < t:
+            left = t - done
+            if left > 1 and self.length <= C - S:
+                n = min(S, left)
+                result = self._run("prefill", embeds[done:done + n], n, S)
+            else:
+                n = 1
+                result = self._run("decode", embeds[done:done + 1], 1, 1)
+            done += n
+        return result
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run a fresh prompt ([T, H]); the cache is reset first."""
+        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
+            raise KzttsError(f"prefill expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
+        self.reset()
+        return self._append(np.asarray(embeds, dtype=np.float32))
+
+    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append one position ([H]) and return its logits and hidden."""
+        if embed.shape != (self.hidden_size,):
+            raise KzttsError(f"decode expects one embedding [{self.hidden_size}], got {embed.shape}")
+        if self.length == 0:
+            raise KzttsError("decode called before prefill")
+        return self._append(np.asarray(embed, dtype=np.float32)[None])
