@@ -148,6 +148,7 @@ class Target:
     shapes: Shapes
     attention_mask_value: float
     placement: dict[str, str]
+    layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -269,7 +270,8 @@ def parse_target(data: Any, path: Path) -> Target:
     path = Path(path)
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
-        "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict})
+        "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
+        {"layer_placement": dict})
     if top["schema"] != SCHEMA:
         raise _err(path, "schema", f"{top['schema']!r} is not supported (expected {SCHEMA!r})")
     if not top["name"] or not all(c.isalnum() or c in "-_." for c in top["name"]):
@@ -326,7 +328,15 @@ def parse_target(data: Any, path: Path) -> Target:
         if v not in PLACES:
             raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(PLACES)}")
 
+    layers = top.get("layer_placement")
+    if layers is not None:  # the layer count is the model's: check everything but that now
+        from kztts.placement import PlacementError, parse_phases
+
+        try:
+            parse_phases(layers, str(path), None, "layer_placement.")
+        except PlacementError as exc:
+            raise TargetError(str(exc)) from None
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
-                  placement=dict(place), raw=data)
+                  placement=dict(place), layer_placement=layers, raw=data)

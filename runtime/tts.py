@@ -20,7 +20,9 @@ from kztts.sampling import XorShift32
 from kztts.sessions import SessionConfig
 from kztts.settings import GenerationSettings, reference_settings, with_environment
 from kztts.speaker import SpeakerEncoder, load_xvector
-from kztts.talker import DEFAULT_CONTEXT, Talker
+from kztts.placement import LayerPlacement
+from kztts.talker import DEFAULT_CONTEXT
+from kztts.talkers import open_talker
 from kztts.text import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -82,9 +84,12 @@ class TTS:
     """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks."""
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
-                 session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False):
+                 session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
+                 placement: "str | LayerPlacement | None" = None):
         """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
         (its static graphs, exported with ``kztts export --target``), the others on the CPU.
+        ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
+        see ``kztts.placement``), overriding the target's Talker placement.
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config)
         m = self.bundle.manifest
@@ -95,13 +100,8 @@ class TTS:
             from kztts.targets import load_target
 
             self.target = load_target(target)
-        if self.target is not None and self.target.on_htp("talker_decode"):
-            from kztts.talker_static import StaticTalker
-
-            self.talker = StaticTalker.from_bundle(self.bundle, self.target, strict)
-        else:
-            self.talker = Talker(self.bundle.session("talker"), m.talker,
-                                 context=min(context, int(m.talker["max_positions"])))
+        self.talker = open_talker(self.bundle, target=self.target, placement=placement, strict=strict,
+                                  context=context)
         if self.target is not None and self.target.on_htp("cp_frame"):
             from kztts.qnn import open_target_session
 
@@ -218,6 +218,14 @@ class TTS:
         if result is not None:
             samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             result["result"] = self._result(run, samples)
+
+    def generate_codes(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
+                       seed: int = 0, greedy: bool = False, max_frames: int | None = None,
+                       settings: GenerationSettings | None = None) -> np.ndarray:
+        """The frames only ([F, 16] int64), no audio decoding (calibration, code comparisons)."""
+        run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
+        codes = list(run.loop.frames(run.prompt))
+        return np.array(codes, dtype=np.int64).reshape(-1, 16)
 
     def synthesize(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                    seed: int = 0, greedy: bool = False, max_frames: int | None = None,

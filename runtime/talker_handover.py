@@ -1,0 +1,69 @@
+"""Prefill on the HTP, decode on the CPU (the seed's "option C"): same API as ``kztts.talker.Talker``.
+
+The prompt is the one place where the HTP's throughput pays most (many positions per
+weight read); decode is one position per frame and bandwidth-bound, where the CPU in
+fp32 is exact. After the HTP prefill (``kztts.talker_static.StaticTalker``) its KV
+cache, keys transposed in the HTP layout, is handed to the CPU Talker's cache
+(``kztts.talker.Talker``) and decoding continues there. The handed-over entries are
+the HTP's own fp16 results, not a CPU recomputation (``handed_over`` keeps a copy for
+inspection).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kztts.errors import KzttsError
+from kztts.talker import Talker
+from kztts.talker_static import StaticTalker
+
+
+class HandoverTalker:
+    """``prefill`` on the static HTP Talker, then its KV to the CPU Talker for ``decode``."""
+
+    def __init__(self, prefill_talker: StaticTalker, decode_talker: Talker, keep_handover: bool = False):
+        if prefill_talker.num_layers != decode_talker.num_layers:
+            raise KzttsError("prefill and decode talkers have different layer counts")
+        self.prefill_talker, self.decode_talker = prefill_talker, decode_talker
+        self.num_layers = decode_talker.num_layers
+        self.hidden_size = decode_talker.hidden_size
+        self.vocab = decode_talker.vocab
+        self.keep_handover = keep_handover
+        self.handed_over: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    @classmethod
+    def from_bundle(cls, bundle, target=None, strict: bool = False, context: int | None = None) -> "HandoverTalker":
+        pre = StaticTalker.from_bundle(bundle, target, strict)
+        dec = Talker(bundle.session("talker"), bundle.manifest.talker, context=context or pre.context)
+        return cls(pre, dec)
+
+    @property
+    def position(self) -> int:
+        return self.decode_talker.position
+
+    @property
+    def context(self) -> int:
+        return min(self.prefill_talker.context, self.decode_talker.context)
+
+    def reset(self) -> None:
+        self.prefill_talker.reset()
+        self.decode_talker.reset()
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt on the HTP; its KV is then moved into the CPU cache."""
+        if embeds.shape[0] > self.decode_talker.context:
+            self.decode_talker.kv.check_room(embeds.shape[0])
+        result = self.prefill_talker.prefill(embeds)
+        p = self.prefill_talker.length
+        keys = [k[..., :p].transpose(1, 0, 3, 2) for k in self.prefill_talker.keys]  # [kv,1,hd,p] -> [1,kv,p,hd]
+        values = [v[:, :, :p].transpose(1, 0, 2, 3) for v in self.prefill_talker.values]
+        cache = self.decode_talker.kv
+        cache.reset()
+        cache.append(keys, values)
+        if self.keep_handover:
+            self.handed_over = [(k.copy(), v.copy()) for k, v in zip(keys, values)]
+        return result
+
+    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.decode_talker.position == 0:
+            raise KzttsError("decode called before prefill")
+        return self.decode_talker.decode(embed)
