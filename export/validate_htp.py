@@ -220,6 +220,25 @@ def talker_fp16_headroom(bundle_dir: str | Path, seqs: list[dict]) -> dict:
             "fp16_saturation_risk": [{"tensor": k, "max_abs": v} for v, k in risky[:20]]}
 
 
+def reference_sequences(bundle, tts, modes, frames: int, language: str) -> list[dict]:
+    """Teacher-forcing inputs from qwen-tts itself: per mode, its prompt (as the bundle builds it)
+    and the embeddings of its greedy codes. [{"prefill", "decodes", "codes"}]."""
+    from kztts.embeddings import EmbeddingTables
+    from kztts.export.reference import reference_run
+    from kztts.export.validate import bundle_prompt
+
+    tables = EmbeddingTables.from_bundle(bundle)
+    seqs = []
+    for mode in modes:
+        run = reference_run(tts, mode, frames=frames, language=language)
+        prompt = bundle_prompt(bundle, tables, run)
+        dec = [tables.codec_sum(f) + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad)
+               for k, f in enumerate(run.codes)]
+        seqs.append({"prefill": prompt.embeds, "decodes": np.asarray(dec, np.float32).reshape(-1, tables.hidden),
+                     "codes": run.codes})
+    return seqs
+
+
 # ------------------------------------------------------------------ kztts validate --target
 def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: str | Path | None = None,
                     precision: str | None = None, frames: int = 16, *, strict: bool = True,
@@ -237,11 +256,8 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     quantize).
     """
     from kztts.bundle import Bundle
-    from kztts.embeddings import EmbeddingTables
     from kztts.errors import KzttsError
     from kztts.export.checkpoint import load_reference
-    from kztts.export.reference import reference_run
-    from kztts.export.validate import bundle_prompt
     from kztts.qnn import bundle_target
     from kztts.talker import Talker
     from kztts.targets import load_target
@@ -257,17 +273,9 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     if precision is not None and precision not in have:
         raise KzttsError(f"{bundle_dir}: the static graphs are {sorted(have)}, not {precision}; "
                          f"re-export with --precision {precision}")
-    tables = EmbeddingTables.from_bundle(bundle)
     tts = tts if tts is not None else load_reference(Path(reference_dir))  # tests pass a loaded one
-    seqs, names = [], []
-    for mode in modes:
-        run = reference_run(tts, mode, frames=frames, language=language)
-        prompt = bundle_prompt(bundle, tables, run)
-        dec = [tables.codec_sum(f) + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad)
-               for k, f in enumerate(run.codes)]
-        seqs.append({"prefill": prompt.embeds, "decodes": np.asarray(dec, np.float32).reshape(-1, tables.hidden),
-                     "codes": run.codes})
-        names.append(mode)
+    seqs = reference_sequences(bundle, tts, modes, frames, language)
+    names = list(modes)
     ctx = max(s["prefill"].shape[0] + len(s["decodes"]) + 1 for s in seqs)
     cpu = Talker(bundle.session("talker"), m.talker, context=max(ctx, 16))
     cpu_runs = [replay(cpu, s["prefill"], s["decodes"]) for s in seqs]

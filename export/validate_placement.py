@@ -1,0 +1,202 @@
+"""``kztts validate --placement``: a layer placement checked against the CPU fp32 Talker.
+
+Nothing about a placement is assumed: the Talker runs teacher-forced on qwen-tts's own
+prompts and greedy codes with the placement (HTP parts in a child process, since fp16
+leaks across QNN sessions of one process, see ``validate_htp``) and with everything
+on the CPU in fp32, and the report gives the metrics of ``kztts validate --target``
+(logits cosine, greedy CB0 agreement), the cosine of every segment's output against
+the same point of the fp32 run, and free-running greedy codes (Code Predictor on the
+CPU, so the Talker placement alone decides) against the all-CPU codes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kztts.export.validate_htp import _save_sequences, cosine_rows, replay
+
+GREEDY_TEXTS = ("Hello world, this is a tiny test.", "The quick brown fox jumps over the lazy dog.")
+
+
+def _recorder(talker) -> dict:
+    """Collect every layer-segment graph's valid hidden rows, keyed ``phase/unit``."""
+    rec: dict[str, list[np.ndarray]] = {}
+    if hasattr(talker, "on_unit"):
+        talker.on_unit = lambda phase, unit, out: rec.setdefault(f"{phase}/{unit}", []).append(
+            np.array(out["hidden"], np.float32))
+    return rec
+
+
+def _greedy_codes(bundle, talker, frames: int, texts=GREEDY_TEXTS) -> np.ndarray:
+    """Greedy codes of ``texts`` (x-vector voice from the synthetic recording) with ``talker``
+    and the bundle's CPU Code Predictor: [len(texts), frames, 16]."""
+    from kztts.audio import synthetic_voice
+    from kztts.tts import TTS
+
+    tts = TTS(bundle)
+    tts.talker = talker
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    out = []
+    for text in texts:
+        codes = tts.generate_codes(text, voice, language="english", greedy=True, max_frames=frames)
+        out.append(np.pad(codes, ((0, frames - len(codes)), (0, 0)), constant_values=-1))
+    return np.stack(out)
+
+
+def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict], greedy_frames: int,
+              layer_graphs: bool = False) -> dict:
+    """Teacher-forced replays, per-unit hiddens and greedy codes with ``placement`` (on the runner
+    the runtime would pick, or on the layer graphs whatever the placement with ``layer_graphs``)."""
+    from kztts.bundle import Bundle
+    from kztts.talkers import open_talker
+
+    bundle = Bundle.open(bundle_dir)
+    if layer_graphs:
+        from kztts.talker_segmented import SegmentedTalker
+
+        talker = SegmentedTalker.from_bundle(bundle, placement, target, strict)
+    else:
+        talker = open_talker(bundle, target=target, placement=placement, strict=strict)
+    rec = _recorder(talker)
+    arrays: dict[str, np.ndarray] = {}
+    for i, s in enumerate(seqs):
+        arrays[f"logits_{i}"], arrays[f"hidden_{i}"] = replay(talker, s["prefill"], s["decodes"])
+    for key, rows in rec.items():
+        arrays[f"unit:{key}"] = np.concatenate(rows)
+    if greedy_frames:
+        arrays["greedy_codes"] = _greedy_codes(bundle, talker, greedy_frames)
+    info = {"runner": type(talker).__name__}
+    sessions = getattr(talker, "sessions", None) or {
+        n: getattr(talker, a) for n, a in (("talker_prefill", "prefill_session"), ("talker_decode", "decode_session"))
+        if hasattr(talker, a)}
+    if sessions:
+        from kztts.qnn import Placement
+
+        info["graphs"] = {n: {"qnn_nodes": Placement.of(s).qnn_nodes, "cpu_nodes": Placement.of(s).cpu_nodes}
+                          for n, s in sessions.items()}
+    arrays["info"] = np.array(json.dumps(info))
+    return arrays
+
+
+def _worker(bundle_dir: str, placement: str, target: str, strict: str, src: str, dst: str, greedy: str) -> None:
+    data = np.load(src)
+    seqs = [{"prefill": data[f"prefill_{i}"], "decodes": data[f"decodes_{i}"]} for i in range(int(data["n"]))]
+    np.savez(dst, **_run_side(bundle_dir, placement, target or None, strict == "1", seqs, int(greedy)))
+
+
+def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greedy_frames: int,
+               timeout: float = 3600) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
+        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        _save_sequences(src, seqs)
+        cmd = [sys.executable, "-m", "kztts.export.validate_placement", "worker", str(bundle_dir), placement_arg,
+               str(target or ""), "1" if strict else "0", str(src), str(dst), str(greedy_frames)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+        if proc.returncode != 0:
+            from kztts.errors import KzttsError
+
+            tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
+            raise KzttsError(f"the placement worker failed (exit {proc.returncode}):\n{tail}")
+        res = np.load(dst)
+        return {k: res[k] for k in res.files}
+
+
+def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placement, target=None, *,
+                       frames: int = 16, greedy_frames: int | None = None, strict: bool = True,
+                       modes: tuple[str, ...] = ("xvec_nonstream", "icl_stream"), language: str = "English",
+                       tts=None) -> dict:
+    """The placement's Talker vs the all-CPU fp32 Talker (module docstring).
+
+    ``placement``: a mode, a placement file or a LayerPlacement. Keys: ``placement`` (mode,
+    segments), ``talker_logits_cos_min``/``_mean``, ``talker_argmax_match``, ``segments`` (per
+    segment: phase, device, layers, ``hidden_cos_min`` against fp32 at its output),
+    ``greedy_codes_match`` and ``greedy_frames_equal`` (leading frames identical, per text),
+    ``cpu_layer_fraction`` per phase, ``modes`` (per prompt mode)."""
+    from kztts.bundle import Bundle
+    from kztts.export.checkpoint import load_reference
+    from kztts.export.validate_htp import reference_sequences
+    from kztts.placement import builtin, resolve_placement, write_placement
+    from kztts.qnn import bundle_target
+    from kztts.segments import segment_graph_name
+
+    bundle = Bundle.open(bundle_dir, load_graphs=False)
+    m = bundle.manifest
+    L = int(m.talker["num_layers"])
+    placement = resolve_placement(placement, L)
+    greedy_frames = frames if greedy_frames is None else greedy_frames
+    target = str(target) if target is not None else bundle_target(bundle)
+    tts = tts if tts is not None else load_reference(Path(reference_dir))
+    seqs = reference_sequences(bundle, tts, modes, frames, language)
+    segmented = segment_graph_name("prefill", 0) in m.graphs
+    with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
+        pfile = write_placement(placement, Path(tmp) / "placement.json")
+        # fp32: the layer graphs on the CPU when the bundle has them (segment outputs to compare)
+        ref = _run_side(str(bundle_dir), builtin("all-cpu", L), None, False, seqs, greedy_frames,
+                        layer_graphs=segmented)
+        got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames)
+
+    per_mode, cos_all, match_all = [], [], []
+    for i, (name, s) in enumerate(zip(modes, seqs)):
+        cl, hl = ref[f"logits_{i}"], got[f"logits_{i}"]
+        c = cosine_rows(hl, cl)
+        match = hl.argmax(-1) == cl.argmax(-1)
+        cos_all.append(c)
+        match_all.append(match)
+        per_mode.append({"mode": name, "prompt_positions": int(s["prefill"].shape[0]), "frames": int(len(s["decodes"])),
+                         "logits_cos_min": float(c.min()),
+                         "hidden_cos_min": float(cosine_rows(got[f"hidden_{i}"], ref[f"hidden_{i}"]).min()),
+                         "argmax_match": float(match.mean())})
+    segments = []
+    for ph in ("prefill", "decode"):
+        for seg in placement.segments(ph):
+            end = "head" if seg.head else seg.stop - 1
+            key = f"unit:{ph}/{end}"
+            entry = {"phase": ph, "device": seg.device, "layers": seg.label}
+            if key in got and key in ref:
+                entry["hidden_cos_min"] = float(cosine_rows(got[key], ref[key]).min())
+            elif seg.head:  # a runner without segments: the phase's final hidden
+                rows = [(got[f"hidden_{i}"], ref[f"hidden_{i}"]) for i in range(len(seqs))]
+                pick = (lambda a: a[:1]) if ph == "prefill" else (lambda a: a[1:])
+                a = np.concatenate([pick(g) for g, _ in rows])
+                b = np.concatenate([pick(r) for _, r in rows])
+                entry["hidden_cos_min"] = float(cosine_rows(a, b).min()) if len(a) else None
+            segments.append(entry)
+    report = {
+        "bundle": str(bundle_dir), "reference": str(reference_dir), "target": target,
+        "placement": {"mode": placement.mode, "source": placement.source, "describe": placement.describe(),
+                      **placement.to_json()},
+        "runner": json.loads(str(got["info"]))["runner"],
+        "talker_logits_cos_min": float(np.concatenate(cos_all).min()),
+        "talker_logits_cos_mean": float(np.concatenate(cos_all).mean()),
+        "talker_argmax_match": float(np.concatenate(match_all).mean()),
+        "cp_codes_match": None,  # the Code Predictor stays on the CPU here: the Talker placement is what is tested
+        "segments": segments,
+        "cpu_layer_fraction": {ph: len(placement.cpu_layers(ph)) / L for ph in ("prefill", "decode")},
+        "frames": min(p["frames"] for p in per_mode), "modes": per_mode,
+        "graphs": json.loads(str(got["info"])).get("graphs", {}),
+    }
+    if greedy_frames:
+        a, b = got["greedy_codes"], ref["greedy_codes"]
+        same = (a == b).all(axis=2)
+        report["greedy_codes_match"] = float((a == b).mean())
+        report["greedy_frames_equal"] = [int(np.argmin(r)) if not r.all() else int(len(r)) for r in same]
+        report["greedy_frames"] = int(greedy_frames)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "worker":
+        _worker(*argv[1:])
+        return 0
+    print("usage: python -m kztts.export.validate_placement worker ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
