@@ -89,7 +89,9 @@ class TTS:
         """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
         (its static graphs, exported with ``kztts export --target``), the others on the CPU.
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
-        see ``kztts.placement``), overriding the target's Talker placement.
+        see ``kztts.placement``), overriding the target's Talker placement; a placement that
+        decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
+        which runs every frame, on the CPU as well.
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config)
         m = self.bundle.manifest
@@ -100,9 +102,15 @@ class TTS:
             from kztts.targets import load_target
 
             self.target = load_target(target)
+        decode_on_cpu = False
+        if placement is not None:
+            from kztts.placement import resolve_placement
+
+            placement = resolve_placement(placement, int(m.talker["num_layers"]))
+            decode_on_cpu = placement.uniform("decode") == "cpu"  # the Code Predictor is decode work too
         self.talker = open_talker(self.bundle, target=self.target, placement=placement, strict=strict,
                                   context=context)
-        if self.target is not None and self.target.on_htp("cp_frame"):
+        if self.target is not None and self.target.on_htp("cp_frame") and not decode_on_cpu:
             from kztts.qnn import open_target_session
 
             sessions = {"cp_frame": open_target_session(self.bundle, "cp_frame", self.target, strict)}

@@ -22,6 +22,7 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 VARIANTS = ("proj", "equal")
+SMALL_CONTEXT, SMALL_CHUNK = 64, 16  # static shapes of the test-sized simulator target
 
 
 @pytest.fixture(scope="session", params=VARIANTS)
@@ -49,3 +50,18 @@ def reference(tiny_model_dir):
     from kztts.export.checkpoint import load_reference
 
     return load_reference(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def small_target(tmp_path_factory):
+    """The simulator target with test-sized static shapes (context 64, prefill chunk 16)."""
+    import json
+
+    from kztts.targets import configs_dir
+
+    data = json.loads((configs_dir() / "simulator.json").read_text())
+    data["shapes"].update(prefill_chunk=SMALL_CHUNK, context=SMALL_CONTEXT, decoder_chunk=2)
+    data["placement"]["decoder"] = "htp"  # the shipped targets keep it on the CPU (fp16 SNR, see htp_export)
+    p = tmp_path_factory.mktemp("targets") / "simulator_small.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p

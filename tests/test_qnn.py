@@ -30,17 +30,6 @@ def qnn():
 
 
 @pytest.fixture(scope="module")
-def small_target(tmp_path_factory) -> Path:
-    """The simulator target with test-sized static shapes."""
-    data = json.loads((configs_dir() / "simulator.json").read_text())
-    data["shapes"].update(prefill_chunk=CHUNK, context=CONTEXT, decoder_chunk=2)
-    data["placement"]["decoder"] = "htp"  # the shipped targets keep it on the CPU (fp16 SNR, see htp_export)
-    p = tmp_path_factory.mktemp("targets") / "simulator_small.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
-@pytest.fixture(scope="module")
 def tiny_dir():
     from kztts.export.tiny import cached_tiny
 

@@ -1,0 +1,305 @@
+"""The precision guard: layer segments, calibration, placements (CPU parts here, HTP parts on the simulator).
+
+The test model has a ~1e5 activation injected into Talker layer 1 (``make-tiny
+--massive-layer 1``, ``kztts.export.massive``): fp16 cannot hold it, fp32 can.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kztts.errors import KzttsError
+from kztts.placement import PlacementError, builtin, parse_placement, resolve_placement
+
+MASSIVE_LAYER = 1
+
+
+@pytest.fixture(scope="module")
+def massive_model():
+    from kztts.export.tiny import cached_tiny
+
+    return cached_tiny("proj", massive_layer=MASSIVE_LAYER)
+
+
+@pytest.fixture(scope="module")
+def massive_bundle(massive_model, small_target):
+    """CPU graphs + static HTP graphs + per-layer segments (export needs no QNN)."""
+    from kztts.export.htp_export import cached_target_bundle
+
+    return cached_target_bundle(massive_model, small_target, segments=True)
+
+
+@pytest.fixture(scope="module")
+def report(massive_bundle):
+    from kztts.calibrate import calibrate
+
+    return calibrate(massive_bundle, frames=12)
+
+
+@pytest.fixture(scope="module")
+def guarded_file(report, tmp_path_factory):
+    from kztts.placement import write_placement
+
+    return write_placement(report.placement(), tmp_path_factory.mktemp("placement") / "guarded.json")
+
+
+@pytest.fixture(scope="module")
+def qnn():
+    return pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+
+
+@pytest.fixture(scope="module")
+def massive_reference(massive_model):
+    from kztts.export.checkpoint import load_reference
+
+    return load_reference(massive_model)
+
+
+# ------------------------------------------------------------------ placement files
+def _bad(data, n=4):
+    with pytest.raises(PlacementError) as e:
+        parse_placement(data, "p.json", n)
+    return str(e.value)
+
+
+def test_placement_files_reject_unknown_layers_devices_and_keys():
+    assert "p.json: talker.cpu_layers: unknown layer 4" in _bad({"talker": {"cpu_layers": [4]}})
+    assert "unknown layer -1" in _bad({"talker": {"cpu_layers": [-1]}})
+    assert 'p.json: prefill.layers[2]: unknown device "gpu"' in _bad(
+        {"prefill": {"layers": ["htp", "cpu", "gpu", "htp"]}, "decode": {"cpu_layers": []}})
+    assert "talker.head: unknown device" in _bad({"talker": {"cpu_layers": [], "head": "npu"}})
+    assert "the Talker has 4 layers, the list has 3" in _bad({"talker": {"layers": ["htp"] * 3}})
+    assert "p.json: decode: missing" in _bad({"prefill": {"cpu_layers": []}})
+    assert "p.json: bogus: unknown key" in _bad({"talker": {"cpu_layers": []}, "bogus": 1})
+    assert "talker.cpu: unknown key" in _bad({"talker": {"cpu": [1]}})
+    assert "unknown mode" in _bad({"mode": "half-htp", "talker": {"cpu_layers": []}})
+    assert "for a 28-layer Talker, this model has 4" in _bad({"num_layers": 28, "talker": {"cpu_layers": []}})
+    assert "exactly one of 'layers'" in _bad({"talker": {"head": "cpu"}})
+
+
+def test_resolve_placement_errors_name_the_file(tmp_path):
+    with pytest.raises(PlacementError, match="not a mode"):
+        resolve_placement(tmp_path / "missing.json", 4)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlacementError, match=f"{bad}: not a readable JSON"):
+        resolve_placement(bad, 4)
+    with pytest.raises(PlacementError, match="needs a file"):
+        resolve_placement("guarded", 4)
+
+
+def test_explicit_placement_from_a_qnn_configs_target(tmp_path):
+    from kztts.targets import TargetError, configs_dir, load_target
+
+    data = json.loads((configs_dir() / "simulator.json").read_text())
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(data))
+    with pytest.raises(PlacementError, match="no 'layer_placement'"):
+        resolve_placement(plain, 4)
+    data["layer_placement"] = {"prefill": {"cpu_layers": [0, 3]}, "decode": {"layers": ["cpu", "htp", "htp", "htp"],
+                                                                             "head": "cpu"}}
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(data))
+    p = resolve_placement(good, 4)
+    assert p.mode == "explicit" and p.prefill.layers == ("cpu", "htp", "htp", "cpu") and p.decode.head == "cpu"
+    with pytest.raises(PlacementError, match="layer_placement.prefill.cpu_layers: unknown layer 3"):
+        resolve_placement(good, 3)
+    data["layer_placement"] = {"talker": {"layers": ["cpu", "dsp"]}}
+    worse = tmp_path / "worse.json"
+    worse.write_text(json.dumps(data))
+    with pytest.raises(TargetError, match=r"layer_placement.talker.layers\[1\]: unknown device \"dsp\""):
+        load_target(worse)
+
+
+def test_segments_join_adjacent_units_on_one_device():
+    p = parse_placement({"talker": {"cpu_layers": [1, 2]}}, "p.json", 5)
+    segs = p.segments("decode")
+    assert [(s.device, s.start, s.stop, s.head) for s in segs] == [
+        ("htp", 0, 1, False), ("cpu", 1, 3, False), ("htp", 3, 5, True)]
+    assert [s.label for s in segs] == ["layer 0", "layers 1-2", "layers 3-4 + head"]
+    p = parse_placement({"talker": {"cpu_layers": [4], "head": "htp"}}, "p.json", 5)
+    assert [s.label for s in p.segments("prefill")][-2:] == ["layer 4", "head"]
+    assert builtin("prefill-htp-decode-cpu", 3).uniform("prefill") == "htp"
+    assert builtin("prefill-htp-decode-cpu", 3).uniform("decode") == "cpu"
+    assert builtin("prefill-htp-decode-cpu", 3).uniform() is None
+
+
+# ------------------------------------------------------------------ the injected model and its graphs
+def test_injected_activation_lives_inside_one_layer_of_the_reference(massive_reference):
+    """In the official model, layer 1's residual stream reaches ~1e5; its input and output do not."""
+    import torch
+
+    talker = massive_reference.model.talker
+    mids, outs = {}, {}
+
+    def hook(i):
+        def f(mod, args, kwargs, out):
+            mids[i] = float(kwargs.get("hidden_states", args[0] if args else None).abs().max())
+            outs[i] = float((out[0] if isinstance(out, tuple) else out).abs().max())
+        return f
+
+    handles = [lay.register_forward_hook(hook(i), with_kwargs=True) for i, lay in enumerate(talker.model.layers)]
+    handles.append(talker.model.layers[MASSIVE_LAYER].post_attention_layernorm.register_forward_hook(
+        lambda m, a, o: mids.__setitem__("post_norm_in", float(a[0].abs().max()))))
+    try:
+        x = torch.randn(1, 9, talker.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            talker.model(inputs_embeds=x, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    assert mids["post_norm_in"] > 9e4  # the residual stream inside layer 1
+    assert max(outs.values()) < 1e3 and max(v for k, v in mids.items() if k != "post_norm_in") < 1e3
+
+
+def test_segment_graphs_on_the_cpu_equal_the_talker_graph(massive_bundle):
+    from kztts.bundle import Bundle
+    from kztts.export.validate_htp import bundle_sequences, cosine_rows, replay
+    from kztts.talker import Talker
+    from kztts.talker_segmented import SegmentedTalker
+
+    seqs = bundle_sequences(massive_bundle, frames=10)
+    b = Bundle.open(massive_bundle)
+    dyn = Talker(b.session("talker"), b.manifest.talker, context=64)
+    seg = SegmentedTalker.from_bundle(b, builtin("all-cpu", 4))
+    for s in seqs:
+        assert s["prefill"].shape[0] > 16  # two prefill chunks
+        dl, dh = replay(dyn, s["prefill"], s["decodes"])
+        sl, sh = replay(seg, s["prefill"], s["decodes"])
+        assert cosine_rows(sl, dl).min() > 0.999999 and (sl.argmax(-1) == dl.argmax(-1)).all()
+        assert np.abs(sh - dh).max() < 1e-3
+
+
+def test_calibration_flags_exactly_the_injected_layer(report):
+    for phase in ("prefill", "decode"):
+        assert report.flagged(phase) == [MASSIVE_LAYER]
+        assert not report.head_flagged(phase)
+        assert report.layers[phase][MASSIVE_LAYER].max() > 9e4
+        others = np.delete(report.layers[phase], MASSIVE_LAYER, axis=0)
+        assert 1.0 < others.max() < 1e3  # the other layers were measured, and are ordinary
+        assert report.positions[phase] > 0
+    p = report.placement()
+    assert p.mode == "guarded" and p.cpu_layers("prefill") == p.cpu_layers("decode") == [MASSIVE_LAYER]
+    doc = report.to_json()
+    row = doc["phases"]["decode"]["layers"][MASSIVE_LAYER]
+    assert row["flagged"] and row["peak_tensor"] in ("attn_out", "residual_mid", "mlp_out")
+    assert len(report.prompts) >= 6  # the shipped multilingual set fits the test context
+
+
+def test_calibrate_cli_writes_placement_report_and_plot(massive_bundle, tmp_path):
+    out = tmp_path / "guard.json"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# two prompts\nHello there, how are you?\n\nBonjour tout le monde.\n")
+    proc = subprocess.run([sys.executable, "-m", "kztts.cli", "calibrate", str(massive_bundle), "--prompts",
+                           str(prompts), "--frames", "6", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 prompts" in proc.stdout and "layer 1 on cpu" in proc.stdout
+    placement = resolve_placement(out, 4)
+    assert placement.mode == "guarded" and placement.cpu_layers("decode") == [MASSIVE_LAYER]
+    rep = json.loads((tmp_path / "guard.report.json").read_text())
+    assert rep["flagged"] == {"prefill": [MASSIVE_LAYER], "decode": [MASSIVE_LAYER]}
+    png = tmp_path / "guard.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibrate_refuses_bad_prompts_and_bundles(massive_bundle, tmp_path):
+    from kztts.calibrate import calibrate, load_prompts
+
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps([{"text": "hi", "lang": "en"}]))
+    with pytest.raises(KzttsError, match="prompt 0: unknown keys"):
+        load_prompts(bad)
+    bad.write_text("[]")
+    with pytest.raises(KzttsError, match="no prompts"):
+        load_prompts(bad)
+    with pytest.raises(KzttsError, match="threshold must be positive"):
+        calibrate(massive_bundle, threshold=0)
+
+
+def test_calibrate_needs_layer_segments(tiny_bundle_dir):
+    from kztts.calibrate import calibrate
+
+    with pytest.raises(KzttsError, match="--segments"):
+        calibrate(tiny_bundle_dir)
+
+
+# ------------------------------------------------------------------ on the HTP simulator
+def test_all_htp_is_measurably_wrong_on_the_injected_model(qnn, massive_bundle, massive_model, massive_reference,
+                                                           small_target):
+    from kztts.export.validate_placement import validate_placement
+
+    r = validate_placement(massive_bundle, massive_model, "all-htp", small_target, frames=8,
+                           tts=massive_reference)
+    assert r["runner"] == "StaticTalker"
+    assert r["talker_logits_cos_min"] < 0.9 and r["talker_argmax_match"] < 0.5
+    assert r["greedy_codes_match"] < 0.5
+
+
+def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_model, massive_reference,
+                                                  small_target, guarded_file):
+    from kztts.export.validate_placement import validate_placement
+
+    r = validate_placement(massive_bundle, massive_model, guarded_file, small_target, frames=24,
+                           tts=massive_reference)
+    assert r["runner"] == "SegmentedTalker" and r["placement"]["mode"] == "guarded"
+    assert r["talker_logits_cos_min"] >= 0.999
+    assert r["greedy_frames_equal"] == [24, 24] and r["greedy_codes_match"] == 1.0
+    assert [(s["phase"], s["device"], s["layers"]) for s in r["segments"]] == [
+        (ph, d, lab) for ph in ("prefill", "decode")
+        for d, lab in (("htp", "layer 0"), ("cpu", "layer 1"), ("htp", "layers 2-3 + head"))]
+    assert all(s["hidden_cos_min"] >= 0.999 for s in r["segments"])
+    assert r["cpu_layer_fraction"] == {"prefill": 0.25, "decode": 0.25}
+    for name, g in r["graphs"].items():  # strict: every node of the HTP segments ran on QNN
+        if "layer_1" not in name:
+            assert g["cpu_nodes"] == 0, name
+
+
+def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
+    from kztts.audio import synthetic_voice
+    from kztts.bundle import Bundle
+    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.tiny import cached_tiny
+    from kztts.talker import Talker
+    from kztts.talker_handover import HandoverTalker
+    from kztts.talker_static import StaticTalker
+    from kztts.tts import TTS
+
+    bundle = Bundle.open(cached_target_bundle(cached_tiny("proj"), small_target))
+    text = "Hello world, this is a tiny test."
+    cpu = TTS(bundle)
+    voice = cpu.voice_from_wav(synthetic_voice(), 24000)
+    want = cpu.generate_codes(text, voice, language="english", greedy=True, max_frames=30)
+    htp = TTS(bundle, target=small_target, placement="prefill-htp-decode-cpu", strict=True)
+    assert isinstance(htp.talker, HandoverTalker)
+    htp.talker.keep_handover = True
+    got = htp.generate_codes(text, voice, language="english", greedy=True, max_frames=30)
+    assert got.shape == want.shape == (30, 16) and (got == want).all()
+
+    # the KV the CPU decoded from is the HTP prefill's own, not a CPU recomputation
+    prompt = cpu._prompt(text, voice, "english", False).embeds
+    ref = StaticTalker.from_bundle(bundle, small_target, strict=True)
+    ref.prefill(prompt)
+    cpu_talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=64)
+    cpu_talker.prefill(prompt)
+    p = prompt.shape[0]
+    assert htp.talker.decode_talker.position >= p
+    for i, (k, v) in enumerate(htp.talker.handed_over):
+        assert k.shape == (1, ref.keys[i].shape[0], p, ref.keys[i].shape[2])
+        assert np.array_equal(k, ref.keys[i][..., :p].transpose(1, 0, 3, 2))
+        assert np.array_equal(v, ref.values[i][:, :, :p].transpose(1, 0, 2, 3))
+        ck, cv = cpu_talker.kv.past(i)
+        assert 0 < np.abs(k - ck).max() < 0.05 and 0 < np.abs(v - cv).max() < 0.05  # fp16, not fp32
+
+
+def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model, tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"talker": {"cpu_layers": [7]}}))
+    proc = subprocess.run([sys.executable, "-m", "kztts.cli", "validate", str(massive_bundle), "--reference",
+                           str(massive_model), "--placement", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert f"{bad}: talker.cpu_layers: unknown layer 7: the Talker has layers 0..3" in proc.stderr
+    assert "Traceback" not in proc.stderr
