@@ -69,9 +69,11 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
         arrays[f"logits_{i}"], arrays[f"hidden_{i}"] = replay(talker, s["prefill"], s["decodes"])
     for key, rows in rec.items():
         arrays[f"unit:{key}"] = np.concatenate(rows)
+    info = {"runner": type(talker).__name__}
+    if hasattr(talker, "seconds"):  # of the teacher-forced replays only
+        info["seconds"], info["steps"] = dict(talker.seconds), dict(talker.steps)
     if greedy_frames:
         arrays["greedy_codes"] = _greedy_codes(bundle, talker, greedy_frames)
-    info = {"runner": type(talker).__name__}
     sessions = getattr(talker, "sessions", None) or {
         n: getattr(talker, a) for n, a in (("talker_prefill", "prefill_session"), ("talker_decode", "decode_session"))
         if hasattr(talker, a)}
@@ -84,19 +86,22 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
     return arrays
 
 
-def _worker(bundle_dir: str, placement: str, target: str, strict: str, src: str, dst: str, greedy: str) -> None:
+def _worker(bundle_dir: str, placement: str, target: str, strict: str, src: str, dst: str, greedy: str,
+            layer_graphs: str = "0") -> None:
     data = np.load(src)
     seqs = [{"prefill": data[f"prefill_{i}"], "decodes": data[f"decodes_{i}"]} for i in range(int(data["n"]))]
-    np.savez(dst, **_run_side(bundle_dir, placement, target or None, strict == "1", seqs, int(greedy)))
+    np.savez(dst, **_run_side(bundle_dir, placement, target or None, strict == "1", seqs, int(greedy),
+                              layer_graphs == "1"))
 
 
 def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greedy_frames: int,
-               timeout: float = 3600) -> dict:
+               layer_graphs: bool = False, timeout: float = 3 * 3600) -> dict:
     with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         _save_sequences(src, seqs)
         cmd = [sys.executable, "-m", "kztts.export.validate_placement", "worker", str(bundle_dir), placement_arg,
-               str(target or ""), "1" if strict else "0", str(src), str(dst), str(greedy_frames)]
+               str(target or ""), "1" if strict else "0", str(src), str(dst), str(greedy_frames),
+               "1" if layer_graphs else "0"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
         if proc.returncode != 0:
             from kztts.errors import KzttsError
@@ -110,14 +115,16 @@ def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greed
 def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placement, target=None, *,
                        frames: int = 16, greedy_frames: int | None = None, strict: bool = True,
                        modes: tuple[str, ...] = ("xvec_nonstream", "icl_stream"), language: str = "English",
-                       tts=None) -> dict:
+                       tts=None, layer_graphs: bool = False) -> dict:
     """The placement's Talker vs the all-CPU fp32 Talker (module docstring).
 
     ``placement``: a mode, a placement file or a LayerPlacement. Keys: ``placement`` (mode,
     segments), ``talker_logits_cos_min``/``_mean``, ``talker_argmax_match``, ``segments`` (per
     segment: phase, device, layers, ``hidden_cos_min`` against fp32 at its output),
     ``greedy_codes_match`` and ``greedy_frames_equal`` (leading frames identical, per text),
-    ``cpu_layer_fraction`` per phase, ``modes`` (per prompt mode)."""
+    ``cpu_layer_fraction`` per phase, ``modes`` (per prompt mode). ``layer_graphs``: run the
+    placement on the layer segments whatever it is (benchmarks: the same graphs for every
+    placement, and per-device timings in ``seconds``/``steps``)."""
     from kztts.bundle import Bundle
     from kztts.export.checkpoint import load_reference
     from kztts.export.validate_htp import reference_sequences
@@ -139,13 +146,21 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         # fp32: the layer graphs on the CPU when the bundle has them (segment outputs to compare)
         ref = _run_side(str(bundle_dir), builtin("all-cpu", L), None, False, seqs, greedy_frames,
                         layer_graphs=segmented)
-        got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames)
+        got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames, layer_graphs)
+
+    vocab, eos = int(m.talker["vocab"]), int(m.special_ids["codec_eos"])
+    allowed = np.zeros(vocab, bool)  # what greedy CB0 can pick: the codec ids and EOS (control ids suppressed)
+    allowed[:vocab - 1024] = True
+    allowed[eos] = True
+
+    def cb0(logits: np.ndarray) -> np.ndarray:
+        return np.where(allowed, logits, -np.inf).argmax(-1)
 
     per_mode, cos_all, match_all = [], [], []
     for i, (name, s) in enumerate(zip(modes, seqs)):
         cl, hl = ref[f"logits_{i}"], got[f"logits_{i}"]
         c = cosine_rows(hl, cl)
-        match = hl.argmax(-1) == cl.argmax(-1)
+        match = cb0(hl) == cb0(cl)
         cos_all.append(c)
         match_all.append(match)
         per_mode.append({"mode": name, "prompt_positions": int(s["prefill"].shape[0]), "frames": int(len(s["decodes"])),
@@ -180,6 +195,7 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         "cpu_layer_fraction": {ph: len(placement.cpu_layers(ph)) / L for ph in ("prefill", "decode")},
         "frames": min(p["frames"] for p in per_mode), "modes": per_mode,
         "graphs": json.loads(str(got["info"])).get("graphs", {}),
+        "seconds": json.loads(str(got["info"])).get("seconds"), "steps": json.loads(str(got["info"])).get("steps"),
     }
     if greedy_frames:
         a, b = got["greedy_codes"], ref["greedy_codes"]

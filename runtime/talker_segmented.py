@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import time
+
 import numpy as np
 import onnxruntime as ort
 
@@ -70,6 +72,8 @@ class SegmentedTalker:
         self._cos, self._sin = rope_tables(C + self.chunk, hd, float(config["rope_theta"]))
         self.length = 0
         self.on_unit: UnitHook | None = None
+        self.seconds: dict[str, float] = {}  # "phase/device" -> wall time in that device's graphs
+        self.steps: dict[str, int] = {ph: 0 for ph in PHASES}  # graph passes per phase (chunks, decode steps)
 
     @classmethod
     def from_bundle(cls, bundle, placement: "str | LayerPlacement", target=None,
@@ -115,7 +119,9 @@ class SegmentedTalker:
         h, mask = chunk_inputs(embeds, n, seq, p, C, self.hidden_size, self.mask_value)
         cos, sin = self._cos[None, p:p + seq], self._sin[None, p:p + seq]
         logits = hidden = None
+        self.steps[phase] += 1
         for seg in self.plan[phase]:
+            started = time.perf_counter()
             for u in seg.units:
                 sess = self.sessions[segment_graph_name(phase, u)]
                 if u == "head":
@@ -132,6 +138,8 @@ class SegmentedTalker:
                     out = {"hidden": h[0, :n], "stats": stats}
                 if self.on_unit is not None:
                     self.on_unit(phase, u, out)
+            key = f"{phase}/{seg.device}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - started
         self.length = p + n
         return logits[0, n - 1], hidden[0, n - 1]
 
