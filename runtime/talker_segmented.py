@@ -21,11 +21,11 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from kztts.errors import BundleError, ContextOverflowError, KzttsError
+from kztts.errors import BundleError, KzttsError
 from kztts.placement import PHASES, LayerPlacement, resolve_placement
 from kztts.rope import rope_tables
 from kztts.segments import Unit, segment_graph_name
-from kztts.talker_static import chunk_inputs
+from kztts.talker_static import ChunkedTalker, chunk_inputs
 
 UnitHook = Callable[[str, Unit, dict], None]
 
@@ -37,7 +37,7 @@ def _static_dim(sess: ort.InferenceSession, name: str, axis: int) -> int:
     raise BundleError(f"layer segment graph has no static input {name!r}; re-export with --segments")
 
 
-class SegmentedTalker:
+class SegmentedTalker(ChunkedTalker):
     """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
 
     def __init__(self, sessions: dict[str, ort.InferenceSession], placement: LayerPlacement, config: dict,
@@ -102,18 +102,7 @@ class SegmentedTalker:
                 sessions[name] = bundle.session(name)
         return cls(sessions, placement, m.talker, float(m.graphs[first].extra.get("mask_value", -50.0)))
 
-    @property
-    def position(self) -> int:
-        return self.length
-
-    @property
-    def context(self) -> int:
-        return self.graph_context - 1
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def _run(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         p, C = self.length, self.graph_context
         P = C - seq
         h, mask = chunk_inputs(embeds, n, seq, p, C, self.hidden_size, self.mask_value)
@@ -142,37 +131,3 @@ class SegmentedTalker:
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - started
         self.length = p + n
         return logits[0, n - 1], hidden[0, n - 1]
-
-    def _append(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t = embeds.shape[0]
-        if self.length + t > self.context:
-            raise ContextOverflowError(
-                f"context overflow: {self.length} positions used + {t} new > context {self.context}; "
-                "shorten the text, lower --max-frames, or export with a larger static context")
-        S, C = self.chunk, self.graph_context
-        done, result = 0, None
-        while done < t:
-            left = t - done
-            if left > 1 and self.length <= C - S:
-                n = min(S, left)
-                result = self._run("prefill", embeds[done:done + n], n, S)
-            else:
-                n = 1
-                result = self._run("decode", embeds[done:done + 1], 1, 1)
-            done += n
-        return result
-
-    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run a fresh prompt ([T, H]); the cache is reset first."""
-        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
-            raise KzttsError(f"prefill expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
-        self.reset()
-        return self._append(np.asarray(embeds, dtype=np.float32))
-
-    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append one position ([H]) and return its logits and hidden."""
-        if embed.shape != (self.hidden_size,):
-            raise KzttsError(f"decode expects one embedding [{self.hidden_size}], got {embed.shape}")
-        if self.length == 0:
-            raise KzttsError("decode called before prefill")
-        return self._append(np.asarray(embed, dtype=np.float32)[None])

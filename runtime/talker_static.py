@@ -47,7 +47,70 @@ def chunk_inputs(embeds: np.ndarray, n: int, seq: int, filled: int, context: int
     return x, mask
 
 
-class StaticTalker:
+class ChunkedTalker:
+    """The ``Talker`` API over static graphs of context ``graph_context``: a prefill chunk of
+    ``chunk`` positions and an AR-1 decode step. Subclasses set ``hidden_size``, ``chunk``,
+    ``graph_context``, ``length`` and implement ``_run_chunk(phase, embeds, n, seq)``."""
+
+    hidden_size: int
+    chunk: int
+    graph_context: int
+    length: int
+
+    @property
+    def position(self) -> int:
+        return self.length
+
+    @property
+    def context(self) -> int:
+        """Positions the cache holds (the graphs' static context minus one)."""
+        return self.graph_context - 1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _check_room(self, n: int) -> None:
+        if self.length + n > self.context:
+            raise ContextOverflowError(
+                f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
+                "shorten the text, lower --max-frames, or export with a larger static context")
+
+    def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _append(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = embeds.shape[0]
+        self._check_room(t)
+        S, C = self.chunk, self.graph_context
+        done, result = 0, None
+        while done < t:
+            left = t - done
+            if left > 1 and self.length <= C - S:
+                n = min(S, left)
+                result = self._run_chunk("prefill", embeds[done:done + n], n, S)
+            else:
+                n = 1
+                result = self._run_chunk("decode", embeds[done:done + 1], 1, 1)
+            done += n
+        return result
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run a fresh prompt ([T, H]); the cache is reset first."""
+        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
+            raise KzttsError(f"prefill expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
+        self.reset()
+        return self._append(np.asarray(embeds, dtype=np.float32))
+
+    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append one position ([H]) and return its logits and hidden."""
+        if embed.shape != (self.hidden_size,):
+            raise KzttsError(f"decode expects one embedding [{self.hidden_size}], got {embed.shape}")
+        if self.length == 0:
+            raise KzttsError("decode called before prefill")
+        return self._append(np.asarray(embed, dtype=np.float32)[None])
+
+
+class StaticTalker(ChunkedTalker):
     """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
 
     def __init__(self, prefill_session: ort.InferenceSession, decode_session: ort.InferenceSession,
@@ -93,24 +156,6 @@ class StaticTalker:
         dec = open_target_session(bundle, DECODE, target, strict)
         return cls(pre, dec, bundle.manifest.talker, float(spec.extra.get("mask_value", -50.0)))
 
-    @property
-    def position(self) -> int:
-        return self.length
-
-    @property
-    def context(self) -> int:
-        """Positions the cache holds (the graphs' static context minus one)."""
-        return self.graph_context - 1
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def _check_room(self, n: int) -> None:
-        if self.length + n > self.context:
-            raise ContextOverflowError(
-                f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
-                "shorten the text, lower --max-frames, or export with a larger static context")
-
     def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
         p, C = self.length, self.graph_context
         P = C - seq
@@ -132,33 +177,7 @@ class StaticTalker:
         self.length = p + n
         return out[0][0, n - 1], out[1][0, n - 1]
 
-    def _append(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t = embeds.shape[0]
-        self._check_room(t)
-        S, C = self.chunk, self.graph_context
-        done, result = 0, None
-        while done < t:
-            left = t - done
-            if left > 1 and self.length <= C - S:
-                n = min(S, left)
-                result = self._run(PREFILL, self.prefill_session, embeds[done:done + n], n, S)
-            else:
-                n = 1
-                result = self._run(DECODE, self.decode_session, embeds[done:done + 1], 1, 1)
-            done += n
-        return result
-
-    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run a fresh prompt ([T, H]); the cache is reset first."""
-        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
-            raise KzttsError(f"prefill expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
-        self.reset()
-        return self._append(np.asarray(embeds, dtype=np.float32))
-
-    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append one position ([H]) and return its logits and hidden."""
-        if embed.shape != (self.hidden_size,):
-            raise KzttsError(f"decode expects one embedding [{self.hidden_size}], got {embed.shape}")
-        if self.length == 0:
-            raise KzttsError("decode called before prefill")
-        return self._append(np.asarray(embed, dtype=np.float32)[None])
+    def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+        if phase == "prefill":
+            return self._run(PREFILL, self.prefill_session, embeds, n, seq)
+        return self._run(DECODE, self.decode_session, embeds, n, seq)

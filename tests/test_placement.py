@@ -303,3 +303,29 @@ def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model
     assert proc.returncode == 2
     assert f"{bad}: talker.cpu_layers: unknown layer 7: the Talker has layers 0..3" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, small_target, guarded_file, tmp_path):
+    """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not."""
+    from kztts.audio import synthetic_voice, write_wav
+
+    data = json.loads(small_target.read_text())
+    data["placement"]["cp_frame"] = "cpu"  # the Talker placement alone decides the codes
+    target = tmp_path / "simulator_small.json"
+    target.write_text(json.dumps(data))
+    voice = write_wav(tmp_path / "voice.wav", synthetic_voice(), 24000)
+
+    def synth(*extra):
+        codes = tmp_path / f"codes{len(list(tmp_path.iterdir()))}.npy"
+        proc = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hello world, this is a test.",
+                               "--bundle", str(massive_bundle), "--speaker-wav", str(voice), "-o",
+                               str(tmp_path / "out.wav"), "--greedy", "--max-frames", "12", "--codes-out", str(codes),
+                               *extra], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return np.load(codes)
+
+    cpu = synth()
+    guarded = synth("--target", str(target), "--placement", str(guarded_file), "--strict")
+    assert guarded.shape == cpu.shape == (12, 16) and (guarded == cpu).all()
+    all_htp = synth("--target", str(target), "--placement", "all-htp", "--strict")
+    assert (all_htp[:, 0] != cpu[:, 0]).mean() > 0.5
