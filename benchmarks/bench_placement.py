@@ -124,7 +124,8 @@ def main() -> int:
         p = choices.get(name) or builtin(name, L)
         t = time.perf_counter()
         r = validate_placement(bundle, model, p, target, frames=args.frames, greedy_frames=args.frames,
-                               modes=("xvec_nonstream",), tts=ref, layer_graphs=True, strict=True)
+                               modes=("xvec_nonstream",), tts=ref, layer_graphs=True, strict=True,
+                               headroom=False)
         secs, steps = r["seconds"] or {}, r["steps"] or {}
         row = {"placement": name, "segments": p.describe(),
                "cpu_share_prefill": cpu_share(p, "prefill"), "cpu_share_decode": cpu_share(p, "decode"),

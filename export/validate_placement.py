@@ -5,8 +5,9 @@ prompts and greedy codes with the placement (HTP parts in a child process, since
 leaks across QNN sessions of one process, see ``validate_htp``) and with everything
 on the CPU in fp32, and the report gives the metrics of ``kztts validate --target``
 (logits cosine, greedy CB0 agreement), the cosine of every segment's output against
-the same point of the fp32 run, and free-running greedy codes (Code Predictor on the
-CPU, so the Talker placement alone decides) against the all-CPU codes.
+the same point of the fp32 run, free-running greedy codes (Code Predictor on the CPU, so
+the Talker placement alone decides) against the all-CPU codes, and, when the target puts
+``cp_frame`` on the HTP, the Code Predictor's greedy codes there.
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greed
 def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placement, target=None, *,
                        frames: int = 16, greedy_frames: int | None = None, strict: bool = True,
                        modes: tuple[str, ...] = ("xvec_nonstream", "icl_stream"), language: str = "English",
-                       tts=None, layer_graphs: bool = False) -> dict:
+                       tts=None, layer_graphs: bool = False, headroom: bool = True) -> dict:
     """The placement's Talker vs the all-CPU fp32 Talker (module docstring).
 
     ``placement``: a mode, a placement file or a LayerPlacement. Keys: ``placement`` (mode,
@@ -124,7 +125,9 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
     ``greedy_codes_match`` and ``greedy_frames_equal`` (leading frames identical, per text),
     ``cpu_layer_fraction`` per phase, ``modes`` (per prompt mode). ``layer_graphs``: run the
     placement on the layer segments whatever it is (benchmarks: the same graphs for every
-    placement, and per-device timings in ``seconds``/``steps``)."""
+    placement, and per-device timings in ``seconds``/``steps``). As ``kztts validate --target``:
+    ``cp_codes_match`` when the target puts ``cp_frame`` on the HTP, and with ``headroom`` the
+    fp16 headroom of the fp32 Talker on these prompts."""
     from kztts.bundle import Bundle
     from kztts.export.checkpoint import load_reference
     from kztts.export.validate_htp import reference_sequences
@@ -190,13 +193,22 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         "talker_logits_cos_min": float(np.concatenate(cos_all).min()),
         "talker_logits_cos_mean": float(np.concatenate(cos_all).mean()),
         "talker_argmax_match": float(np.concatenate(match_all).mean()),
-        "cp_codes_match": None,  # the Code Predictor stays on the CPU here: the Talker placement is what is tested
+        "cp_codes_match": None,
         "segments": segments,
         "cpu_layer_fraction": {ph: len(placement.cpu_layers(ph)) / L for ph in ("prefill", "decode")},
         "frames": min(p["frames"] for p in per_mode), "modes": per_mode,
         "graphs": json.loads(str(got["info"])).get("graphs", {}),
         "seconds": json.loads(str(got["info"])).get("seconds"), "steps": json.loads(str(got["info"])).get("steps"),
     }
+    from kztts.export.validate_htp import _cp_codes_match, talker_fp16_headroom
+    from kztts.targets import load_target
+
+    cp = m.graphs.get("cp_frame")
+    if cp is not None and cp.variant == "static" and load_target(target).on_htp("cp_frame"):
+        fp32_runs = [(ref[f"logits_{i}"], ref[f"hidden_{i}"]) for i in range(len(seqs))]
+        report["cp_codes_match"] = _cp_codes_match(bundle_dir, target, bundle, fp32_runs, seqs, strict)
+    if headroom:
+        report.update(talker_fp16_headroom(bundle_dir, seqs))
     if greedy_frames:
         a, b = got["greedy_codes"], ref["greedy_codes"]
         same = (a == b).all(axis=2)

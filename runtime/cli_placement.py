@@ -54,7 +54,8 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0 if ok else 1
     print(f"placement {report['placement']['describe']}  [runner {report['runner']}, target {report['target']}]")
-    for k in ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "greedy_codes_match"):
+    for k in ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "greedy_codes_match",
+              "cp_codes_match", "fp16_max_abs_activation"):
         if report.get(k) is not None:
             bound = _PLACEMENT_BOUNDS.get(k)
             note = f"  ({bound[0]} {bound[1]:g}: {'ok' if _within(report[k], *bound) else 'FAIL'})" if bound else ""
