@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=16)
     ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--placements", default="all-cpu,all-htp,guarded,explicit,prefill-htp-decode-cpu")
+    ap.add_argument("--placements", default="all-cpu,guarded,all-htp,prefill-htp-decode-cpu,explicit")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     os.environ["KZTTS_THREADS"] = str(args.threads)
@@ -125,7 +125,7 @@ def main() -> int:
         t = time.perf_counter()
         r = validate_placement(bundle, model, p, target, frames=args.frames, greedy_frames=args.frames,
                                modes=("xvec_nonstream",), tts=ref, layer_graphs=True, strict=True,
-                               headroom=False)
+                               headroom=False, greedy_texts=1)
         secs, steps = r["seconds"] or {}, r["steps"] or {}
         row = {"placement": name, "segments": p.describe(),
                "cpu_share_prefill": cpu_share(p, "prefill"), "cpu_share_decode": cpu_share(p, "decode"),
@@ -140,6 +140,11 @@ def main() -> int:
                "wall_s": time.perf_counter() - t}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        write_table(out, stem, args, massive, rows)
+    return 0
+
+
+def write_table(out: Path, stem: Path, args, massive, rows: list[dict]) -> None:
     doc = {"size": args.size, "massive_layer": massive, "threads": args.threads, "frames": args.frames,
            "chunk": args.chunk, "context": args.context, "load_average": os.getloadavg(), "rows": rows}
     (out / f"{stem.name}.json").write_text(json.dumps(doc, indent=1))
@@ -155,8 +160,7 @@ def main() -> int:
                      f"| {r['logits_cos_min']:.6f} | {r['cb0_argmax_match']:.3f} | {r['greedy_codes_match']:.3f} "
                      f"({r['greedy_frames_equal']}) | {r['segment_cos_min']:.6f} |")
     (out / f"{stem.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,13 @@ def _recorder(talker) -> dict:
     return rec
 
 
-def _greedy_codes(bundle, talker, frames: int, texts=GREEDY_TEXTS) -> np.ndarray:
+def _greedy_codes(bundle, talker, frames: int, texts: tuple[str, ...] = GREEDY_TEXTS) -> np.ndarray:
     """Greedy codes of ``texts`` (x-vector voice from the synthetic recording) with ``talker``
     and the bundle's CPU Code Predictor: [len(texts), frames, 16]."""
     from kztts.audio import synthetic_voice
     from kztts.tts import TTS
 
-    tts = TTS(bundle)
-    tts.talker = talker
+    tts = TTS(bundle, talker=talker)
     voice = tts.voice_from_wav(synthetic_voice(), 24000)
     out = []
     for text in texts:
@@ -51,13 +50,13 @@ def _greedy_codes(bundle, talker, frames: int, texts=GREEDY_TEXTS) -> np.ndarray
 
 
 def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict], greedy_frames: int,
-              layer_graphs: bool = False) -> dict:
+              layer_graphs: bool = False, greedy_texts: int = len(GREEDY_TEXTS)) -> dict:
     """Teacher-forced replays, per-unit hiddens and greedy codes with ``placement`` (on the runner
     the runtime would pick, or on the layer graphs whatever the placement with ``layer_graphs``)."""
     from kztts.bundle import Bundle
     from kztts.talkers import open_talker
 
-    bundle = Bundle.open(bundle_dir)
+    bundle = Bundle.open(bundle_dir, load_graphs=False)  # only the graphs this run needs
     if layer_graphs:
         from kztts.talker_segmented import SegmentedTalker
 
@@ -74,7 +73,7 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
     if hasattr(talker, "seconds"):  # of the teacher-forced replays only
         info["seconds"], info["steps"] = dict(talker.seconds), dict(talker.steps)
     if greedy_frames:
-        arrays["greedy_codes"] = _greedy_codes(bundle, talker, greedy_frames)
+        arrays["greedy_codes"] = _greedy_codes(bundle, talker, greedy_frames, GREEDY_TEXTS[:greedy_texts])
     sessions = getattr(talker, "sessions", None) or {
         n: getattr(talker, a) for n, a in (("talker_prefill", "prefill_session"), ("talker_decode", "decode_session"))
         if hasattr(talker, a)}
@@ -88,21 +87,21 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
 
 
 def _worker(bundle_dir: str, placement: str, target: str, strict: str, src: str, dst: str, greedy: str,
-            layer_graphs: str = "0") -> None:
+            layer_graphs: str = "0", greedy_texts: str = str(len(GREEDY_TEXTS))) -> None:
     data = np.load(src)
     seqs = [{"prefill": data[f"prefill_{i}"], "decodes": data[f"decodes_{i}"]} for i in range(int(data["n"]))]
     np.savez(dst, **_run_side(bundle_dir, placement, target or None, strict == "1", seqs, int(greedy),
-                              layer_graphs == "1"))
+                              layer_graphs == "1", int(greedy_texts)))
 
 
 def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greedy_frames: int,
-               layer_graphs: bool = False, timeout: float = 3 * 3600) -> dict:
+               layer_graphs: bool = False, greedy_texts: int = len(GREEDY_TEXTS), timeout: float = 3 * 3600) -> dict:
     with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         _save_sequences(src, seqs)
         cmd = [sys.executable, "-m", "kztts.export.validate_placement", "worker", str(bundle_dir), placement_arg,
                str(target or ""), "1" if strict else "0", str(src), str(dst), str(greedy_frames),
-               "1" if layer_graphs else "0"]
+               "1" if layer_graphs else "0", str(greedy_texts)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
         if proc.returncode != 0:
             from kztts.errors import KzttsError
@@ -116,7 +115,8 @@ def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greed
 def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placement, target=None, *,
                        frames: int = 16, greedy_frames: int | None = None, strict: bool = True,
                        modes: tuple[str, ...] = ("xvec_nonstream", "icl_stream"), language: str = "English",
-                       tts=None, layer_graphs: bool = False, headroom: bool = True) -> dict:
+                       tts=None, layer_graphs: bool = False, headroom: bool = True,
+                       greedy_texts: int = len(GREEDY_TEXTS)) -> dict:
     """The placement's Talker vs the all-CPU fp32 Talker (module docstring).
 
     ``placement``: a mode, a placement file or a LayerPlacement. Keys: ``placement`` (mode,
@@ -148,8 +148,8 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         pfile = write_placement(placement, Path(tmp) / "placement.json")
         # fp32: the layer graphs on the CPU when the bundle has them (segment outputs to compare)
         ref = _run_side(str(bundle_dir), builtin("all-cpu", L), None, False, seqs, greedy_frames,
-                        layer_graphs=segmented)
-        got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames, layer_graphs)
+                        layer_graphs=segmented, greedy_texts=greedy_texts)
+        got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames, layer_graphs, greedy_texts)
 
     vocab, eos = int(m.talker["vocab"]), int(m.special_ids["codec_eos"])
     allowed = np.zeros(vocab, bool)  # what greedy CB0 can pick: the codec ids and EOS (control ids suppressed)

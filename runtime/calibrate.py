@@ -177,12 +177,11 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     if not threshold > 0:
         raise KzttsError(f"threshold must be positive, got {threshold}")
     prompts = prompts if prompts is not None else load_prompts()
-    bundle = Bundle.open(bundle_dir)
+    bundle = Bundle.open(bundle_dir, load_graphs=False)  # the graphs used are opened (and checked) below
     m = bundle.manifest
     L = int(m.talker["num_layers"])
     talker = SegmentedTalker.from_bundle(bundle, builtin("all-cpu", L))
-    tts = TTS(bundle)
-    tts.talker = talker
+    tts = TTS(bundle, talker=talker)
     layers = {ph: np.zeros((L, len(LAYER_STATS))) for ph in PHASES}
     head = {ph: np.zeros(len(HEAD_STATS)) for ph in PHASES}
     positions = {ph: 0 for ph in PHASES}

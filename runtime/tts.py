@@ -85,13 +85,14 @@ class TTS:
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
-                 placement: "str | LayerPlacement | None" = None):
+                 placement: "str | LayerPlacement | None" = None, talker=None):
         """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
         (its static graphs, exported with ``kztts export --target``), the others on the CPU.
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
         see ``kztts.placement``), overriding the target's Talker placement; a placement that
         decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
-        which runs every frame, on the CPU as well.
+        which runs every frame, on the CPU as well. ``talker``: a Talker runner to use as is
+        (any object with the ``kztts.talker.Talker`` API; validation and calibration pass theirs).
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config)
         m = self.bundle.manifest
@@ -108,8 +109,8 @@ class TTS:
 
             placement = resolve_placement(placement, int(m.talker["num_layers"]))
             decode_on_cpu = placement.uniform("decode") == "cpu"  # the Code Predictor is decode work too
-        self.talker = open_talker(self.bundle, target=self.target, placement=placement, strict=strict,
-                                  context=context)
+        self.talker = talker if talker is not None else open_talker(
+            self.bundle, target=self.target, placement=placement, strict=strict, context=context)
         if self.target is not None and self.target.on_htp("cp_frame") and not decode_on_cpu:
             from kztts.qnn import open_target_session
 
