@@ -117,15 +117,24 @@ def main() -> int:
                               PhasePlacement(tuple("cpu" if i in explicit_cpu else "htp" for i in range(L)), "htp"),
                               f"layers {explicit_cpu} on the CPU")
     choices = {"guarded": guarded, "explicit": explicit}
+    from kztts.bundle import Bundle
+    from kztts.export.validate_htp import reference_sequences
+
     ref = load_reference(model)
+    seqs = reference_sequences(Bundle.open(bundle, load_graphs=False), ref, ("xvec_nonstream",), args.frames, "English")
+    del ref  # the PyTorch model holds ~3.5 GB at 0.6B; the HTP simulator needs the memory
+    import gc
+
+    gc.collect()
+    fp32_cache: dict = {}
     cp_ms = cp_ms_per_frame(bundle)
     rows = []
     for name in args.placements.split(","):
         p = choices.get(name) or builtin(name, L)
         t = time.perf_counter()
         r = validate_placement(bundle, model, p, target, frames=args.frames, greedy_frames=args.frames,
-                               modes=("xvec_nonstream",), tts=ref, layer_graphs=True, strict=True,
-                               headroom=False, greedy_texts=1)
+                               modes=("xvec_nonstream",), seqs=seqs, fp32_cache=fp32_cache, layer_graphs=True,
+                               strict=True, headroom=False, greedy_texts=1)
         secs, steps = r["seconds"] or {}, r["steps"] or {}
         row = {"placement": name, "segments": p.describe(),
                "cpu_share_prefill": cpu_share(p, "prefill"), "cpu_share_decode": cpu_share(p, "decode"),

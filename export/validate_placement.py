@@ -116,7 +116,8 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
                        frames: int = 16, greedy_frames: int | None = None, strict: bool = True,
                        modes: tuple[str, ...] = ("xvec_nonstream", "icl_stream"), language: str = "English",
                        tts=None, layer_graphs: bool = False, headroom: bool = True,
-                       greedy_texts: int = len(GREEDY_TEXTS)) -> dict:
+                       greedy_texts: int = len(GREEDY_TEXTS), seqs: list[dict] | None = None,
+                       fp32_cache: dict | None = None) -> dict:
     """The placement's Talker vs the all-CPU fp32 Talker (module docstring).
 
     ``placement``: a mode, a placement file or a LayerPlacement. Keys: ``placement`` (mode,
@@ -127,7 +128,9 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
     placement on the layer segments whatever it is (benchmarks: the same graphs for every
     placement, and per-device timings in ``seconds``/``steps``). As ``kztts validate --target``:
     ``cp_codes_match`` when the target puts ``cp_frame`` on the HTP, and with ``headroom`` the
-    fp16 headroom of the fp32 Talker on these prompts."""
+    fp16 headroom of the fp32 Talker on these prompts. Benchmarks comparing several placements
+    pass ``seqs`` (from ``reference_sequences``) and one ``fp32_cache`` dict, so the reference
+    model and the fp32 run are not repeated."""
     from kztts.bundle import Bundle
     from kztts.export.checkpoint import load_reference
     from kztts.export.validate_htp import reference_sequences
@@ -141,14 +144,20 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
     placement = resolve_placement(placement, L)
     greedy_frames = frames if greedy_frames is None else greedy_frames
     target = str(target) if target is not None else bundle_target(bundle)
-    tts = tts if tts is not None else load_reference(Path(reference_dir))
-    seqs = reference_sequences(bundle, tts, modes, frames, language)
+    if seqs is None:
+        tts = tts if tts is not None else load_reference(Path(reference_dir))
+        seqs = reference_sequences(bundle, tts, modes, frames, language)
     segmented = segment_graph_name("prefill", 0) in m.graphs
     with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
         pfile = write_placement(placement, Path(tmp) / "placement.json")
         # fp32: the layer graphs on the CPU when the bundle has them (segment outputs to compare)
-        ref = _run_side(str(bundle_dir), builtin("all-cpu", L), None, False, seqs, greedy_frames,
-                        layer_graphs=segmented, greedy_texts=greedy_texts)
+        key = (str(bundle_dir), greedy_frames, greedy_texts, tuple(s["prefill"].tobytes().__hash__() for s in seqs))
+        ref = (fp32_cache or {}).get(key)
+        if ref is None:
+            ref = _run_side(str(bundle_dir), builtin("all-cpu", L), None, False, seqs, greedy_frames,
+                            layer_graphs=segmented, greedy_texts=greedy_texts)
+            if fp32_cache is not None:
+                fp32_cache[key] = ref
         got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames, layer_graphs, greedy_texts)
 
     vocab, eos = int(m.talker["vocab"]), int(m.special_ids["codec_eos"])
