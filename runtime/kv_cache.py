@@ -11,6 +11,16 @@ import numpy as np
 
 from kztts.errors import ContextOverflowError
 
+_ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def kv_dtype(session, input_name: str = "past_key_0") -> np.dtype:
+    """The KV element type a graph takes (float32, or float16 for ``kv-fp16`` bundle variants)."""
+    for i in session.get_inputs():
+        if i.name == input_name:
+            return np.dtype(_ORT_FLOATS.get(i.type, np.float32))
+    return np.dtype(np.float32)
+
 
 class KVCache:
     """Keys and values [1, kv_heads, context, head_dim] per layer, filled up to ``length``."""
