@@ -271,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kztts.cli_qnn import add_commands
 
     add_commands(sub)
+    from kztts.cli_bench import add_command as add_bench
+
+    add_bench(sub)
     return p
 
 
