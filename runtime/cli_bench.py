@@ -65,6 +65,28 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     return row
 
 
+_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "wall_s")
+
+
+def merge_rounds(rows: list[dict]) -> dict:
+    """One row from a configuration's rounds: timings = median over rounds of each round's
+    median, peak RSS = the largest, accuracy from the first round (it is deterministic)."""
+    import statistics
+
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return rows[0]
+    out = dict(ok[0])
+    for k in _TIMED:
+        vals = [r[k] for r in ok if r.get(k) is not None]
+        out[k] = round(statistics.median(vals), 4) if vals else None
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+    out["rounds"] = len(ok)
+    out["rounds_ms"] = {k: [r.get(k) for r in ok] for k in ("talker_ms", "cp_ms", "decoder_ms", "frame_ms")}
+    out["load_avg_before"] = [r.get("load_avg_before") for r in ok]
+    return out
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
@@ -73,7 +95,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     configs = G.grid(G.parse_list(args.weights, "weights"), G.parse_list(args.kv, "kv"),
                      G.parse_list(args.cp_mode, "cp_mode"), G.parse_list(args.decoder, "decoder"),
-                     G.parse_threads(args.threads))
+                     G.parse_threads(args.threads), G.parse_spin(args.spin))
     if args.frames < 2 or args.warmup < 0 or args.frames <= args.warmup or args.chunk < 1:
         raise KzttsError("need --frames >= 2, more frames than --warmup, and --chunk >= 1")
     import importlib.util
@@ -87,7 +109,9 @@ def run_bench(args: argparse.Namespace) -> dict:
     out = Path(args.out) if args.out else _default_out()
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=4 + len(configs) + (0 if args.no_reference else len({c.threads for c in configs})),
+    if args.rounds < 1:
+        raise KzttsError("--rounds must be >= 1")
+    steps = tqdm(total=4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds,
                  desc="bench", unit="step", disable=None, file=sys.stderr)
 
     steps.set_postfix_str("model + fp32 bundle")
@@ -129,29 +153,43 @@ def run_bench(args: argparse.Namespace) -> dict:
         raise KzttsError(f"the fp32 baseline run failed: {b['error']}")
     steps.update()
 
+    tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
+    tasks += [("kztts", c) for c in configs]
+    runs: dict = {task: [] for task in tasks}
+    for rnd in range(args.rounds):
+        # rotate the order every round, so a load burst on a shared machine does not always
+        # hit the same configurations
+        k = rnd % len(tasks)
+        for kind, what in tasks[k:] + tasks[:k]:
+            if kind == "reference":
+                steps.set_postfix_str(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
+                r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": what,
+                                                              "baseline": str(baseline)},
+                            work, f"reference_t{what}_r{rnd}", what)
+            else:
+                steps.set_postfix_str(f"{what.name} (round {rnd + 1}/{args.rounds})")
+                r = _worker("kztts.bench.worker", {**common, "bundle": str(bundles[(what.weights, what.kv, what.decoder)]),
+                                                   "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
+                                                   "baseline": str(baseline)}, work, f"{what.slug}_r{rnd}", what.threads)
+            runs[(kind, what)].append(r)
+            steps.update()
     rows: list[dict] = []
     refs: dict[int, dict] = {}
-    if not args.no_reference:
-        for t in sorted({c.threads for c in configs}):
-            steps.set_postfix_str(f"qwen-tts reference, {t} threads")
-            r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": t,
-                                                          "baseline": str(baseline)}, work, f"reference_t{t}", t)
-            r.update(kind="reference", name=f"qwen-tts PyTorch fp32/t{t}", threads=t, weights="fp32")
-            refs[t] = r
+    for kind, what in tasks:
+        if kind == "reference":
+            r = merge_rounds(runs[(kind, what)])
+            r.update(kind="reference", name=f"qwen-tts PyTorch fp32/t{what}", threads=what, weights="fp32")
+            refs[what] = r
             rows.append(r)
-            steps.update()
+    per_config = {c: runs[("kztts", c)] for c in configs}
     for c in configs:
-        steps.set_postfix_str(c.name)
-        r = _worker("kztts.bench.worker", {**common, "bundle": str(bundles[(c.weights, c.kv, c.decoder)]),
-                                           "cp_mode": c.cp_mode, "threads": c.threads, "baseline": str(baseline)},
-                    work, c.slug, c.threads)
+        r = merge_rounds(per_config[c])
         r.update(kind="kztts", **c.as_dict())
         ref = refs.get(c.threads)
-        if ref and "error" not in ref and r.get("frame_ms"):
+        if ref and "error" not in ref and "error" not in r:
             r["speedup"] = round(ref["frame_ms"] / r["frame_ms"], 3)
             r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
         rows.append(r)
-        steps.update()
     steps.close()
 
     load = os.getloadavg()
@@ -165,7 +203,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     command = (f"kztts bench {'--model-dir ' + args.model_dir if args.model_dir else '--size ' + args.size} "
                f"--weights {args.weights} --kv {args.kv} --cp-mode {args.cp_mode} --decoder {args.decoder} "
-               f"--threads {args.threads} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk}"
+               f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
@@ -194,9 +232,12 @@ def add_command(sub) -> None:
     s.add_argument("--cp-mode", default="frame,step", help="Code Predictor modes (frame,step)")
     s.add_argument("--decoder", default="fp32", help="speech decoder precisions (fp32,int8)")
     s.add_argument("--threads", default="1,2", help="thread counts (1,2)")
+    s.add_argument("--spin", default="0", help="ONNX Runtime thread spinning: 0 (default), 1, or 0,1 for both")
     s.add_argument("--frames", type=int, default=24, help="frames per timed run, EOS blocked (default 24)")
     s.add_argument("--warmup", type=int, default=4, help="frames left out of the medians (default 4)")
     s.add_argument("--chunk", type=int, default=4, help="frames per streaming-decoder call (default 4)")
+    s.add_argument("--rounds", type=int, default=1,
+                   help="run the whole grid this many times, order rotated; timings = median over rounds")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
     s.add_argument("--no-reference", action="store_true", help="skip the qwen-tts PyTorch rows")

@@ -23,10 +23,12 @@ class Config:
     cp_mode: str = "frame"
     decoder: str = "fp32"
     threads: int = 2
+    spin: bool = False  # ONNX Runtime worker threads spin between operators (SessionConfig.spinning)
 
     @property
     def name(self) -> str:
-        return f"{self.weights}/kv-{self.kv}/cp-{self.cp_mode}/dec-{self.decoder}/t{self.threads}"
+        return (f"{self.weights}/kv-{self.kv}/cp-{self.cp_mode}/dec-{self.decoder}/t{self.threads}"
+                + ("/spin" if self.spin else ""))
 
     @property
     def slug(self) -> str:
@@ -55,7 +57,15 @@ def parse_threads(raw: str) -> list[int]:
     return values
 
 
-def grid(weights, kv, cp_mode, decoder, threads) -> list[Config]:
+def parse_spin(raw: str) -> list[bool]:
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not values or any(v not in ("0", "1") for v in values):
+        raise KzttsError(f"--spin {raw!r}: give 1 (spinning threads), 0, or 1,0")
+    return [v == "1" for v in values]
+
+
+def grid(weights, kv, cp_mode, decoder, threads, spin=(False,)) -> list[Config]:
     """Every combination, in a stable order (threads outermost, so runs sharing a thread count
     sit together)."""
-    return [Config(w, k, m, d, t) for t, w, k, m, d in itertools.product(threads, weights, kv, cp_mode, decoder)]
+    return [Config(w, k, m, d, t, s) for t, w, k, m, d, s
+            in itertools.product(threads, weights, kv, cp_mode, decoder, spin)]

@@ -86,7 +86,8 @@ def run(spec: dict) -> dict:
     from kztts.tts import TTS, Voice
 
     t_open = time.perf_counter()
-    bundle = Bundle.open(spec["bundle"], SessionConfig(threads=int(spec["threads"])), load_graphs=False)
+    cfg = SessionConfig(threads=int(spec["threads"]), spinning=bool(spec.get("spin", False)))
+    bundle = Bundle.open(spec["bundle"], cfg, load_graphs=False)
     counters = {}
     for name in _graphs(spec["cp_mode"]):
         counters[name] = CountingSession(bundle.session(name))
