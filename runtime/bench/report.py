@@ -25,6 +25,8 @@ COLUMNS = [
     ("speedup", "speed-up vs ref", "{:.2f}x"),
     ("talker_cos_min", "talker cos min", "{:.6f}"),
     ("cp_cos_min", "CP cos min", "{:.6f}"),
+    ("talker_argmax_agreement", "talker argmax TF", "{:.3f}"),
+    ("cp_argmax_agreement", "CP argmax TF", "{:.3f}"),
     ("code_agreement", "codes equal", "{:.4f}"),
     ("snr_db", "audio SNR dB", "{:.1f}"),
 ]
