@@ -288,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_qnn.add_commands(sub)
     cli_placement.add_commands(sub)
+    from kztts.cli_bench import add_command as add_bench
+
+    add_bench(sub)
     return p
 
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from kztts.errors import BundleError, KzttsError
-from kztts.kv_cache import KVCache
+from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
 from kztts.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
 
@@ -66,10 +66,11 @@ class CodePredictor:
             raise BundleError(f"code predictor / talker config lacks or mangles {exc}; re-export the bundle") from exc
         positions = self.num_groups + 1  # [h, C(c0)] then c1..c14
         self._cos, self._sin = rope_tables(positions, self.head_dim, self.rope_theta)
-        self._kv = KVCache(self.num_layers, self.num_kv_heads, self.head_dim, positions)
         self._step_outputs = ["logits"] + [f"new_{kind}_{i}" for i in range(self.num_layers)
                                            for kind in ("key", "value")]
-        self.session  # open the mode's graph now: a broken bundle fails here, not mid-generation
+        session = self.session  # open the mode's graph now: a broken bundle fails here, not mid-generation
+        dtype = kv_dtype(session) if mode == "step" else np.float32
+        self._kv = KVCache(self.num_layers, self.num_kv_heads, self.head_dim, positions, dtype)
 
     @classmethod
     def from_bundle(cls, bundle, mode: str = "frame", embeddings: CodecLookup | None = None) -> "CodePredictor":

@@ -34,12 +34,21 @@ def _default_threads() -> int:
     return threads
 
 
+def _default_spinning() -> bool:
+    raw = os.environ.get("KZTTS_SPIN", "0")
+    if raw not in ("0", "1"):
+        raise KzttsError(f"KZTTS_SPIN={raw!r} is not valid: expected 0 or 1")
+    return raw == "1"
+
+
 @dataclass(frozen=True)
 class SessionConfig:
-    """How graphs are run. ``threads`` 0 lets ONNX Runtime choose (``$KZTTS_THREADS`` sets the default)."""
+    """How graphs are run. ``threads`` 0 lets ONNX Runtime choose (``$KZTTS_THREADS`` sets the default);
+    ``spinning``: worker threads busy-wait between a run's operators (``$KZTTS_SPIN``, default 0)."""
 
     threads: int = field(default_factory=_default_threads)
     optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
+    spinning: bool = field(default_factory=_default_spinning)
 
 
 _OPT_LEVELS = {
@@ -56,9 +65,13 @@ def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
     if cfg.threads:
         so.intra_op_num_threads = cfg.threads
         so.inter_op_num_threads = 1
-    # The frame loop alternates several sessions and numpy work: a session's threads
-    # spinning after its run would steal the cores the next stage needs.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # A Talker / Code Predictor run is ~1000-3000 small operators at M = 1: without spinning
+    # the worker thread sleeps between them and each wake-up costs tens of microseconds (on an
+    # idle machine, int4 Talker decode 38 -> 26 ms and cp_frame 96 -> 72 ms at 0.6B with 2
+    # threads). But spinning threads hold their cores: with another process running, or the
+    # next stage's session waiting, it was 1.5-2x slower (kztts bench --spin 1,0). So off by
+    # default; KZTTS_SPIN=1 for a machine that runs nothing else.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if cfg.spinning else "0")
     so.log_severity_level = 3  # ORT warnings about unused initializers etc. are noise for users
     return so
 

@@ -5,7 +5,7 @@ import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import KzttsError
-from kztts.kv_cache import KVCache
+from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
 
 DEFAULT_CONTEXT = 4096
@@ -28,7 +28,7 @@ class Talker:
         limit = int(config["max_positions"])
         if not 0 < context <= limit:
             raise KzttsError(f"talker context {context} must be in 1..{limit} (the model's max positions)")
-        self.kv = KVCache(self.num_layers, int(config["num_kv_heads"]), head_dim, context)
+        self.kv = KVCache(self.num_layers, int(config["num_kv_heads"]), head_dim, context, kv_dtype(session))
         self._cos, self._sin = rope_tables(context, head_dim, float(config["rope_theta"]))
         self._out_names = ["logits", "hidden"] + [
             f"new_{kind}_{i}" for i in range(self.num_layers) for kind in ("key", "value")]

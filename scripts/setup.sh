@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[export,qnn,test]'
+.venv/bin/python -m pip install -q -e '.[export,qnn,bench,test]'
 .venv/bin/python -m pip install -q --no-deps qwen-tts==0.1.1
 .venv/bin/python -c "import kztts, kztts.export.qwen_import as q; q.import_qwen_tts(); print('kztts', kztts.__version__, 'ready in .venv')"

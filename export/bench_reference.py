@@ -1,0 +1,135 @@
+"""The reference row of ``kztts bench``: qwen-tts PyTorch, in its own process.
+
+``python -m kztts.export.bench_reference SPEC.json``. Same checkpoint, same text, language and
+x-vector as the kztts rows, greedy (``do_sample=False``, ``subtalker_dosample=False``), the same
+frame count with EOS blocked (``min_new_tokens`` raised to the frame count), the same threads
+(``torch.set_num_threads``). Timing comes from wrappers around qwen-tts's own calls inside
+``generate``: every ``talker.forward`` (the first is the prefill; a decode step's forward
+runs ``code_predictor.generate`` first, whose time is split off) and
+``speech_tokenizer.decode`` for the audio. Accuracy against the fp32 kztts baseline: greedy
+codes, teacher-forced Talker and Code Predictor logits on the baseline's codes, and the
+reference decoder's audio for those codes.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kztts.bench import metrics
+
+log = logging.getLogger(__name__)
+
+
+def _wrap(obj, name: str, sink: list[float], inner: list[float] | None = None, split: list[float] | None = None):
+    """Time every call of ``obj.name``; with ``inner``, also record how much of it was spent in
+    calls logged to ``inner`` during it (``split``)."""
+    fn = getattr(obj, name)
+
+    @functools.wraps(fn)  # generate() inspects forward's signature to validate its kwargs
+    def wrapper(*args, **kwargs):
+        before = sum(inner) if inner is not None else 0.0
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        sink.append(time.perf_counter() - t)
+        if split is not None:
+            split.append(sum(inner) - before)
+        return out
+
+    setattr(obj, name, wrapper)
+    return fn
+
+
+@torch.no_grad()
+def run(spec: dict) -> dict:
+    from kztts.export.checkpoint import load_reference
+    from kztts.export.reference import teacher_forced_code_predictor, teacher_forced_talker
+
+    torch.set_num_threads(int(spec["threads"]))
+    tts = load_reference(spec["model_dir"])  # imports qwen_tts through the torchaudio/sox shim
+    from qwen_tts.inference.qwen3_tts_model import VoiceClonePromptItem
+
+    model = tts.model
+    frames, warmup = int(spec["frames"]), int(spec["warmup"])
+    xvec = torch.from_numpy(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
+    item = VoiceClonePromptItem(ref_code=None, ref_spk_embedding=xvec, x_vector_only_mode=True, icl_mode=False)
+    vcp = tts._prompt_items_to_voice_clone_prompt([item])
+    input_ids = tts._tokenize_texts([tts._build_assistant_text(spec["text"])])
+    language = spec.get("language") or "Auto"
+
+    talker, cp = model.talker, model.talker.code_predictor
+    fwd, cp_times, cp_in_fwd = [], [], []
+    _wrap(cp, "generate", cp_times)
+    _wrap(talker, "forward", fwd, inner=cp_times, split=cp_in_fwd)
+    captured: dict = {}
+    original_generate = talker.generate
+
+    def talker_generate(*args, **kwargs):
+        kwargs["min_new_tokens"] = kwargs["max_new_tokens"]  # EOS blocked: every run makes the same frames
+        captured.update(prefill=kwargs["inputs_embeds"].clone(), trailing=kwargs["trailing_text_hidden"].clone(),
+                        tts_pad=kwargs["tts_pad_embed"].clone())
+        return original_generate(*args, **kwargs)
+
+    talker.generate = talker_generate
+
+    def generate(n: int):
+        kw = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=n + 1)
+        t = time.perf_counter()
+        codes, _ = model.generate(input_ids=input_ids, voice_clone_prompt=vcp, languages=[language],
+                                  non_streaming_mode=True, **kw)
+        return codes[0], time.perf_counter() - t
+
+    generate(max(warmup, 1))
+    fwd.clear(), cp_times.clear(), cp_in_fwd.clear()
+    codes_t, gen_s = generate(frames)
+    codes = codes_t.numpy()
+    talker_s = [f - c for f, c in zip(fwd[1:], cp_in_fwd[1:])]
+    t = time.perf_counter()
+    wavs, _ = model.speech_tokenizer.decode([{"audio_codes": codes_t}])
+    dec_s = time.perf_counter() - t
+    peak = metrics.peak_rss_mb()
+    row = {
+        "prefill_ms": round(fwd[0] * 1e3, 3),
+        "prefill_positions": int(captured["prefill"].shape[1]),
+        "talker_ms": metrics.median_ms(talker_s, warmup),
+        "cp_ms": metrics.median_ms(cp_times, warmup),
+        "decoder_ms": round(dec_s * 1e3 / max(len(codes), 1), 3),
+        "ttfa_ms": None,  # qwen-tts 0.1.1 has no streaming decode
+        "wall_s": round(gen_s + dec_s, 3),
+        "audio_s": round(len(wavs[0]) / 24000, 3),
+        "peak_rss_mb": peak,
+        "runs_per_frame": None,
+        "frames": int(len(codes)),
+    }
+    row["rtf"] = round(row["wall_s"] / row["audio_s"], 4) if row["audio_s"] else None
+    row["frame_ms"] = round(row["talker_ms"] + row["cp_ms"] + row["decoder_ms"], 3)
+    row["frame_rtf"] = round(row["frame_ms"] / 80.0, 4)
+    row["times_ms"] = {"talker": [round(x * 1e3, 3) for x in talker_s], "code_predictor": [round(x * 1e3, 3) for x in cp_times]}
+
+    base = dict(np.load(spec["baseline"]))
+    g = base["codes"]
+    tf_logits, _ = teacher_forced_talker(model, captured["prefill"][0].numpy(), captured["trailing"][0].numpy(),
+                                         captured["tts_pad"].reshape(-1).numpy(), g[:-1])
+    tf_cp = teacher_forced_code_predictor(model, base["talker_hidden"], g)
+    wav_g, _ = model.speech_tokenizer.decode([{"audio_codes": torch.as_tensor(g)}])
+    row.update(metrics.accuracy(codes, tf_logits, tf_cp, wav_g[0], wavs[0], base))
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(argv[0]).read_text())
+    row = run(spec)
+    Path(spec["out"]).write_text(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

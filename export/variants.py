@@ -1,0 +1,281 @@
+"""Precision variants of an exported bundle: int8 / int4 weights, fp16 KV-cache I/O, int8 decoder.
+
+A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
+changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
+
+- weights ``int8`` / ``int4``: every MatMul with a constant weight in ``talker``,
+  ``cp_step`` (the 15 heads inside the ``If`` tree included) and ``cp_frame`` becomes a
+  ``com.microsoft.MatMulNBits`` (``onnxruntime.quantization.matmul_nbits_quantizer``,
+  round-to-nearest, blocks of 128 along K). ``accuracy_level`` 4 lets ONNX Runtime
+  quantize the activation row to int8 and use its integer kernels: at M = 1 the
+  frame is bound by weight bandwidth, and this is what reads 4 or 8 bits per weight
+  instead of 32.
+- kv ``fp16``: the KV inputs/outputs of ``talker`` and ``cp_step`` become float16 (a
+  Cast at each end; the attention still runs in fp32), halving the host's KV buffers and
+  the bytes moved per step.
+- decoder ``int8``: ``decoder`` and ``decoder_stream`` with their MatMuls (transformer,
+  projections) as 8-bit MatMulNBits; its convolutions stay fp32 (ONNX Runtime's int8
+  ``ConvInteger`` is slower than its fp32 convolution on x86).
+
+Changed graphs get the export id ``<base id>-<tag>`` so a graph copied from another variant
+is refused at open; unchanged graphs keep the base's entries. The manifest gains
+``variant`` = {base, weights, kv, decoder}.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = ("fp32", "int8", "int4")
+KV_DTYPES = ("fp32", "fp16")
+DECODER_PRECISIONS = ("fp32", "int8")
+WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame")
+KV_GRAPHS = ("talker", "cp_step")
+DECODER_GRAPHS = ("decoder", "decoder_stream")
+BLOCK_SIZE = 128
+ACCURACY_LEVEL = 4  # int8 activations: ONNX Runtime's integer MatMulNBits kernels
+
+
+def variant_tag(weights: str, kv: str, decoder: str = "fp32") -> str:
+    """Short name of a variant, e.g. ``w-int4.kv-fp16.dec-fp32``."""
+    _check(weights, kv, decoder)
+    return f"w-{weights}.kv-{kv}.dec-{decoder}"
+
+
+def _check(weights: str, kv: str, decoder: str) -> None:
+    from kztts.errors import KzttsError
+
+    for what, value, allowed in (("weights", weights, WEIGHTS), ("kv", kv, KV_DTYPES),
+                                 ("decoder", decoder, DECODER_PRECISIONS)):
+        if value not in allowed:
+            raise KzttsError(f"{what} precision {value!r} is not one of {', '.join(allowed)}")
+
+
+# ---------------------------------------------------------------- graph rewrites
+def quantize_matmuls(model, bits: int, *, block_size: int = BLOCK_SIZE, accuracy_level: int = ACCURACY_LEVEL,
+                     symmetric: bool | None = None):
+    """``model`` (onnx.ModelProto) with its constant-weight MatMuls as ``bits``-bit MatMulNBits.
+
+    Symmetric for 8 bits (no zero points to read), asymmetric for 4 bits (the zero point
+    buys accuracy where 16 levels are all there is), unless ``symmetric`` says otherwise."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    _fold_weight_identities(model.graph)
+    sym = (bits == 8) if symmetric is None else symmetric
+    cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=sym, accuracy_level=accuracy_level,
+                                       bits=bits)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=sym,
+                             accuracy_level=accuracy_level, algo_config=cfg)
+    qlog = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = qlog.level
+    qlog.setLevel(logging.WARNING)  # it logs every node it visits at INFO
+    try:
+        q.process()
+    finally:
+        qlog.setLevel(level)
+    out = q.model.model
+    _share_quantized_weights(out.graph, bits)
+    return out
+
+
+def _fold_weight_identities(graph) -> int:
+    """Let MatMuls read shared weights directly: the TorchScript exporter reaches a weight used
+    by several unrolled steps (``cp_frame``) through ``Identity`` nodes, which the quantizer does
+    not look through (those MatMuls would stay fp32). Returns the number of nodes removed."""
+    inits = {i.name for i in graph.initializer}
+    alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
+    outputs = {o.name for o in graph.output}
+    alias = {k: v for k, v in alias.items() if k not in outputs}
+    if not alias:
+        return 0
+    keep = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for n in keep:
+        for i, name in enumerate(n.input):
+            if name in alias:
+                n.input[i] = alias[name]
+    del graph.node[:]
+    graph.node.extend(keep)
+    return len(alias)
+
+
+def _share_quantized_weights(graph, bits: int) -> int:
+    """Turn the MatMuls left on a weight the quantizer already packed for another MatMul
+    (it quantizes each initializer once, then drops it) into MatMulNBits over the same
+    packed weight. Returns the number of nodes rewritten."""
+    from onnx import helper
+
+    inits = {i.name for i in graph.initializer}
+    packed = {}
+    for n in graph.node:
+        if n.op_type == "MatMulNBits" and n.input[1].endswith(f"_Q{bits}"):
+            packed.setdefault(n.input[1][: -len(f"_Q{bits}")], n)
+    count = 0
+    nodes = []
+    for n in graph.node:
+        src = packed.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        if src is not None and n.input[1] not in inits:
+            attrs = {a.name: helper.get_attribute_value(a) for a in src.attribute}
+            n = helper.make_node("MatMulNBits", [n.input[0], *src.input[1:]], list(n.output),
+                                 name=n.name + f"_Q{bits}", domain="com.microsoft", **attrs)
+            count += 1
+        nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
+
+
+def _rename_uses(graph, old: str, new: str) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+    for vi in graph.value_info:
+        if vi.name == old:
+            vi.name = new
+
+
+def fp16_kv_io(model, prefixes: tuple[str, ...] = ("past_key_", "past_value_"),
+               out_prefixes: tuple[str, ...] = ("new_key_", "new_value_")):
+    """Make the KV graph inputs/outputs float16: Cast to float32 after each input, Cast to
+    float16 before each output. The arithmetic in between is unchanged."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    casts = []
+    for inp in g.input:
+        if inp.name.startswith(prefixes) and inp.type.tensor_type.elem_type == TensorProto.FLOAT:
+            inner = inp.name + "_f32"
+            _rename_uses(g, inp.name, inner)
+            inp.type.tensor_type.elem_type = TensorProto.FLOAT16
+            casts.append(helper.make_node("Cast", [inp.name], [inner], to=TensorProto.FLOAT,
+                                          name=f"kv_in_cast_{inp.name}"))
+    for out in g.output:
+        if out.name.startswith(out_prefixes) and out.type.tensor_type.elem_type == TensorProto.FLOAT:
+            inner = out.name + "_f32"
+            for node in g.node:
+                for i, name in enumerate(node.output):
+                    if name == out.name:
+                        node.output[i] = inner
+            _rename_uses(g, out.name, inner)
+            out.type.tensor_type.elem_type = TensorProto.FLOAT16
+            casts.append(helper.make_node("Cast", [inner], [out.name], to=TensorProto.FLOAT16,
+                                          name=f"kv_out_cast_{out.name}"))
+    if not casts:
+        raise ValueError("no float32 KV inputs/outputs to convert")
+    # inputs' casts first so the node list stays topologically sorted
+    first = [c for c in casts if c.name.startswith("kv_in_")]
+    last = [c for c in casts if c.name.startswith("kv_out_")]
+    nodes = first + list(g.node) + last
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _save(model, path: Path) -> None:
+    import onnx
+
+    big = model.ByteSize() > 1_800_000_000
+    onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=path.name + ".data" if big else None)
+
+
+# ---------------------------------------------------------------- bundles
+def _link_tree(src: Path, dst: Path, skip: set[str]) -> None:
+    """Hard-link every file of ``src`` into ``dst`` (copy across file systems), except ``skip``."""
+    for f in src.rglob("*"):
+        rel = f.relative_to(src).as_posix()
+        if f.is_dir() or rel in skip or rel == "kztts.json":
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, target)
+        except OSError:
+            shutil.copy2(f, target)
+
+
+def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv: str = "fp32",
+                 decoder: str = "fp32") -> Path:
+    """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
+    import onnx
+
+    from kztts.export.bundle_writer import graph_spec
+    from kztts.manifest import read_manifest, write_manifest
+
+    _check(weights, kv, decoder)
+    base, out = Path(base), Path(out)
+    manifest = read_manifest(base)
+    data = json.loads(json.dumps(manifest.data))
+    tag = variant_tag(weights, kv, decoder)
+    changes: dict[str, list[str]] = {}
+    for name in WEIGHT_GRAPHS if weights != "fp32" else ():
+        changes.setdefault(name, []).append(weights)
+    for name in KV_GRAPHS if kv != "fp32" else ():
+        changes.setdefault(name, []).append("kv-fp16")
+    for name in DECODER_GRAPHS if decoder != "fp32" else ():
+        changes.setdefault(name, []).append(decoder)
+    changes = {n: c for n, c in changes.items() if n in manifest.graphs}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _link_tree(base, work, {manifest.graphs[n].file for n in changes})
+        for name, what in changes.items():
+            spec = manifest.graphs[name]
+            model = onnx.load(str(base / spec.file))
+            del model.metadata_props[:]  # re-stamped below with this variant's export id
+            precision = spec.precision
+            bits = {"int8": 8, "int4": 4}.get(what[0])
+            if bits is not None:
+                log.info("%s: %d-bit MatMulNBits", name, bits)
+                model = quantize_matmuls(model, bits)
+                precision = what[0]
+            if "kv-fp16" in what:
+                model = fp16_kv_io(model)
+            _save(model, work / spec.file)
+            del model
+            export_id = f"{spec.extra.get('export_id', 'unbundled')}-{tag}"
+            new = graph_spec(work, name, spec.file, spec.variant, precision, export_id).to_json()
+            keep = {k: v for k, v in spec.extra.items() if k not in ("bytes", "export_id")}
+            new.update(keep)
+            if name in KV_GRAPHS:
+                new["kv_dtype"] = kv
+            data["graphs"][name] = new
+        data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
+        write_manifest(work, data)
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+
+
+def _variant_code_key() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
+
+
+def cached_variant(base: str | Path, *, weights: str, kv: str = "fp32", decoder: str = "fp32") -> Path:
+    """The variant of an exported bundle, built once next to it (keyed by this module's code).
+    ``weights="fp32", kv="fp32", decoder="fp32"`` is the base itself."""
+    import fcntl
+
+    _check(weights, kv, decoder)
+    base = Path(base).resolve()
+    if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
+        return base
+    out = base.parent / f"{base.name}.{variant_tag(weights, kv, decoder)}-{_variant_code_key()}"
+    with open(base.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "kztts.json").is_file():
+            for stale in base.parent.glob(f"{base.name}.{variant_tag(weights, kv, decoder)}-*"):
+                shutil.rmtree(stale, ignore_errors=True)  # older variant code, same base
+            make_variant(base, out, weights=weights, kv=kv, decoder=decoder)
+    return out

@@ -1,0 +1,71 @@
+"""Accuracy and timing summaries shared by the bench workers (numpy only)."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of matching rows (last axis), float64."""
+    a = np.asarray(a, np.float64).reshape(-1, np.shape(a)[-1])
+    b = np.asarray(b, np.float64).reshape(-1, np.shape(b)[-1])
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.sum(a * b, axis=1) / np.maximum(den, 1e-30)
+
+
+def snr_db(signal: np.ndarray, reference: np.ndarray) -> float:
+    """10 log10(|ref|^2 / |signal - ref|^2); inf when identical."""
+    ref = np.asarray(reference, np.float64)
+    err = np.asarray(signal, np.float64) - ref
+    noise = float(np.sum(err * err))
+    if noise == 0.0:
+        return float("inf")
+    return float(10.0 * np.log10(max(float(np.sum(ref * ref)), 1e-30) / noise))
+
+
+def agreement(codes: np.ndarray, reference: np.ndarray) -> float:
+    """Fraction of equal codes over the common frames (frames missing on either side count as different)."""
+    a, b = np.asarray(codes), np.asarray(reference)
+    n = max(a.shape[0], b.shape[0])
+    if n == 0:
+        return 1.0
+    m = min(a.shape[0], b.shape[0])
+    return float((a[:m] == b[:m]).sum()) / float(n * b.shape[1])
+
+
+def median_ms(seconds: list[float], skip: int = 0) -> float | None:
+    """Median in ms of ``seconds[skip:]`` (all of them if fewer remain)."""
+    xs = seconds[skip:] if len(seconds) > skip else seconds
+    return round(statistics.median(xs) * 1e3, 3) if xs else None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024.0, 1)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def accuracy(codes, tf_talker, tf_cp, wav_on_base, wav_own, base: dict) -> dict:
+    """The accuracy columns against the baseline arrays (``base``: codes, talker_logits,
+    cp_logits, wav)."""
+    out = {"code_agreement": agreement(codes, base["codes"])}
+    if tf_talker is not None:
+        c = cosine_rows(tf_talker, base["talker_logits"])
+        out.update(talker_cos_min=float(c.min()), talker_cos_mean=float(c.mean()),
+                   talker_argmax_agreement=float(np.mean(np.argmax(tf_talker, -1) == np.argmax(base["talker_logits"], -1))))
+    if tf_cp is not None:
+        c = cosine_rows(tf_cp, base["cp_logits"])
+        out.update(cp_cos_min=float(c.min()), cp_cos_mean=float(c.mean()),
+                   cp_argmax_agreement=float(np.mean(np.argmax(tf_cp, -1) == np.argmax(base["cp_logits"], -1))))
+    if wav_on_base is not None:
+        out["snr_db"] = snr_db(wav_on_base, base["wav"])
+    if wav_own is not None:
+        n = min(len(wav_own), len(base["wav"]))
+        out["e2e_snr_db"] = snr_db(wav_own[:n], base["wav"][:n])
+    return out

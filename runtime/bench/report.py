@@ -1,0 +1,112 @@
+"""The bench's outputs: ``results.json``, ``results.csv``, ``results.md`` and ``pareto.png``."""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# (key, header, format) of the table columns, speed first, then accuracy
+COLUMNS = [
+    ("name", "configuration", "{}"),
+    ("prefill_ms", "prefill ms", "{:.1f}"),
+    ("talker_ms", "talker ms/frame", "{:.1f}"),
+    ("cp_ms", "CP ms/frame", "{:.1f}"),
+    ("decoder_ms", "decoder ms/frame", "{:.1f}"),
+    ("frame_ms", "frame ms", "{:.1f}"),
+    ("frame_rtf", "RTF (frame)", "{:.3f}"),
+    ("rtf", "RTF (run)", "{:.3f}"),
+    ("ttfa_ms", "first audio ms", "{:.0f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+    ("runs_per_frame", "runs/frame", "{:.2f}"),
+    ("speedup", "speed-up vs ref", "{:.2f}x"),
+    ("talker_cos_min", "talker cos min", "{:.6f}"),
+    ("cp_cos_min", "CP cos min", "{:.6f}"),
+    ("talker_argmax_agreement", "talker argmax TF", "{:.3f}"),
+    ("cp_argmax_agreement", "CP argmax TF", "{:.3f}"),
+    ("code_agreement", "codes equal", "{:.4f}"),
+    ("snr_db", "audio SNR dB", "{:.1f}"),
+]
+
+
+def _fmt(value, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    lines = [header, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|" + "|".join("---" if k == "name" else "---:" for k, _, _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(k), f) for k, _, f in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    keys = [k for k, _, _ in COLUMNS] + sorted({k for r in rows for k in r} - {k for k, _, _ in COLUMNS}
+                                               - {"times_ms", "runs", "error"})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in keys})
+
+
+def pareto(rows: list[dict], path: Path, title: str) -> None:
+    """Accuracy (greedy code agreement, and audio SNR) against the frame real-time factor;
+    the Pareto front (no row both faster and more accurate) is joined by a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, key, label in ((axes[0], "code_agreement", "greedy codes equal to fp32 bundle"),
+                           (axes[1], "talker_cos_min", "teacher-forced talker logits cosine (min)")):
+        pts = [(r["frame_rtf"], r[key], r) for r in rows if r.get("frame_rtf") is not None and r.get(key) is not None]
+        for x, y, r in pts:
+            ref = r.get("kind") == "reference"
+            ax.scatter([x], [y], marker="*" if ref else "o", s=120 if ref else 40,
+                       color="black" if ref else f"C{['fp32', 'int8', 'int4'].index(r.get('weights', 'fp32'))}")
+            ax.annotate(r["name"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        front, best = [], -math.inf
+        for x, y, _ in sorted(pts, key=lambda p: (p[0], -p[1])):
+            if y > best:
+                front.append((x, y))
+                best = y
+        if front:
+            ax.plot(*zip(*front), "--", color="grey", linewidth=1)
+        ax.axvline(1.0, color="red", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("real-time factor per frame (talker + CP + decoder) / 80 ms; < 1 is faster than real time")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title + "\n(blue fp32, orange int8, green int4, star qwen-tts PyTorch)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(rows: list[dict], meta: dict, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "md": out_dir / "results.md",
+             "png": out_dir / "pareto.png"}
+    table = markdown(rows, meta["header"])
+    paths["json"].write_text(json.dumps({**meta, "rows": rows, "table": table}, indent=1, default=str) + "\n")
+    write_csv(rows, paths["csv"])
+    paths["md"].write_text(table)
+    try:
+        pareto(rows, paths["png"], meta["header"].splitlines()[0])
+    except ImportError:
+        log.warning("matplotlib is not installed: no Pareto plot (pip install matplotlib)")
+        paths.pop("png")
+    return paths

@@ -1,0 +1,192 @@
+"""One kztts benchmark configuration, in its own process: ``python -m kztts.bench.worker SPEC.json``.
+
+A process per configuration gives each its own peak RSS (VmHWM) and leaves no session of
+another configuration in memory. numpy + ONNX Runtime only.
+
+1. Open only the graphs the configuration runs (Talker, the Code Predictor graph of its
+   mode, ``decoder_stream``), each wrapped to count its runs.
+2. Warm-up pass, then the timed pass: ``TTS.stream`` greedy, EOS blocked for every frame
+   (``min_new_tokens`` = frames), so every configuration produces the same number of frames;
+   per-call times of prefill, Talker decode, Code Predictor and decoder pushes. Peak RSS
+   is read here, before the accuracy pass opens anything else.
+3. Accuracy on the baseline's codes G (the fp32 bundle, or this run's own codes when this
+   is the baseline): teacher-forced Talker logits, teacher-forced ``cp_step`` logits from
+   the baseline's hidden states, and the decoder's audio for G.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from kztts.bench import metrics
+
+log = logging.getLogger(__name__)
+
+
+class CountingSession:
+    """An ONNX Runtime session that counts its runs (everything else is delegated)."""
+
+    def __init__(self, session):
+        self._session = session
+        self.runs = 0
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        return self._session.run(*args, **kwargs)
+
+    def run_with_iobinding(self, *args, **kwargs):
+        self.runs += 1
+        return self._session.run_with_iobinding(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def _timed(obj, name: str, sink: list[float]) -> None:
+    """Replace ``obj.name`` by a wrapper appending each call's duration to ``sink``."""
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        sink.append(time.perf_counter() - t)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def _graphs(cp_mode: str) -> list[str]:
+    return ["talker", "cp_frame" if cp_mode == "frame" else "cp_step", "decoder_stream"]
+
+
+def _teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Talker logits [F, V] and hidden [F, H]: after the prefill, then after feeding frames 0..F-2."""
+    logits, hidden = tts.talker.prefill(prompt.embeds)
+    out_l, out_h = [logits], [hidden]
+    for k in range(codes.shape[0] - 1):
+        text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
+        logits, hidden = tts.talker.decode((tts.tables.codec_sum(codes[k]) + text).astype(np.float32))
+        out_l.append(logits)
+        out_h.append(hidden)
+    return np.stack(out_l), np.stack(out_h)
+
+
+def run(spec: dict) -> dict:
+    """Run one configuration; return its result row (see module docstring)."""
+    from kztts.bundle import Bundle
+    from kztts.code_predictor import CodePredictor
+    from kztts.codec import Decoder
+    from kztts.sessions import SessionConfig
+    from kztts.tts import TTS, Voice
+
+    t_open = time.perf_counter()
+    cfg = SessionConfig(threads=int(spec["threads"]), spinning=bool(spec.get("spin", False)))
+    bundle = Bundle.open(spec["bundle"], cfg, load_graphs=False)
+    counters = {}
+    for name in _graphs(spec["cp_mode"]):
+        counters[name] = CountingSession(bundle.session(name))
+        bundle._sessions[name] = counters[name]
+    tts = TTS(bundle, cp_mode=spec["cp_mode"])
+    open_s = time.perf_counter() - t_open
+    voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
+    frames, warmup, chunk = int(spec["frames"]), int(spec["warmup"]), int(spec["chunk"])
+    settings = tts.default_settings().greedy()
+
+    times: dict[str, list[float]] = {"prefill": [], "talker": [], "code_predictor": [], "decoder": []}
+    _timed(tts.talker, "prefill", times["prefill"])
+    _timed(tts.talker, "decode", times["talker"])
+    _timed(tts.code_predictor, "predict", times["code_predictor"])
+    dec = tts._streaming_decoder()
+    pushes: list[int] = []
+    push = dec.push
+
+    def counted_push(codes):
+        pushes.append(len(codes))
+        return push(codes)
+
+    dec.push = counted_push
+    _timed(dec, "push", times["decoder"])
+
+    def stream(n: int) -> tuple[np.ndarray, object, float]:
+        s = replace(settings, max_frames=n, min_new_tokens=n)  # EOS blocked: every run makes n frames
+        holder: dict = {}
+        t = time.perf_counter()
+        audio = list(tts.stream(spec["text"], voice, language=spec.get("language"), greedy=True, settings=s,
+                                chunk_frames=chunk, result=holder))
+        return np.concatenate(audio), holder["result"], time.perf_counter() - t
+
+    stream(max(warmup, 1))  # warm-up pass: first-run allocations, page faults, thread start
+    for v in times.values():
+        v.clear()
+    pushes.clear()
+    runs_before = {n: c.runs for n, c in counters.items()}
+    audio, result, wall = stream(frames)
+    runs = {n: c.runs - runs_before[n] for n, c in counters.items()}
+    for _ in range(int(spec.get("prefill_repeats", 3))):  # more prefill samples (the cache is reset by it)
+        tts.talker.prefill(tts._prompt(spec["text"], voice, spec.get("language"), False).embeds)
+    peak = metrics.peak_rss_mb()
+    if result.frames != frames:
+        raise RuntimeError(f"expected {frames} frames, got {result.frames}")
+
+    dec_per_frame = [t / n for t, n in zip(times["decoder"], pushes)]
+    skip_pushes = -(-warmup // chunk)
+    row = {
+        "prefill_ms": metrics.median_ms(times["prefill"][1:] or times["prefill"]),
+        "prefill_positions": int(tts._prompt(spec["text"], voice, spec.get("language"), False).embeds.shape[0]),
+        "talker_ms": metrics.median_ms(times["talker"], warmup),
+        "cp_ms": metrics.median_ms(times["code_predictor"], warmup),
+        "decoder_ms": metrics.median_ms(dec_per_frame, skip_pushes),
+        "ttfa_ms": round(result.times.first_audio * 1e3, 1),
+        "wall_s": round(wall, 3),
+        "audio_s": round(result.audio_seconds, 3),
+        "rtf": round(wall / result.audio_seconds, 4),
+        "peak_rss_mb": peak,
+        "runs_per_frame": round(sum(runs.values()) / frames, 3),
+        "runs": runs,
+        "open_s": round(open_s, 2),
+        "frames": frames,
+    }
+    row["frame_ms"] = round(row["talker_ms"] + row["cp_ms"] + row["decoder_ms"], 3)
+    row["frame_rtf"] = round(row["frame_ms"] / 80.0, 4)  # 12.5 frames per second of audio
+    row["times_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()}
+
+    # ---- accuracy against the baseline (or become the baseline)
+    base_path = spec.get("baseline")
+    base = dict(np.load(base_path)) if base_path else None
+    codes = result.codes
+    g = base["codes"] if base is not None else codes
+    prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
+    tf_talker, tf_hidden = _teacher_forced(tts, prompt, g)
+    step = CodePredictor({"cp_step": bundle.session("cp_step")}, bundle.manifest.code_predictor,
+                         bundle.manifest.talker, tts.tables, mode="step")
+    hidden_for_cp = base["talker_hidden"] if base is not None else tf_hidden
+    tf_cp = np.stack([step.teacher_forced_logits(hidden_for_cp[k], int(g[k, 0]), g[k, 1:]) for k in range(len(g))])
+    wav_on_g = Decoder(bundle.session("decoder_stream"), chunk_size=dec.chunk_size,
+                       left_context=dec.left_context).decode(g)
+    if base is None:
+        np.savez(spec["save_baseline"], codes=codes, talker_logits=tf_talker, talker_hidden=tf_hidden,
+                 cp_logits=tf_cp, wav=wav_on_g)
+        base = {"codes": codes, "talker_logits": tf_talker, "cp_logits": tf_cp, "wav": wav_on_g}
+    row.update(metrics.accuracy(codes, tf_talker, tf_cp, wav_on_g, audio, base))
+    if spec.get("save_codes"):
+        np.save(spec["save_codes"], codes)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(argv[0]).read_text())
+    row = run(spec)
+    Path(spec["out"]).write_text(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

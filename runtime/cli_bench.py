@@ -1,0 +1,245 @@
+"""``kztts bench``: speed against accuracy over a grid of configurations, with the qwen-tts reference.
+
+Order of work (every step cached or written under the results folder):
+1. the checkpoint (``--model-dir``, or the random-weight ``--size`` model from ``make_tiny``),
+   its fp32 bundle (``cached_bundle``) and the precision variants (``cached_variant``);
+2. the x-vector of a fixed synthetic voice (kztts speaker encoder), shared by every row;
+3. the baseline: the fp32 bundle, greedy, in its own process: codes G, teacher-forced logits,
+   the audio of G; every row's accuracy is measured against it;
+4. the reference, qwen-tts PyTorch, once per thread count;
+5. every configuration in its own process (``kztts.bench.worker``).
+Workers run one at a time, never concurrently (2 cores); the load average is recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kztts.errors import KzttsError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEXT = "Bonjour je m'appelle Kazeia"  # the seed's sentence: 19 prompt positions
+DEFAULT_LANGUAGE = "french"
+
+
+def _default_out() -> Path:
+    import kztts
+
+    repo = Path(kztts.__file__).resolve().parents[1] / "benchmarks"
+    root = repo / "results" if repo.is_dir() else Path("kztts-bench-results")
+    return root / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict:
+    """Run ``python -m module SPEC`` and return its JSON row (an ``error`` row if it failed)."""
+    spec_path, out = work / f"{tag}.spec.json", work / f"{tag}.row.json"
+    spec = {**spec, "out": str(out)}
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "KZTTS_THREADS": str(threads)}
+    load = os.getloadavg()[0]
+    proc = subprocess.run([sys.executable, "-m", module, str(spec_path)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0 or not out.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        log.error("%s failed: %s", tag, " | ".join(tail))
+        return {"error": " | ".join(tail)[-400:], "load_avg_before": load}
+    row = json.loads(out.read_text())
+    row["load_avg_before"] = round(load, 2)
+    return row
+
+
+_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "wall_s")
+
+
+def merge_rounds(rows: list[dict]) -> dict:
+    """One row from a configuration's rounds: timings = median over rounds of each round's
+    median, peak RSS = the largest, accuracy from the first round (it is deterministic)."""
+    import statistics
+
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return rows[0]
+    out = dict(ok[0])
+    for k in _TIMED:
+        vals = [r[k] for r in ok if r.get(k) is not None]
+        out[k] = round(statistics.median(vals), 4) if vals else None
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+    out["rounds"] = len(ok)
+    out["rounds_ms"] = {k: [r.get(k) for r in ok] for k in ("talker_ms", "cp_ms", "decoder_ms", "frame_ms")}
+    out["load_avg_before"] = [r.get("load_avg_before") for r in ok]
+    return out
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from kztts.bench import grid as G
+    from kztts.bench import report
+
+    configs = G.grid(G.parse_list(args.weights, "weights"), G.parse_list(args.kv, "kv"),
+                     G.parse_list(args.cp_mode, "cp_mode"), G.parse_list(args.decoder, "decoder"),
+                     G.parse_threads(args.threads), G.parse_spin(args.spin))
+    if args.frames < 2 or args.warmup < 0 or args.frames <= args.warmup or args.chunk < 1:
+        raise KzttsError("need --frames >= 2, more frames than --warmup, and --chunk >= 1")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise KzttsError("kztts bench needs the export extra (torch, qwen-tts) for the model, the export and the "
+                         "reference: pip install -e '.[export,bench]' && pip install --no-deps qwen-tts==0.1.1")
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.variants import cached_variant
+
+    out = Path(args.out) if args.out else _default_out()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    if args.rounds < 1:
+        raise KzttsError("--rounds must be >= 1")
+    steps = tqdm(total=4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds,
+                 desc="bench", unit="step", disable=None, file=sys.stderr)
+
+    steps.set_postfix_str("model + fp32 bundle")
+    if args.model_dir:
+        model_dir = Path(args.model_dir)
+    else:
+        from kztts.export.tiny import cached_tiny
+
+        model_dir = cached_tiny(variant="equal" if args.size == "tiny" else None, size=args.size)
+    base = cached_bundle(model_dir)
+    steps.update()
+    steps.set_postfix_str("precision variants")
+    bundles = {}
+    for c in configs:
+        key = (c.weights, c.kv, c.decoder)
+        if key not in bundles:
+            bundles[key] = cached_variant(base, weights=c.weights, kv=c.kv, decoder=c.decoder)
+    steps.update()
+
+    steps.set_postfix_str("x-vector")
+    import numpy as np
+
+    from kztts.audio import synthetic_voice
+    from kztts.bundle import Bundle
+    from kztts.speaker import SpeakerEncoder
+
+    xvector = work / "xvector.npy"
+    np.save(xvector, SpeakerEncoder.from_bundle(Bundle.open(base, load_graphs=False)).xvector(synthetic_voice(), 24000))
+    common = {"text": args.text, "language": args.language, "xvector": str(xvector), "frames": args.frames,
+              "warmup": args.warmup, "chunk": args.chunk}
+    steps.update()
+
+    steps.set_postfix_str("fp32 baseline")
+    baseline = work / "baseline.npz"
+    threads_max = max(c.threads for c in configs)
+    b = _worker("kztts.bench.worker", {**common, "bundle": str(base), "cp_mode": "frame", "threads": threads_max,
+                                       "save_baseline": str(baseline)}, work, "baseline", threads_max)
+    if "error" in b:
+        raise KzttsError(f"the fp32 baseline run failed: {b['error']}")
+    steps.update()
+
+    tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
+    tasks += [("kztts", c) for c in configs]
+    runs: dict = {task: [] for task in tasks}
+    for rnd in range(args.rounds):
+        # rotate the order every round, so a load burst on a shared machine does not always
+        # hit the same configurations
+        k = rnd % len(tasks)
+        for kind, what in tasks[k:] + tasks[:k]:
+            if kind == "reference":
+                steps.set_postfix_str(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
+                r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": what,
+                                                              "baseline": str(baseline)},
+                            work, f"reference_t{what}_r{rnd}", what)
+            else:
+                steps.set_postfix_str(f"{what.name} (round {rnd + 1}/{args.rounds})")
+                r = _worker("kztts.bench.worker", {**common, "bundle": str(bundles[(what.weights, what.kv, what.decoder)]),
+                                                   "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
+                                                   "baseline": str(baseline)}, work, f"{what.slug}_r{rnd}", what.threads)
+            runs[(kind, what)].append(r)
+            steps.update()
+    rows: list[dict] = []
+    refs: dict[int, dict] = {}
+    for kind, what in tasks:
+        if kind == "reference":
+            r = merge_rounds(runs[(kind, what)])
+            r.update(kind="reference", name=f"qwen-tts PyTorch fp32/t{what}", threads=what, weights="fp32")
+            refs[what] = r
+            rows.append(r)
+    per_config = {c: runs[("kztts", c)] for c in configs}
+    for c in configs:
+        r = merge_rounds(per_config[c])
+        r.update(kind="kztts", **c.as_dict())
+        ref = refs.get(c.threads)
+        if ref and "error" not in ref and "error" not in r:
+            r["speedup"] = round(ref["frame_ms"] / r["frame_ms"], 3)
+            r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
+        rows.append(r)
+    steps.close()
+
+    load = os.getloadavg()
+    size = args.size if not args.model_dir else Path(args.model_dir).name
+    header = (f"kztts bench, model {size} ({Path(model_dir).name}), {args.frames} frames (EOS blocked), "
+              f"medians after {args.warmup} warm-up frames, decoder chunk {args.chunk} frames, "
+              f"{_cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+              f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
+              f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
+    import onnxruntime as ort
+
+    command = (f"kztts bench {'--model-dir ' + args.model_dir if args.model_dir else '--size ' + args.size} "
+               f"--weights {args.weights} --kv {args.kv} --cp-mode {args.cp_mode} --decoder {args.decoder} "
+               f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
+               f"{' --no-reference' if args.no_reference else ''}")
+    meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
+            "load_average_end": load, "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+            "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
+            "text": args.text, "language": args.language, "frames": args.frames, "warmup": args.warmup,
+            "chunk": args.chunk}
+    paths = report.write_all(rows, meta, out)
+    print(report.markdown(rows, header))
+    for kind, p in paths.items():
+        print(f"{kind}: {p}", file=sys.stderr)
+    return {"rows": rows, "paths": paths}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    result = run_bench(args)
+    return 1 if any("error" in r for r in result["rows"]) else 0
+
+
+def add_command(sub) -> None:
+    s = sub.add_parser("bench", help="speed vs accuracy over a grid of configurations, with the qwen-tts reference")
+    s.add_argument("--size", choices=["tiny", "0.6b", "1.7b"], default="tiny",
+                   help="random-weight model from make-tiny (default tiny)")
+    s.add_argument("--model-dir", help="a checkpoint directory instead of --size")
+    s.add_argument("--weights", default="fp32,int8,int4", help="weight precisions (fp32,int8,int4)")
+    s.add_argument("--kv", default="fp32,fp16", help="KV-cache precisions (fp32,fp16)")
+    s.add_argument("--cp-mode", default="frame,step", help="Code Predictor modes (frame,step)")
+    s.add_argument("--decoder", default="fp32", help="speech decoder precisions (fp32,int8)")
+    s.add_argument("--threads", default="1,2", help="thread counts (1,2)")
+    s.add_argument("--spin", default="0", help="ONNX Runtime thread spinning: 0 (default), 1, or 0,1 for both")
+    s.add_argument("--frames", type=int, default=24, help="frames per timed run, EOS blocked (default 24)")
+    s.add_argument("--warmup", type=int, default=4, help="frames left out of the medians (default 4)")
+    s.add_argument("--chunk", type=int, default=4, help="frames per streaming-decoder call (default 4)")
+    s.add_argument("--rounds", type=int, default=1,
+                   help="run the whole grid this many times, order rotated; timings = median over rounds")
+    s.add_argument("--text", default=DEFAULT_TEXT)
+    s.add_argument("--language", default=DEFAULT_LANGUAGE)
+    s.add_argument("--no-reference", action="store_true", help="skip the qwen-tts PyTorch rows")
+    s.add_argument("--out", help="results folder (default benchmarks/results/bench-<time>)")
+    s.set_defaults(func=cmd_bench)

@@ -1,0 +1,106 @@
+"""Precision variants of a bundle (int8/int4 MatMulNBits weights, fp16 KV I/O) against the fp32 bundle."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kztts.bench.metrics import cosine_rows
+from kztts.bundle import Bundle
+from kztts.code_predictor import CodePredictor
+from kztts.embeddings import EmbeddingTables
+from kztts.sampling import SamplingParams, XorShift32
+from kztts.talker import Talker
+
+FRAMES = 10
+
+
+@pytest.fixture(scope="module")
+def base_bundle():
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("equal"))
+
+
+def variant(base, **kw):
+    from kztts.export.variants import cached_variant
+
+    return cached_variant(base, **kw)
+
+
+def run(bundle_dir, frames: int = FRAMES, codes=None):
+    """Greedy frames (or teacher-forced on ``codes``): talker logits [F, V], CP step logits of
+    frame 0 [15, V], codes [F, 16]."""
+    b = Bundle.open(bundle_dir, load_graphs=False)
+    tables = EmbeddingTables.from_bundle(b)
+    talker = Talker(b.session("talker"), b.manifest.talker, context=64)
+    cp = CodePredictor.from_bundle(b, mode="step", embeddings=tables)
+    rng = np.random.default_rng(0)
+    prompt = rng.standard_normal((7, talker.hidden_size)).astype(np.float32) * 0.5
+    logits, hidden = talker.prefill(prompt)
+    out_logits, out_codes, cp_logits = [logits], [], None
+    for k in range(frames):
+        c0 = int(np.argmax(logits[:2048])) if codes is None else int(codes[k, 0])
+        if codes is None:
+            rest, _ = cp.predict(hidden, c0, SamplingParams.greedy_params(), XorShift32(1))
+        else:
+            rest = codes[k, 1:]
+        if k == 0:
+            cp_logits = cp.teacher_forced_logits(hidden, c0, rest)
+        frame = np.concatenate([[c0], rest])
+        out_codes.append(frame)
+        if k + 1 < frames:
+            logits, hidden = talker.decode(tables.codec_sum(frame).astype(np.float32))
+            out_logits.append(logits)
+    return np.stack(out_logits), cp_logits, np.stack(out_codes), b
+
+
+def test_matmuls_become_matmulnbits_everywhere(base_bundle):
+    """Every constant-weight MatMul of the Talker and both Code Predictor graphs is quantized, including
+    the unrolled cp_frame steps that reach shared weights through Identity nodes."""
+    import onnx
+
+    b = Bundle.open(variant(base_bundle, weights="int4"), load_graphs=False)
+    for name in ("talker", "cp_step", "cp_frame"):
+        m = onnx.load(str(b.path / b.manifest.graphs[name].file))
+        inits = {i.name for i in m.graph.initializer}
+        nodes = list(m.graph.node)
+        for n in m.graph.node:  # the If branches of cp_step's head tree
+            for a in n.attribute:
+                if a.g is not None:
+                    nodes += list(a.g.node)
+        const_matmuls = [n.name for n in nodes if n.op_type == "MatMul" and n.input[1] in inits]
+        nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
+        assert not const_matmuls, (name, const_matmuls[:3])
+        assert nbits and all(next(a.i for a in n.attribute if a.name == "bits") == 4 for n in nbits)
+        assert b.manifest.graphs[name].precision == "int4"
+
+
+@pytest.mark.parametrize("weights, talker_min, cp_min", [("int8", 0.999, 0.995), ("int4", 0.95, 0.85)])
+def test_quantized_bundle_teacher_forced_accuracy(base_bundle, weights, talker_min, cp_min):
+    ref_logits, ref_cp, ref_codes, _ = run(base_bundle)
+    logits, cp_logits, _, b = run(variant(base_bundle, weights=weights), codes=ref_codes)
+    assert b.manifest.data["variant"]["weights"] == weights
+    talker_cos = cosine_rows(logits, ref_logits)
+    cp_cos = cosine_rows(cp_logits, ref_cp)
+    assert talker_cos.min() >= talker_min, talker_cos
+    assert cp_cos.min() >= cp_min, cp_cos
+    assert talker_cos.min() < 1.0 - 1e-9  # the weights really changed
+
+
+def test_fp16_kv_agrees_with_fp32(base_bundle):
+    ref_logits, ref_cp, ref_codes, _ = run(base_bundle)
+    logits, cp_logits, codes, b = run(variant(base_bundle, weights="fp32", kv="fp16"))
+    sess = b.session("talker")
+    assert {i.type for i in sess.get_inputs() if i.name.startswith("past_")} == {"tensor(float16)"}
+    assert {o.type for o in sess.get_outputs() if o.name.startswith("new_")} == {"tensor(float16)"}
+    np.testing.assert_array_equal(codes, ref_codes)
+    assert cosine_rows(logits, ref_logits).min() >= 0.99999
+    assert cosine_rows(cp_logits, ref_cp).min() >= 0.99999
+
+
+def test_variant_rejects_unknown_precision(base_bundle):
+    from kztts.errors import KzttsError
+
+    with pytest.raises(KzttsError, match="int3"):
+        variant(base_bundle, weights="int3")
