@@ -48,6 +48,17 @@ def guarded_file(report, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def talker_only_target(small_target, tmp_path_factory):
+    """The small simulator target with the Code Predictor on the CPU: the Talker placement alone
+    decides the codes (the HTP Code Predictor's own fp16 checks are in test_qnn)."""
+    data = json.loads(small_target.read_text())
+    data["placement"]["cp_frame"] = "cpu"
+    p = tmp_path_factory.mktemp("targets") / small_target.name  # same name: the bundle's graphs were made for it
+    p.write_text(json.dumps(data))
+    return p
+
+
+@pytest.fixture(scope="module")
 def qnn():
     return pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
 
@@ -229,10 +240,10 @@ def test_calibrate_needs_layer_segments(tiny_bundle_dir):
 
 # ------------------------------------------------------------------ on the HTP simulator
 def test_all_htp_is_measurably_wrong_on_the_injected_model(qnn, massive_bundle, massive_model, massive_reference,
-                                                           small_target):
+                                                           talker_only_target):
     from kztts.export.validate_placement import validate_placement
 
-    r = validate_placement(massive_bundle, massive_model, "all-htp", small_target, frames=8,
+    r = validate_placement(massive_bundle, massive_model, "all-htp", talker_only_target, frames=8,
                            tts=massive_reference)
     assert r["runner"] == "StaticTalker"
     assert r["talker_logits_cos_min"] < 0.9 and r["talker_argmax_match"] < 0.5
@@ -240,10 +251,10 @@ def test_all_htp_is_measurably_wrong_on_the_injected_model(qnn, massive_bundle, 
 
 
 def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_model, massive_reference,
-                                                  small_target, guarded_file):
+                                                  talker_only_target, guarded_file):
     from kztts.export.validate_placement import validate_placement
 
-    r = validate_placement(massive_bundle, massive_model, guarded_file, small_target, frames=24,
+    r = validate_placement(massive_bundle, massive_model, guarded_file, talker_only_target, frames=24,
                            tts=massive_reference)
     assert r["runner"] == "SegmentedTalker" and r["placement"]["mode"] == "guarded"
     assert r["talker_logits_cos_min"] >= 0.999
@@ -305,14 +316,11 @@ def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model
     assert "Traceback" not in proc.stderr
 
 
-def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, small_target, guarded_file, tmp_path):
+def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_target, guarded_file, tmp_path):
     """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not."""
     from kztts.audio import synthetic_voice, write_wav
 
-    data = json.loads(small_target.read_text())
-    data["placement"]["cp_frame"] = "cpu"  # the Talker placement alone decides the codes
-    target = tmp_path / "simulator_small.json"
-    target.write_text(json.dumps(data))
+    target = talker_only_target
     voice = write_wav(tmp_path / "voice.wav", synthetic_voice(), 24000)
 
     def synth(*extra):
