@@ -23,7 +23,6 @@ serves both devices and a layer can move without re-exporting.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,8 +32,6 @@ from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import rotate_half
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
 from kztts.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
-
-PHASES = ("prefill", "decode")
 
 
 def _amax(x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +143,3 @@ def export_talker_segments(model, work_dir: Path, *, export_id: str, target, spe
             specs[name] = spec_fn(name, rel, seq=seq, context=C, phase=phase,
                                   unit=unit, stats=list(LAYER_STATS if unit != "head" else HEAD_STATS))
     return specs
-
-
-def with_segment_extra(spec, **extra):
-    return replace(spec, extra={**spec.extra, **extra})

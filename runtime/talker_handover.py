@@ -50,14 +50,13 @@ class HandoverTalker:
 
     def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The prompt on the HTP; its KV is then moved into the CPU cache."""
-        if embeds.shape[0] > self.decode_talker.context:
-            self.decode_talker.kv.check_room(embeds.shape[0])
+        cache = self.decode_talker.kv
+        cache.reset()
+        cache.check_room(embeds.shape[0])  # before the HTP work, not after it
         result = self.prefill_talker.prefill(embeds)
         p = self.prefill_talker.length
         keys = [k[..., :p].transpose(1, 0, 3, 2) for k in self.prefill_talker.keys]  # [kv,1,hd,p] -> [1,kv,p,hd]
         values = [v[:, :, :p].transpose(1, 0, 2, 3) for v in self.prefill_talker.values]
-        cache = self.decode_talker.kv
-        cache.reset()
         cache.append(keys, values)
         if self.keep_handover:
             self.handed_over = [(k.copy(), v.copy()) for k, v in zip(keys, values)]

@@ -96,10 +96,6 @@ class SegmentedTalker(ChunkedTalker):
                         sessions[name] = open_target_session(bundle, name, target, strict)
                     else:
                         sessions[name] = bundle.session(name)
-        for ph in PHASES:  # the shapes are read from layer 0 of each phase
-            name = segment_graph_name(ph, 0)
-            if name not in sessions:
-                sessions[name] = bundle.session(name)
         return cls(sessions, placement, m.talker, float(m.graphs[first].extra.get("mask_value", -50.0)))
 
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:

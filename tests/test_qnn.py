@@ -17,7 +17,6 @@ import pytest
 from onnx import TensorProto, helper
 
 from kztts.errors import KzttsError
-from kztts.targets import configs_dir
 
 CONTEXT, CHUNK = 64, 16
 
