@@ -48,12 +48,16 @@ class Qwen3Stack(nn.Module):
         return len(self.layers)
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor, keys_transposed: bool = False):
+                   past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor, keys_transposed: bool = False,
+                   probes: dict | None = None):
+        """(o_proj output, new keys, new values); ``probes`` (if given) receives the q/k/v
+        projections and the scaled scores before the mask (magnitude probes of the layer graphs)."""
         b, t, _ = x.shape
         hd, kv, g = self.head_dim, self.num_kv_heads, self.groups
-        q = attn.q_norm(attn.q_proj(x).view(b, t, self.num_heads, hd)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(x).view(b, t, kv, hd)).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, kv, hd).transpose(1, 2)
+        qp, kp, vp = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = attn.q_norm(qp.view(b, t, self.num_heads, hd)).transpose(1, 2)
+        k = attn.k_norm(kp.view(b, t, kv, hd)).transpose(1, 2)
+        v = vp.view(b, t, kv, hd).transpose(1, 2)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
@@ -66,6 +70,8 @@ class Qwen3Stack(nn.Module):
         else:
             keys = torch.cat([past_k, k], dim=2)
             scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
+        if probes is not None:
+            probes.update(q_proj=qp, k_proj=kp, v_proj=vp, scores=scores)
         scores = scores.reshape(b, kv, g, t, -1) + mask
         probs = torch.softmax(scores, dim=-1).reshape(b, kv, g * t, -1)
         out = torch.matmul(probs, values).reshape(b, self.num_heads, t, hd)

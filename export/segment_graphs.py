@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from kztts.export.onnx_export import export_onnx
-from kztts.export.qwen3_stack import rotate_half
+from kztts.export.qwen3_stack import Qwen3Stack
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
 from kztts.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
 
@@ -46,32 +46,22 @@ class LayerStaticGraph(nn.Module):
         from kztts.export.htp_export import _Layer
 
         self.layer = _Layer(layer, safe=True)
+        # the attention is the Talker stack's own (keys transposed, additive mask), with probes
+        self.stack = Qwen3Stack(nn.ModuleList([self.layer]), nn.Identity(), num_heads=shape.num_heads,
+                                num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
         self.s, self.seq, self.context = shape, seq, context
 
     def forward(self, hidden_in, attention_mask, rope_cos, rope_sin, past_key_in, past_value_in):
         s, S, C = self.s, self.seq, self.context
-        kv, hd, nh = s.num_kv_heads, s.head_dim, s.num_heads
-        g = nh // kv
+        kv, hd = s.num_kv_heads, s.head_dim
         P = C - S
         lay = self.layer
-        attn = lay.self_attn
         x = lay.input_layernorm(hidden_in)
-        qp, kp, vp = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        q = attn.q_norm(qp.view(1, S, nh, hd)).transpose(1, 2)
-        k = attn.k_norm(kp.view(1, S, kv, hd)).transpose(1, 2)
-        v = vp.view(1, S, kv, hd).transpose(1, 2)
-        c, sn = rope_cos.unsqueeze(1), rope_sin.unsqueeze(1)
-        q = q * c + rotate_half(q) * sn
-        k = k * c + rotate_half(k) * sn
-        pk = past_key_in.reshape(1, kv, hd, P)
-        pv = past_value_in.reshape(1, kv, P, hd)
-        kt = k.transpose(2, 3)
-        qg = q.reshape(1, kv, g * S, hd)
-        scores = torch.matmul(qg, torch.cat([pk, kt], dim=3)) * (hd ** -0.5)
-        masked = scores.reshape(1, kv, g, S, C) + attention_mask.reshape(1, 1, 1, S, C)
-        probs = torch.softmax(masked, dim=-1).reshape(1, kv, g * S, C)
-        out = torch.matmul(probs, torch.cat([pv, v], dim=2)).reshape(1, nh, S, hd)
-        a = attn.o_proj(out.transpose(1, 2).reshape(1, S, nh * hd))
+        probes: dict = {}
+        a, kt, v = self.stack._attention(lay.self_attn, x, rope_cos, rope_sin, past_key_in.reshape(1, kv, hd, P),
+                                         past_value_in.reshape(1, kv, P, hd),
+                                         attention_mask.reshape(1, 1, 1, S, C), keys_transposed=True, probes=probes)
+        qp, kp, vp, scores = probes["q_proj"], probes["k_proj"], probes["v_proj"], probes["scores"]
         mid = hidden_in + a
         y = lay.post_attention_layernorm(mid)
         mlp = lay.mlp
