@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,17 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bench.report import cpu_name
+
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class ModelLookup:
@@ -193,7 +184,7 @@ def main(argv=None) -> int:
 
     base = results[names[0]]["ms_per_frame_median"]
     lines = [f"Code Predictor, random-weight 0.6B ({Path(model_dir).name}), {args.threads} threads, "
-             f"median of {n_total - args.warmup} frames after {args.warmup} warm-up, {_cpu_name()}, "
+             f"median of {n_total - args.warmup} frames after {args.warmup} warm-up, {cpu_name()}, "
              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", "",
              "| implementation | ms / frame (median) | min | speed-up vs PyTorch (median) | codes equal to generate() |",
              "|---|---:|---:|---:|---:|"]
@@ -209,7 +200,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({
         "benchmark": "code_predictor", "model_dir": str(model_dir), "graphs": str(graph_dir),
         "frames": n_total - args.warmup, "warmup": args.warmup, "threads": args.threads,
-        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
+        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
         "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__},
         "results": results, "table": table,
     }, indent=1) + "\n")

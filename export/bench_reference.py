@@ -13,11 +13,9 @@ reference decoder's audio for those codes.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -123,12 +121,9 @@ def run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    spec = json.loads(Path(argv[0]).read_text())
-    row = run(spec)
-    Path(spec["out"]).write_text(json.dumps(row) + "\n")
-    return 0
+    from kztts.bench.worker import spec_main
+
+    return spec_main(run, argv)
 
 
 if __name__ == "__main__":

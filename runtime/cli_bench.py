@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from kztts.bench.report import cpu_name
 from kztts.errors import KzttsError
 
 log = logging.getLogger(__name__)
@@ -36,16 +37,6 @@ def _default_out() -> Path:
     repo = Path(kztts.__file__).resolve().parents[1] / "benchmarks"
     root = repo / "results" if repo.is_dir() else Path("kztts-bench-results")
     return root / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict:
@@ -196,7 +187,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     size = args.size if not args.model_dir else Path(args.model_dir).name
     header = (f"kztts bench, model {size} ({Path(model_dir).name}), {args.frames} frames (EOS blocked), "
               f"medians after {args.warmup} warm-up frames, decoder chunk {args.chunk} frames, "
-              f"{_cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+              f"{cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
               f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
               f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
     import onnxruntime as ort
@@ -206,7 +197,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
-            "load_average_end": load, "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+            "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
             "text": args.text, "language": args.language, "frames": args.frames, "warmup": args.warmup,
             "chunk": args.chunk}

@@ -5,9 +5,21 @@ import csv
 import json
 import logging
 import math
+import platform
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+def cpu_name() -> str:
+    """The CPU model, for the header of a benchmark table."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 # (key, header, format) of the table columns, speed first, then accuracy
 COLUMNS = [

@@ -179,13 +179,19 @@ def run(spec: dict) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
+def spec_main(run_spec, argv: list[str] | None = None) -> int:
+    """``python -m <worker> SPEC.json``: run ``run_spec`` on the spec, write its row to ``spec["out"]``
+    (the protocol of every bench worker, kztts's and the reference's)."""
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     spec = json.loads(Path(argv[0]).read_text())
-    row = run(spec)
+    row = run_spec(spec)
     Path(spec["out"]).write_text(json.dumps(row) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return spec_main(run, argv)
 
 
 if __name__ == "__main__":
