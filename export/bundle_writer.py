@@ -112,6 +112,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     from kztts.export.code_predictor_graph import export_code_predictor
     from kztts.export.codec_graphs import export_decoder, export_encoder
     from kztts.export.embeddings import export_embeddings
+    from kztts.export.gqa_graphs import export_gqa_graphs
     from kztts.export.speaker_graph import export_speaker_encoder
     from kztts.export.tokenizer import export_tokenizer
 
@@ -144,6 +145,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         export_id = source["sha256"][:16]
         graphs = {"talker": export_talker(model, work, export_id)}
         graphs.update(export_code_predictor(model, work, export_id))
+        graphs.update(export_gqa_graphs(model, work, export_id))
         steps.update()
         steps.set_postfix_str("speech tokenizer + speaker encoder")
         graphs.update(export_decoder(model, work, export_id))

@@ -305,16 +305,10 @@ class CodePredictorFrame(nn.Module):
         keys, values = [empty] * s.num_layers, [empty] * s.num_layers
         seen = torch.zeros(1, s.vocab, dtype=torch.bool)
         ids = torch.arange(s.vocab).unsqueeze(0)
-        # prefill: position 0 must not see position 1. A finite -1e4 instead of -inf: exp()
-        # gives exactly 0 in fp32 either way, and fp16 (HTP) has no trouble with it.
-        prefill_mask = torch.tensor([[0.0, -1e4], [0.0, 0.0]])
         codes, total, pos = [], None, 0
         for g in range(s.num_groups):
             t = x.shape[1]
-            h, new_k, new_v = self.stack(x, self.rope_cos[:, pos:pos + t], self.rope_sin[:, pos:pos + t], keys, values,
-                                         mask=prefill_mask if g == 0 else torch.zeros(1, pos + 1))
-            keys = [torch.cat([a, b], dim=2) for a, b in zip(keys, new_k)]
-            values = [torch.cat([a, b], dim=2) for a, b in zip(values, new_v)]
+            h, keys, values = self._layers(x, pos, keys, values)
             pos += t
             logits = self.heads[g](h[:, -1])  # [1, vocab]
             code = sample_rows(logits, seen, temperature, top_k, top_p, repetition_penalty, uniforms[g:g + 1])
@@ -326,12 +320,42 @@ class CodePredictorFrame(nn.Module):
                 x = self.proj(e).unsqueeze(0)
         return torch.cat(codes), total
 
+    def _layers(self, x, pos: int, keys, values):
+        """The stack over the step's positions pos.. with the KV so far: (hidden, keys, values)."""
+        t = x.shape[1]
+        # prefill: position 0 must not see position 1. A finite -1e4 instead of -inf: exp()
+        # gives exactly 0 in fp32 either way, and fp16 (HTP) has no trouble with it.
+        mask = torch.tensor([[0.0, -1e4], [0.0, 0.0]]) if pos == 0 else torch.zeros(1, pos + 1)
+        h, new_k, new_v = self.stack(x, self.rope_cos[:, pos:pos + t], self.rope_sin[:, pos:pos + t], keys, values,
+                                     mask=mask)
+        return (h, [torch.cat([a, b], dim=2) for a, b in zip(keys, new_k)],
+                [torch.cat([a, b], dim=2) for a, b in zip(values, new_v)])
+
     def example_inputs(self):
         s = self.shape
         g = torch.Generator().manual_seed(0)
         return (torch.randn(1, s.talker_hidden, generator=g), torch.randn(1, s.talker_hidden, generator=g),
                 torch.tensor([0.9]), torch.tensor([50], dtype=torch.int64), torch.tensor([1.0]),
                 torch.tensor([1.0]), torch.rand(s.num_groups, generator=g))
+
+
+class CodePredictorFrameGqa(CodePredictorFrame):
+    """``cp_frame`` over ``kztts.export.gqa_graphs.GqaStack``: same inputs, outputs and sampler
+    (the CPU graph; the HTP keeps the plain one)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        from kztts.export.gqa_graphs import GqaStack, half_tables
+
+        self.gqa = GqaStack(self.stack)
+        cos, sin = half_tables(self.rope_cos[0], self.rope_sin[0])
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def _layers(self, x, pos: int, keys, values):
+        total = pos + x.shape[1]
+        return self.gqa(x, keys, values, torch.tensor([total - 1], dtype=torch.int32),
+                        torch.tensor(total, dtype=torch.int32), self.cos_cache, self.sin_cache)
 
 
 def export_cp_frame(model, path: Path) -> Path:

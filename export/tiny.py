@@ -199,7 +199,7 @@ def _talker_dims(size: str, variant: str) -> dict:
         return dict(
             hidden=64, inter=128, layers=2, heads=4, kv=2, head_dim=16, mrope=[4, 2, 2],
             text_hidden=32,
-            cp=dict(hidden=cp_hidden, inter=2 * cp_hidden, layers=2, heads=4, kv=2, head_dim=8),
+            cp=dict(hidden=cp_hidden, inter=2 * cp_hidden, layers=2, heads=4, kv=2, head_dim=16),  # 16: ORT's fused attention
         )
     hidden, inter = (1024, 3072) if size == "0.6b" else (2048, 6144)
     return dict(

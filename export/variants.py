@@ -12,7 +12,8 @@ changes are rewritten; every other file is a hard link to the base (same bytes, 
   instead of 32.
 - kv ``fp16``: the KV inputs/outputs of ``talker`` and ``cp_step`` become float16 (a
   Cast at each end; the attention still runs in fp32), halving the host's KV buffers and
-  the bytes moved per step.
+  the bytes moved per step. In ``talker_gqa`` the cache is the fused attention's own
+  buffer, so there the attention itself runs in float16 (``fp16_gqa``).
 - decoder ``int8``: ``decoder`` and ``decoder_stream`` with their MatMuls (transformer,
   projections) as 8-bit MatMulNBits; its convolutions stay fp32 (ONNX Runtime's int8
   ``ConvInteger`` is slower than its fp32 convolution on x86).
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 WEIGHTS = ("fp32", "int8", "int4")
 KV_DTYPES = ("fp32", "fp16")
 DECODER_PRECISIONS = ("fp32", "int8")
-WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame")
-KV_GRAPHS = ("talker", "cp_step")
+WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa")
+KV_GRAPHS = ("talker", "cp_step", "talker_gqa")
 DECODER_GRAPHS = ("decoder", "decoder_stream")
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4  # int8 activations: ONNX Runtime's integer MatMulNBits kernels
@@ -178,6 +179,39 @@ def fp16_kv_io(model, prefixes: tuple[str, ...] = ("past_key_", "past_value_"),
     return model
 
 
+def fp16_gqa(model):
+    """Run every GroupQueryAttention node in float16 with float16 KV inputs/outputs: q/k/v
+    are cast to float16 before it and its output back to float32 after it; the graph
+    inputs ``past_*``, ``cos_cache``, ``sin_cache`` and outputs ``present_*`` become float16."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    fp16_inputs = [i for i in g.input if i.name.startswith("past_") or i.name in ("cos_cache", "sin_cache")]
+    fp16_outputs = [o for o in g.output if o.name.startswith("present_")]
+    if not fp16_inputs or not any(n.op_type == "GroupQueryAttention" for n in g.node):
+        raise ValueError("not a GroupQueryAttention graph with KV inputs")
+    for vi in fp16_inputs + fp16_outputs:
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    nodes = []
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention":
+            nodes.append(n)
+            continue
+        for i in range(3):
+            cast = f"{n.input[i]}_f16_{n.name or id(n)}"
+            nodes.append(helper.make_node("Cast", [n.input[i]], [cast], to=TensorProto.FLOAT16,
+                                          name=f"gqa_in_cast_{cast}"))
+            n.input[i] = cast
+        out = n.output[0]
+        n.output[0] = out + "_f16"
+        nodes.append(n)
+        nodes.append(helper.make_node("Cast", [n.output[0]], [out], to=TensorProto.FLOAT, name=f"gqa_out_cast_{out}"))
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]  # stale float32 shapes of the KV edges; ONNX Runtime re-infers them
+    return model
+
+
 def _save(model, path: Path) -> None:
     import onnx
 
@@ -237,7 +271,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
                 model = quantize_matmuls(model, bits)
                 precision = what[0]
             if "kv-fp16" in what:
-                model = fp16_kv_io(model)
+                model = fp16_gqa(model) if name == "talker_gqa" else fp16_kv_io(model)
             _save(model, work / spec.file)
             del model
             export_id = f"{spec.extra.get('export_id', 'unbundled')}-{tag}"

@@ -25,6 +25,7 @@ from kztts.sampling import SamplingParams, XorShift32, repetition_penalty, sampl
 MODES = ("frame", "step")
 STEP_GRAPH = "cp_step"
 FRAME_GRAPH = "cp_frame"
+FUSED_FRAME_GRAPH = "cp_frame_gqa"  # cp_frame over ONNX Runtime's fused attention (CPU only)
 
 
 class CodecLookup(Protocol):
@@ -41,16 +42,19 @@ class CodePredictor:
     """``predict(hidden, c0, sampling, rng) -> (codes int64 [15], embedding_sum f32 [H])``.
 
     ``sessions``: a mapping or callable giving the ONNX Runtime session for "cp_step" /
-    "cp_frame" (only the one the mode needs is opened); ``config``: the manifest's
+    ``frame_graph`` ("cp_frame", or "cp_frame_gqa" with the same I/O; only the one the
+    mode needs is opened); ``config``: the manifest's
     ``config.code_predictor``; ``talker_config``: ``config.talker``; ``embeddings``: a
     ``CodecLookup``. ``embedding_sum`` = sum_{g=1..15} cp_codec[g-1](c_g); the next talker
     input is ``C(c0) + embedding_sum + text``.
     """
 
-    def __init__(self, sessions, config: dict, talker_config: dict, embeddings: CodecLookup, mode: str = "frame"):
+    def __init__(self, sessions, config: dict, talker_config: dict, embeddings: CodecLookup, mode: str = "frame",
+                 frame_graph: str = FRAME_GRAPH):
         if mode not in MODES:
             raise KzttsError(f"code predictor mode {mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
+        self.frame_graph = frame_graph
         self._sessions = sessions
         self.embeddings = embeddings
         try:
@@ -79,8 +83,12 @@ class CodePredictor:
             from kztts.embeddings import EmbeddingTables
 
             embeddings = EmbeddingTables.from_bundle(bundle)
+        from kztts.talker import prefer_fused
+
         m = bundle.manifest
-        return cls(bundle.session, m.code_predictor, m.talker, embeddings, mode)
+        fused = mode == "frame" and prefer_fused(bundle, FUSED_FRAME_GRAPH)
+        return cls(bundle.session, m.code_predictor, m.talker, embeddings, mode,
+                   FUSED_FRAME_GRAPH if fused else FRAME_GRAPH)
 
     def _session(self, name: str):
         s = self._sessions
@@ -88,7 +96,7 @@ class CodePredictor:
 
     @property
     def session(self):
-        return self._session(FRAME_GRAPH if self.mode == "frame" else STEP_GRAPH)
+        return self._session(self.frame_graph if self.mode == "frame" else STEP_GRAPH)
 
     # ------------------------------------------------------------------ checks
     def _check(self, hidden, c0, sampling: SamplingParams, rng) -> tuple[np.ndarray, int]:

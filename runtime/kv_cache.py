@@ -43,6 +43,7 @@ class KVCache:
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
         self.length = 0
+        self.generation = 0  # bumped whenever the buffers are replaced (IO bindings must follow)
         self._grow(min(context, initial_capacity))
 
     def _grow(self, capacity: int) -> None:
@@ -53,6 +54,7 @@ class KVCache:
         for new, old in zip(self.keys + self.values, old_k + old_v):
             new[:, :, :n] = old[:, :, :n]
         self.capacity = capacity
+        self.generation += 1
 
     def reset(self) -> None:
         self.length = 0
@@ -71,12 +73,23 @@ class KVCache:
     def append(self, new_keys: list[np.ndarray], new_values: list[np.ndarray]) -> None:
         """Write the graph's new entries ([1, kv, T, hd] per layer) after the filled part."""
         t = new_keys[0].shape[2]
-        self.check_room(t)
+        self.reserve(t)
         end = self.length + t
-        if end > self.capacity:
-            self._grow(min(self.context, max(end, 2 * self.capacity)))
         for buf, new in zip(self.keys, new_keys):
             buf[:, :, self.length:end] = new
         for buf, new in zip(self.values, new_values):
             buf[:, :, self.length:end] = new
         self.length = end
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` more positions (growing the buffers if needed)."""
+        self.check_room(n)
+        end = self.length + n
+        if end > self.capacity:
+            self._grow(min(self.context, max(end, 2 * self.capacity)))
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions a graph wrote into the buffers in place (after ``reserve(n)``)."""
+        if self.length + n > self.capacity:
+            raise ValueError(f"advance({n}) past the capacity {self.capacity} at length {self.length}")
+        self.length += n

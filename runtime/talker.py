@@ -1,5 +1,14 @@
-"""The Talker runner: prefill and decode over the exported graph, KV kept on the host."""
+"""The Talker runner: prefill and decode over the exported graph, KV kept on the host.
+
+Two CPU graphs serve it: ``talker`` (plain ONNX ops; returns the new keys/values, which
+are copied into the host cache) and ``talker_gqa`` (ONNX Runtime's fused
+GroupQueryAttention, ``kztts.export.gqa_graphs``), which writes the new positions into
+the host cache itself: each layer's buffer is bound as both its past input and its
+present output, so nothing is copied per step.
+"""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import onnxruntime as ort
@@ -9,6 +18,72 @@ from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
 
 DEFAULT_CONTEXT = 4096
+FUSED_GRAPH = "talker_gqa"
+ATTENTION_ENV = "KZTTS_ATTENTION"  # "plain" keeps the plain CPU graphs (A/B measurements)
+
+
+def prefer_fused(bundle, name: str) -> bool:
+    """Whether the runtime uses the fused CPU graph ``name`` of ``bundle`` (present in the
+    bundle, and not turned off with ``KZTTS_ATTENTION=plain``)."""
+    mode = os.environ.get(ATTENTION_ENV, "fused").strip().lower()
+    if mode not in ("fused", "plain"):
+        raise KzttsError(f"{ATTENTION_ENV}={mode!r}: use 'fused' or 'plain'")
+    return mode == "fused" and name in bundle.manifest.graphs
+
+
+def cpu_talker_session(bundle) -> ort.InferenceSession:
+    """The session of the bundle's CPU Talker graph: ``talker_gqa`` when it has one."""
+    return bundle.session(FUSED_GRAPH if prefer_fused(bundle, FUSED_GRAPH) else "talker")
+
+
+def _input_names(session) -> set[str]:
+    get_inputs = getattr(session, "get_inputs", None)
+    return {i.name for i in get_inputs()} if get_inputs is not None else set()
+
+
+class _FusedRun:
+    """One ``talker_gqa`` run with IO binding: the KV buffers of ``kv`` are both the past
+    inputs and the present outputs; logits and hidden land in preallocated arrays."""
+
+    def __init__(self, session, kv: KVCache, cos: np.ndarray, sin: np.ndarray, vocab: int, hidden: int):
+        self.session = session
+        self.kv = kv
+        half = cos.shape[1] // 2
+        table = np.dtype(np.float16) if kv.dtype == np.float16 else np.dtype(np.float32)
+        self._cos = np.ascontiguousarray(cos[:, :half], dtype=table)
+        self._sin = np.ascontiguousarray(sin[:, :half], dtype=table)
+        self._logits = np.empty((1, vocab), np.float32)
+        self._hidden = np.empty((1, hidden), np.float32)
+        self._io = session.io_binding()
+        self._io.bind_cpu_input("cos_cache", self._cos)
+        self._io.bind_cpu_input("sin_cache", self._sin)
+        for name, arr in (("logits", self._logits), ("hidden", self._hidden)):
+            self._io.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+        self._generation = -1
+
+    def _bind_kv(self) -> None:
+        for i in range(self.kv.num_layers):
+            for kind, bufs in (("key", self.kv.keys), ("value", self.kv.values)):
+                b = bufs[i]
+                self._io.bind_input(f"past_{kind}_{i}", "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
+                self._io.bind_output(f"present_{kind}_{i}", "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
+        self._generation = self.kv.generation
+
+    def __call__(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = embeds.shape[0]
+        self.kv.reserve(t)
+        if self._generation != self.kv.generation:
+            self._bind_kv()
+        total = self.kv.length + t
+        if total > self._cos.shape[0]:
+            raise KzttsError(f"position {total} is past the RoPE table ({self._cos.shape[0]} positions)")
+        x = np.ascontiguousarray(embeds, dtype=np.float32)[None]
+        self._io.bind_cpu_input("inputs_embeds", x)
+        self._io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
+        self._io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
+        self.session.run_with_iobinding(self._io)
+        self.kv.advance(t)
+        return self._logits[0].copy(), self._hidden[0].copy()
 
 
 class Talker:
@@ -32,6 +107,9 @@ class Talker:
         self._cos, self._sin = rope_tables(context, head_dim, float(config["rope_theta"]))
         self._out_names = ["logits", "hidden"] + [
             f"new_{kind}_{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+        self.fused = "seqlens_k" in _input_names(session)
+        self._fused_run = (_FusedRun(session, self.kv, self._cos, self._sin, self.vocab, self.hidden_size)
+                           if self.fused else None)
 
     @property
     def position(self) -> int:
@@ -46,6 +124,8 @@ class Talker:
         self.kv.reset()
 
     def _run(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._fused_run is not None:
+            return self._fused_run(embeds)
         t = embeds.shape[0]
         self.kv.check_room(t)
         p = self.kv.length

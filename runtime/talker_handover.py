@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kztts.errors import KzttsError
-from kztts.talker import Talker
+from kztts.talker import Talker, cpu_talker_session
 from kztts.talker_static import StaticTalker
 
 
@@ -33,7 +33,7 @@ class HandoverTalker:
     @classmethod
     def from_bundle(cls, bundle, target=None, strict: bool = False, context: int | None = None) -> "HandoverTalker":
         pre = StaticTalker.from_bundle(bundle, target, strict)
-        dec = Talker(bundle.session("talker"), bundle.manifest.talker, context=context or pre.context)
+        dec = Talker(cpu_talker_session(bundle), bundle.manifest.talker, context=context or pre.context)
         return cls(pre, dec)
 
     @property

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kztts.placement import LayerPlacement, resolve_placement
-from kztts.talker import DEFAULT_CONTEXT, Talker
+from kztts.talker import DEFAULT_CONTEXT, Talker, cpu_talker_session
 
 
 def open_talker(bundle, *, target=None, placement: "str | LayerPlacement | None" = None, strict: bool = False,
@@ -20,11 +20,11 @@ def open_talker(bundle, *, target=None, placement: "str | LayerPlacement | None"
             from kztts.talker_static import StaticTalker
 
             return StaticTalker.from_bundle(bundle, target, strict)
-        return Talker(bundle.session("talker"), m.talker, context=cpu_context)
+        return Talker(cpu_talker_session(bundle), m.talker, context=cpu_context)
     placement = resolve_placement(placement, int(m.talker["num_layers"]))
     pre, dec = placement.uniform("prefill"), placement.uniform("decode")
     if pre == dec == "cpu":
-        return Talker(bundle.session("talker"), m.talker, context=cpu_context)
+        return Talker(cpu_talker_session(bundle), m.talker, context=cpu_context)
     if pre == dec == "htp":
         from kztts.talker_static import StaticTalker
 

@@ -28,12 +28,12 @@ def variant(base, **kw):
     return cached_variant(base, **kw)
 
 
-def run(bundle_dir, frames: int = FRAMES, codes=None):
+def run(bundle_dir, frames: int = FRAMES, codes=None, talker_graph: str = "talker"):
     """Greedy frames (or teacher-forced on ``codes``): talker logits [F, V], CP step logits of
     frame 0 [15, V], codes [F, 16]."""
     b = Bundle.open(bundle_dir, load_graphs=False)
     tables = EmbeddingTables.from_bundle(b)
-    talker = Talker(b.session("talker"), b.manifest.talker, context=64)
+    talker = Talker(b.session(talker_graph), b.manifest.talker, context=64)
     cp = CodePredictor.from_bundle(b, mode="step", embeddings=tables)
     rng = np.random.default_rng(0)
     prompt = rng.standard_normal((7, talker.hidden_size)).astype(np.float32) * 0.5
@@ -61,7 +61,7 @@ def test_matmuls_become_matmulnbits_everywhere(base_bundle):
     import onnx
 
     b = Bundle.open(variant(base_bundle, weights="int4"), load_graphs=False)
-    for name in ("talker", "cp_step", "cp_frame"):
+    for name in ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa"):
         m = onnx.load(str(b.path / b.manifest.graphs[name].file))
         inits = {i.name for i in m.graph.initializer}
         nodes = list(m.graph.node)
@@ -76,10 +76,11 @@ def test_matmuls_become_matmulnbits_everywhere(base_bundle):
         assert b.manifest.graphs[name].precision == "int4"
 
 
+@pytest.mark.parametrize("graph", ["talker", "talker_gqa"])
 @pytest.mark.parametrize("weights, talker_min, cp_min", [("int8", 0.999, 0.995), ("int4", 0.95, 0.85)])
-def test_quantized_bundle_teacher_forced_accuracy(base_bundle, weights, talker_min, cp_min):
+def test_quantized_bundle_teacher_forced_accuracy(base_bundle, weights, talker_min, cp_min, graph):
     ref_logits, ref_cp, ref_codes, _ = run(base_bundle)
-    logits, cp_logits, _, b = run(variant(base_bundle, weights=weights), codes=ref_codes)
+    logits, cp_logits, _, b = run(variant(base_bundle, weights=weights), codes=ref_codes, talker_graph=graph)
     assert b.manifest.data["variant"]["weights"] == weights
     talker_cos = cosine_rows(logits, ref_logits)
     cp_cos = cosine_rows(cp_logits, ref_cp)
@@ -97,6 +98,20 @@ def test_fp16_kv_agrees_with_fp32(base_bundle):
     np.testing.assert_array_equal(codes, ref_codes)
     assert cosine_rows(logits, ref_logits).min() >= 0.99999
     assert cosine_rows(cp_logits, ref_cp).min() >= 0.99999
+
+
+def test_fp16_kv_fused_talker_runs_attention_in_fp16(base_bundle):
+    """kv fp16 on ``talker_gqa``: the fused attention's cache is float16, so is the attention."""
+    ref_logits, _, ref_codes, _ = run(base_bundle)
+    logits, _, codes, b = run(variant(base_bundle, weights="fp32", kv="fp16"), talker_graph="talker_gqa")
+    sess = b.session("talker_gqa")
+    ins = {i.name: i.type for i in sess.get_inputs()}
+    assert {t for n, t in ins.items() if n.startswith("past_")} == {"tensor(float16)"}
+    assert ins["cos_cache"] == ins["sin_cache"] == "tensor(float16)"
+    assert {o.type for o in sess.get_outputs() if o.name.startswith("present_")} == {"tensor(float16)"}
+    np.testing.assert_array_equal(codes, ref_codes)
+    cos = cosine_rows(logits, ref_logits)
+    assert 0.9999 <= cos.min() and cos.min() < 1.0 - 1e-9, cos  # fp16 attention: close, not identical
 
 
 def test_variant_rejects_unknown_precision(base_bundle):

@@ -61,8 +61,13 @@ def _timed(obj, name: str, sink: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
-def _graphs(cp_mode: str) -> list[str]:
-    return ["talker", "cp_frame" if cp_mode == "frame" else "cp_step", "decoder_stream"]
+def graphs_used(bundle, cp_mode: str) -> list[str]:
+    """The graphs a CPU run of ``cp_mode`` uses (the fused-attention ones when the bundle has them)."""
+    from kztts.talker import prefer_fused
+
+    talker = "talker_gqa" if prefer_fused(bundle, "talker_gqa") else "talker"
+    cp = "cp_step" if cp_mode == "step" else "cp_frame_gqa" if prefer_fused(bundle, "cp_frame_gqa") else "cp_frame"
+    return [talker, cp, "decoder_stream"]
 
 
 def _teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +94,7 @@ def run(spec: dict) -> dict:
     cfg = SessionConfig(threads=int(spec["threads"]), spinning=bool(spec.get("spin", False)))
     bundle = Bundle.open(spec["bundle"], cfg, load_graphs=False)
     counters = {}
-    for name in _graphs(spec["cp_mode"]):
+    for name in graphs_used(bundle, spec["cp_mode"]):
         counters[name] = CountingSession(bundle.session(name))
         bundle._sessions[name] = counters[name]
     tts = TTS(bundle, cp_mode=spec["cp_mode"])
