@@ -74,9 +74,14 @@ class GroupQueryAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total, cos_cache, sin_cache, num_heads, kv_heads, scale):
-        return g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total,
-                    cos_cache, sin_cache, num_heads_i=num_heads, kv_num_heads_i=kv_heads, scale_f=scale,
-                    do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
+        out, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total,
+                           cos_cache, sin_cache, num_heads_i=num_heads, kv_num_heads_i=kv_heads, scale_f=scale,
+                           do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
+        # types for the exporter's shape inference (it has no schema for contrib ops)
+        out.setType(q.type())
+        for present, past in ((pk, past_k), (pv, past_v)):
+            present.setType(past.type().with_sizes([None] * 4))
+        return out, pk, pv
 
 
 def _concat_linear(*parts: nn.Linear) -> nn.Linear:
