@@ -258,7 +258,12 @@ def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_m
                            tts=massive_reference)
     assert r["runner"] == "SegmentedTalker" and r["placement"]["mode"] == "guarded"
     assert r["talker_logits_cos_min"] >= 0.999
-    assert r["greedy_frames_equal"] == [24, 24] and r["greedy_codes_match"] == 1.0
+    # Teacher-forced, every CB0 decision equals fp32. Free-running, the fp16 layers move the hidden
+    # state by ~1e-4 and a near-tie of the random Code Predictor (on the CPU on both sides) may flip
+    # a code and with it every later frame (tiny CP at head_dim 16: text 1 after 12 frames);
+    # all-htp gets 0 frames.
+    assert r["talker_argmax_match"] == 1.0
+    assert min(r["greedy_frames_equal"]) >= 8 and r["greedy_codes_match"] >= 0.75, r["greedy_frames_equal"]
     assert [(s["phase"], s["device"], s["layers"]) for s in r["segments"]] == [
         (ph, d, lab) for ph in ("prefill", "decode")
         for d, lab in (("htp", "layer 0"), ("cpu", "layer 1"), ("htp", "layers 2-3 + head"))]
