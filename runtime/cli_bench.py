@@ -250,7 +250,7 @@ def _htp_bundles(htp_configs: list, args: argparse.Namespace, baseline_row: dict
         h = replace(h, context=context)
         steps.set_postfix_str(f"{h.name}: {h.precision} HTP graphs at context {context}")
         target_file = bench_target_file(h.target, context, work / "targets")
-        out[h] = (cached_htp_bundle(base, model_dir, target_file, h.precision), target_file)
+        out[h] = (cached_htp_bundle(base, model_dir, target_file, h.precision, args.htp_dir), target_file)
         steps.update()
     return out
 
@@ -286,6 +286,8 @@ def add_command(sub) -> None:
                         "(QDQ: 8-bit weights, 16-bit activations, calibrated on real prompts), or both")
     s.add_argument("--htp-context", type=int, default=0,
                    help="static Talker context of the HTP rows (default 0: the prompt + frames, at least 64)")
+    s.add_argument("--htp-dir", help="where the HTP rows' bundles are built (default: next to the fp32 bundle in "
+                                     "the cache; a 0.6B one adds ~4 GB of static graphs)")
     s.add_argument("--no-reference", action="store_true", help="skip the qwen-tts PyTorch rows")
     s.add_argument("--out", help="results folder (default benchmarks/results/bench-<time>)")
     s.set_defaults(func=cmd_bench)

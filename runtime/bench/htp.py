@@ -5,7 +5,8 @@ An HTP row runs a qnn_configs target's static graphs on the HTP simulator of onn
 (``kztts.bench.htp_worker``), for accuracy only. Its bundle is the fp32 base bundle plus that
 target's static graphs (``kztts.export.htp_export.export_htp_graphs``: fp16 float graphs, or
 w8a16 QDQ graphs calibrated on real prompts), exported at a small static context so the
-simulator stays quick; every base file is a hard link (``kztts.export.variants._link_tree``).
+simulator stays quick; every base file is a hard link (a symbolic link when the bundle is built
+on another file system, ``--htp-dir``: a 0.6B HTP bundle adds ~4 GB of static graphs).
 The export side (torch) is imported only when a bundle is built.
 """
 from __future__ import annotations
@@ -52,13 +53,29 @@ def _code_key(target_file: Path, precision: str) -> str:
     return h.hexdigest()[:8]
 
 
+def _link_base(base: Path, work: Path, skip: set[str]) -> None:
+    """Link every file of ``base`` but ``kztts.json`` and ``skip`` into ``work``: a hard link, or a
+    symbolic link across file systems (never a copy of the base's gigabytes)."""
+    import os
+
+    for f in base.rglob("*"):
+        rel = f.relative_to(base).as_posix()
+        if f.is_dir() or rel in skip or rel == "kztts.json":
+            continue
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, dst)
+        except OSError:
+            dst.symlink_to(f.resolve())
+
+
 def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
     import tempfile
 
     from kztts.export.checkpoint import load_reference
     from kztts.export.htp_export import export_htp_graphs
-    from kztts.export.variants import _link_tree
     from kztts.manifest import read_manifest, write_manifest
 
     manifest = read_manifest(base)
@@ -69,7 +86,7 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         # cp_frame is re-stamped in place by the HTP export: copy it, never write through a link
-        _link_tree(base, work, {cp_file} if cp_file else set())
+        _link_base(base, work, {cp_file} if cp_file else set())
         if cp_file:
             shutil.copy2(base / cp_file, work / cp_file)
         model = load_reference(model_dir).model
@@ -88,13 +105,16 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
     return out
 
 
-def cached_htp_bundle(base: str | Path, model_dir: str | Path, target_file: str | Path, precision: str) -> Path:
-    """The HTP bundle of an HTP row, built once next to ``base`` in the cache."""
+def cached_htp_bundle(base: str | Path, model_dir: str | Path, target_file: str | Path, precision: str,
+                      root: str | Path | None = None) -> Path:
+    """The HTP bundle of an HTP row, built once in ``root`` (default: next to ``base`` in the cache)."""
     import fcntl
 
     base, target_file = Path(base).resolve(), Path(target_file)
-    out = base.parent / f"{base.name}.htp-{target_file.stem}-{precision}-{_code_key(target_file, precision)}"
-    with open(base.parent / f".{out.name}.lock", "w") as lock:
+    root = Path(root) if root else base.parent
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"{base.name}.htp-{target_file.stem}-{precision}-{_code_key(target_file, precision)}"
+    with open(root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "kztts.json").is_file():
             log.info("exporting the %s HTP graphs of %s at %s", precision, target_file.stem, base.name)
