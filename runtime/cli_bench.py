@@ -53,6 +53,8 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     proc = subprocess.run([sys.executable, "-m", module, str(spec_path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        if proc.returncode < 0:  # no traceback: say which signal ended it (SIGKILL: the OOM killer, usually)
+            tail.append(f"killed by signal {-proc.returncode}" + (" (out of memory?)" if proc.returncode == -9 else ""))
         log.error("%s failed: %s", tag, " | ".join(tail))
         return {"error": " | ".join(tail)[-400:], "load_avg_before": load}
     row = json.loads(out.read_text())
