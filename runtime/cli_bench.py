@@ -7,7 +7,10 @@ Order of work (every step cached or written under the results folder):
 3. the baseline: the fp32 bundle, greedy, in its own process: codes G, teacher-forced logits,
    the audio of G; every row's accuracy is measured against it;
 4. the reference, qwen-tts PyTorch, once per thread count;
-5. every configuration in its own process (``kztts.bench.worker``).
+5. every configuration in its own process (``kztts.bench.worker``);
+6. with ``--target`` naming qnn_configs targets: per target and HTP precision, a bundle with
+   the target's static graphs at a small context (``kztts.bench.htp``) and one row on the HTP
+   simulator (``kztts.bench.htp_worker``): accuracy only, never timed, run once (not per round).
 Workers run one at a time, never concurrently (2 cores); the load average is recorded.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kztts.bench.report import cpu_name
@@ -49,6 +53,8 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     proc = subprocess.run([sys.executable, "-m", module, str(spec_path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        if proc.returncode < 0:  # no traceback: say which signal ended it (SIGKILL: the OOM killer, usually)
+            tail.append(f"killed by signal {-proc.returncode}" + (" (out of memory?)" if proc.returncode == -9 else ""))
         log.error("%s failed: %s", tag, " | ".join(tail))
         return {"error": " | ".join(tail)[-400:], "load_avg_before": load}
     row = json.loads(out.read_text())
@@ -84,13 +90,20 @@ def run_bench(args: argparse.Namespace) -> dict:
     from kztts.bench import grid as G
     from kztts.bench import report
 
+    with_cpu, htp_targets = G.parse_targets(args.target)
     configs = G.grid(G.parse_list(args.weights, "weights"), G.parse_list(args.kv, "kv"),
                      G.parse_list(args.cp_mode, "cp_mode"), G.parse_list(args.decoder, "decoder"),
-                     G.parse_threads(args.threads), G.parse_spin(args.spin))
+                     G.parse_threads(args.threads), G.parse_spin(args.spin)) if with_cpu else []
+    htp_configs = G.htp_grid(htp_targets, G.parse_htp_precisions(args.htp_precision), args.htp_context)
+    if args.htp_context and args.htp_context < 2:
+        raise KzttsError("--htp-context must be >= 2 (0: the prompt + frames, at least 64)")
     if args.frames < 2 or args.warmup < 0 or args.frames <= args.warmup or args.chunk < 1:
         raise KzttsError("need --frames >= 2, more frames than --warmup, and --chunk >= 1")
     import importlib.util
 
+    if htp_configs and importlib.util.find_spec("onnxruntime_qnn") is None:
+        raise KzttsError(f"--target {args.target}: the HTP rows run on onnxruntime-qnn's HTP simulator, which is "
+                         "not installed: pip install 'kztts[qnn]'")
     if importlib.util.find_spec("torch") is None:
         raise KzttsError("kztts bench needs the export extra (torch, qwen-tts) for the model, the export and the "
                          "reference: pip install -e '.[export,bench]' && pip install --no-deps qwen-tts==0.1.1")
@@ -102,7 +115,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     if args.rounds < 1:
         raise KzttsError("--rounds must be >= 1")
-    steps = tqdm(total=4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds,
+    steps = tqdm(total=4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds
+                 + 2 * len(htp_configs),
                  desc="bench", unit="step", disable=None, file=sys.stderr)
 
     steps.set_postfix_str("model + fp32 bundle")
@@ -137,21 +151,30 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     steps.set_postfix_str("fp32 baseline")
     baseline = work / "baseline.npz"
-    threads_max = max(c.threads for c in configs)
+    threads_max = max(c.threads for c in configs) if configs else max(G.parse_threads(args.threads))
     b = _worker("kztts.bench.worker", {**common, "bundle": str(base), "cp_mode": "frame", "threads": threads_max,
                                        "save_baseline": str(baseline)}, work, "baseline", threads_max)
     if "error" in b:
         raise KzttsError(f"the fp32 baseline run failed: {b['error']}")
     steps.update()
 
+    htp_bundles = _htp_bundles(htp_configs, args, b, base, model_dir, work, steps)
     tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
     tasks += [("kztts", c) for c in configs]
     runs: dict = {task: [] for task in tasks}
     for rnd in range(args.rounds):
         # rotate the order every round, so a load burst on a shared machine does not always
         # hit the same configurations
-        k = rnd % len(tasks)
-        for kind, what in tasks[k:] + tasks[:k]:
+        k = rnd % len(tasks) if tasks else 0
+        for kind, what in tasks[k:] + tasks[:k] + ([("htp", h) for h in htp_bundles] if rnd == 0 else []):
+            if kind == "htp":
+                steps.set_postfix_str(f"{what.name} on the HTP simulator (untimed)")
+                r = _worker("kztts.bench.htp_worker", {**common, "bundle": str(htp_bundles[what][0]),
+                                                       "target": str(htp_bundles[what][1]), "threads": threads_max,
+                                                       "baseline": str(baseline)}, work, what.slug, threads_max)
+                runs[(kind, what)] = [r]
+                steps.update()
+                continue
             if kind == "reference":
                 steps.set_postfix_str(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
                 r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": what,
@@ -181,6 +204,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             r["speedup"] = round(ref["frame_ms"] / r["frame_ms"], 3)
             r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
         rows.append(r)
+    for h in htp_bundles:
+        r = runs[("htp", h)][0]
+        r.update(kind="htp-sim", timed=False, **h.as_dict())
+        rows.append(r)
     steps.close()
 
     load = os.getloadavg()
@@ -190,22 +217,44 @@ def run_bench(args: argparse.Namespace) -> dict:
               f"{cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
               f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
               f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
+    if htp_bundles:
+        header += ("\n" + report.HTP_NOTE)
     import onnxruntime as ort
 
     command = (f"kztts bench {'--model-dir ' + args.model_dir if args.model_dir else '--size ' + args.size} "
                f"--weights {args.weights} --kv {args.kv} --cp-mode {args.cp_mode} --decoder {args.decoder} "
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
-               f"{' --no-reference' if args.no_reference else ''}")
+               f"{' --no-reference' if args.no_reference else ''} --target {args.target} "
+               f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
             "text": args.text, "language": args.language, "frames": args.frames, "warmup": args.warmup,
             "chunk": args.chunk}
+    if htp_bundles:
+        meta["htp_rows_untimed"] = report.HTP_NOTE
     paths = report.write_all(rows, meta, out)
     print(report.markdown(rows, header))
     for kind, p in paths.items():
         print(f"{kind}: {p}", file=sys.stderr)
     return {"rows": rows, "paths": paths}
+
+
+def _htp_bundles(htp_configs: list, args: argparse.Namespace, baseline_row: dict, base: Path, model_dir: Path,
+                 work: Path, steps) -> dict:
+    """{HtpConfig with its context: (HTP bundle, target file)}: the target at the row's static
+    context (``--htp-context``, or the baseline's prompt + frames, at least 64) and its export."""
+    from kztts.bench.htp import bench_context, bench_target_file, cached_htp_bundle
+
+    out = {}
+    for h in htp_configs:
+        context = h.context or bench_context(baseline_row["prefill_positions"], args.frames)
+        h = replace(h, context=context)
+        steps.set_postfix_str(f"{h.name}: {h.precision} HTP graphs at context {context}")
+        target_file = bench_target_file(h.target, context, work / "targets")
+        out[h] = (cached_htp_bundle(base, model_dir, target_file, h.precision, args.htp_dir), target_file)
+        steps.update()
+    return out
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -231,6 +280,16 @@ def add_command(sub) -> None:
                    help="run the whole grid this many times, order rotated; timings = median over rounds")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
+    s.add_argument("--target", default="cpu",
+                   help="execution targets: cpu (the timed CPU grid) and/or qnn_configs targets (e.g. simulator): "
+                        "their static graphs on the HTP simulator, accuracy only, never timed (default cpu)")
+    s.add_argument("--htp-precision", default="fp16",
+                   help="weight precisions of the HTP rows: fp16 (float graphs, fp16 on the HTP), w8a16 "
+                        "(QDQ: 8-bit weights, 16-bit activations, calibrated on real prompts), or both")
+    s.add_argument("--htp-context", type=int, default=0,
+                   help="static Talker context of the HTP rows (default 0: the prompt + frames, at least 64)")
+    s.add_argument("--htp-dir", help="where the HTP rows' bundles are built (default: next to the fp32 bundle in "
+                                     "the cache; a 0.6B one adds ~4 GB of static graphs)")
     s.add_argument("--no-reference", action="store_true", help="skip the qwen-tts PyTorch rows")
     s.add_argument("--out", help="results folder (default benchmarks/results/bench-<time>)")
     s.set_defaults(func=cmd_bench)

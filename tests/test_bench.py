@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kztts.bench.grid import grid, parse_list, parse_threads
+from kztts.bench.grid import grid, htp_grid, parse_htp_precisions, parse_list, parse_targets, parse_threads
 from kztts.bench.metrics import agreement, snr_db
 from kztts.errors import KzttsError
 
@@ -64,3 +64,94 @@ def test_bench_smoke(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
     md = (out / "results.md").read_text()
     assert "codes equal" in md and "qwen-tts PyTorch" in md
+
+
+# ------------------------------------------------------------------ HTP simulator rows
+def test_htp_axis_parsing():
+    from kztts.bench.htp import bench_context
+
+    assert parse_targets("cpu,simulator") == (True, ["simulator"])
+    assert parse_targets("simulator") == (False, ["simulator"])
+    with pytest.raises(KzttsError, match="nosuch"):
+        parse_targets("cpu,nosuch")
+    with pytest.raises(KzttsError, match="w4a16"):
+        parse_htp_precisions("fp16,w4a16")
+    assert [c.name for c in htp_grid(["simulator"], parse_htp_precisions("fp16,w8a16"))] == [
+        "htp-sim/simulator/fp16", "htp-sim/simulator/w8a16"]
+    assert bench_context(19, 6) == 64 and bench_context(19, 50) == 80
+
+
+def test_report_leaves_untimed_rows_untimed(tmp_path):
+    from kztts.bench.report import HTP_NOTE, markdown, write_all
+
+    cpu = {"name": "fp32/kv-fp32/cp-frame/dec-fp32/t1", "kind": "kztts", "weights": "fp32", "frame_ms": 10.0,
+           "frame_rtf": 0.125, "talker_cos_min": 1.0, "code_agreement": 1.0}
+    htp = {"name": "htp-sim/simulator/fp16", "kind": "htp-sim", "timed": False, "weights": "fp16",
+           "talker_cos_min": 0.99999, "code_agreement": 0.5, "cp_codes_match": 0.75, "peak_rss_mb": 100.0}
+    lines = markdown([cpu, htp], "h").splitlines()
+    cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert cells[1:9] == ["sim"] * 8 and cells[9] == "100" and cells[10:12] == ["sim", "sim"]  # peak RSS is kept
+    assert "0.750 codes" in cells
+    paths = write_all([cpu, htp], {"header": "h\n" + HTP_NOTE}, tmp_path)
+    assert paths["png"].stat().st_size > 0  # the untimed row is left out of the plot, not an error
+
+
+def _qnn_reason() -> str | None:
+    """Why the QNN EP cannot run here (None when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime_qnn") is None:
+        return "onnxruntime-qnn is not installed: pip install 'kztts[qnn]'"
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    return None if qnn_available() else qnn_unavailable_reason()
+
+
+def _bench_htp(out, precision: str) -> dict:
+    reason = _qnn_reason()
+    if reason:
+        print(f"skipping the HTP bench rows: {reason}")
+        pytest.skip(reason)
+    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--target", "simulator",
+                          "--htp-precision", precision, "--threads", "1", "--frames", "2", "--warmup", "1",
+                          "--no-reference", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in data["rows"]] == [f"htp-sim/simulator/{precision}"]  # no CPU grid without cpu
+    row = data["rows"][0]
+    assert "error" not in row, row["error"]
+    assert row["kind"] == "htp-sim" and row["timed"] is False and "NEVER timed" in data["htp_rows_untimed"]
+    for key in ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms"):
+        assert row.get(key) is None, key
+    # every node of the static graphs on the HTP, in the precision asked for
+    assert set(row["placement"]) == {"talker_prefill", "talker_decode", "cp_frame"}
+    for name, p in row["placement"].items():
+        assert p["cpu_nodes"] == 0 and p["qnn_nodes"] > 0, (name, p)
+    want = "fp16 (htp)" if precision == "fp16" else "w8a16 (htp)"
+    assert row["placement"]["talker_decode"]["precision"] == want
+    assert row["context"] == 64 and row["cp_device"] == "htp" and row["decoder_device"] == "cpu"
+    assert row["snr_db"] == float("inf")  # the simulator target decodes on the CPU (fp32)
+    assert 0.0 <= row["code_agreement"] <= 1.0 and 0.0 <= row["cp_codes_match"] <= 1.0
+    assert row["peak_rss_mb"] > 0
+    md = (out / "results.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith(f"| htp-sim/simulator/{precision} "))
+    assert line.count("| sim ") == 10 and "codes" in line and "NEVER timed" in md
+    assert (out / "pareto.png").is_file()
+    print(f"\nbench {row['name']}: talker cos min {row['talker_cos_min']:.7f}, argmax TF "
+          f"{row['talker_argmax_agreement']:.3f}, CP codes {row['cp_codes_match']:.3f}, codes equal "
+          f"{row['code_agreement']:.3f}, peak RSS {row['peak_rss_mb']:.0f} MB")
+    return row
+
+
+def test_bench_htp_simulator_row(tmp_path):
+    """`kztts bench --target simulator`: the fp16 row on the HTP simulator, accuracy only."""
+    row = _bench_htp(tmp_path / "bench", "fp16")
+    # fp16 arithmetic: close to the fp32 bundle, and not identical (it did not run in fp32)
+    assert 0.9999 < row["talker_cos_min"] < 1.0 and row["talker_argmax_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_htp_w8a16_row(tmp_path):
+    """The w8a16 (QDQ) row: its own export, calibrated on real prompts."""
+    row = _bench_htp(tmp_path / "bench", "w8a16")
+    assert 0.99 < row["talker_cos_min"] < 0.99999

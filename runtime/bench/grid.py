@@ -1,8 +1,13 @@
-"""The configurations ``kztts bench`` runs: the cross product of the requested axes."""
+"""The configurations ``kztts bench`` runs: the cross product of the requested axes.
+
+Execution targets (``--target``): ``cpu`` is the timed CPU grid (:class:`Config`); any other
+value names a qnn_configs target whose static graphs run on the HTP simulator of
+onnxruntime-qnn, one untimed accuracy row per HTP precision (:class:`HtpConfig`)."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from kztts.errors import KzttsError
 
@@ -62,6 +67,57 @@ def parse_spin(raw: str) -> list[bool]:
     if not values or any(v not in ("0", "1") for v in values):
         raise KzttsError(f"--spin {raw!r}: give 1 (spinning threads), 0, or 1,0")
     return [v == "1" for v in values]
+
+
+HTP_PRECISIONS = ("fp16", "w8a16")  # kztts.targets.PRECISIONS: what export_htp_graphs builds
+
+
+@dataclass(frozen=True)
+class HtpConfig:
+    """One HTP row: a qnn_configs target (name or JSON path) at one weight precision, run on the
+    HTP simulator for accuracy only (never timed). ``context`` is the static Talker context."""
+
+    target: str
+    precision: str = "fp16"
+    context: int = 0  # 0: chosen by the bench (the prompt + frames, at least 64)
+
+    @property
+    def name(self) -> str:
+        return f"htp-sim/{Path(self.target).stem}/{self.precision}"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("/", "_")
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "htp_precision": self.precision, "context": self.context,
+                "name": self.name, "weights": self.precision}
+
+
+def parse_targets(raw: str) -> tuple[bool, list[str]]:
+    """``--target``: (whether the CPU grid runs, the HTP targets); every target is loaded and
+    checked here, so a bad name fails before any work."""
+    from kztts.targets import load_target
+
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not values:
+        raise KzttsError(f"--target {raw!r}: give cpu and/or qnn_configs targets (e.g. cpu,simulator)")
+    htp = [v for v in values if v != "cpu"]
+    for v in htp:
+        load_target(v)
+    return "cpu" in values, list(dict.fromkeys(htp))
+
+
+def parse_htp_precisions(raw: str) -> list[str]:
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not values or any(v not in HTP_PRECISIONS for v in values):
+        raise KzttsError(f"--htp-precision {raw!r}: choose from {', '.join(HTP_PRECISIONS)} (comma-separated)")
+    return list(dict.fromkeys(values))
+
+
+def htp_grid(targets: list[str], precisions: list[str], context: int = 0) -> list[HtpConfig]:
+    """Every (target, precision) pair, targets outermost."""
+    return [HtpConfig(t, p, context) for t, p in itertools.product(targets, precisions)]
 
 
 def grid(weights, kv, cp_mode, decoder, threads, spin=(False,)) -> list[Config]:

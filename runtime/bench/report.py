@@ -44,6 +44,15 @@ COLUMNS = [
 ]
 
 
+# columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there
+TIMING_KEYS = frozenset({"prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf",
+                         "ttfa_ms", "runs_per_frame", "speedup"})
+HTP_NOTE = ("HTP rows (htp-sim/...): the target's static graphs on onnxruntime-qnn's x86 HTP simulator, for "
+            "accuracy only and NEVER timed (the simulator is 50-200x slower than a device): timing columns show "
+            "'sim'; CP argmax of an HTP row = greedy cp_frame codes on the HTP from the fp32 hidden states and "
+            "CB0 of G, against G (marked 'codes'); audio SNR = the decoder the target uses on G")
+
+
 def _fmt(value, fmt: str) -> str:
     if value is None:
         return "-"
@@ -55,11 +64,21 @@ def _fmt(value, fmt: str) -> str:
         return str(value)
 
 
+def _cell(row: dict, key: str, fmt: str) -> str:
+    """One table cell: "sim" for the timing columns of an untimed row; an HTP row's Code
+    Predictor agreement is its greedy codes match (its cp_frame returns codes, not logits)."""
+    if row.get("timed") is False and key in TIMING_KEYS:
+        return "sim"
+    if key == "cp_argmax_agreement" and row.get(key) is None and row.get("cp_codes_match") is not None:
+        return f"{row['cp_codes_match']:.3f} codes"
+    return _fmt(row.get(key), fmt)
+
+
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
              "|" + "|".join("---" if k == "name" else "---:" for k, _, _ in COLUMNS) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(k), f) for k, _, f in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(r, k, f) for k, _, f in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -84,7 +103,8 @@ def pareto(rows: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     for ax, key, label in ((axes[0], "code_agreement", "greedy codes equal to fp32 bundle"),
                            (axes[1], "talker_cos_min", "teacher-forced talker logits cosine (min)")):
-        pts = [(r["frame_rtf"], r[key], r) for r in rows if r.get("frame_rtf") is not None and r.get(key) is not None]
+        pts = [(r["frame_rtf"], r[key], r) for r in rows  # untimed rows (HTP simulator) have no place here
+               if r.get("timed") is not False and r.get("frame_rtf") is not None and r.get(key) is not None]
         for x, y, r in pts:
             ref = r.get("kind") == "reference"
             ax.scatter([x], [y], marker="*" if ref else "o", s=120 if ref else 40,

@@ -1,0 +1,122 @@
+"""The HTP rows of ``kztts bench`` (parent side): their static context, their target file and
+their bundle.
+
+An HTP row runs a qnn_configs target's static graphs on the HTP simulator of onnxruntime-qnn
+(``kztts.bench.htp_worker``), for accuracy only. Its bundle is the fp32 base bundle plus that
+target's static graphs (``kztts.export.htp_export.export_htp_graphs``: fp16 float graphs, or
+w8a16 QDQ graphs calibrated on real prompts), exported at a small static context so the
+simulator stays quick; every base file is a hard link (a symbolic link when the bundle is built
+on another file system, ``--htp-dir``: a 0.6B HTP bundle adds ~4 GB of static graphs).
+The export side (torch) is imported only when a bundle is built.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+from kztts.targets import load_target
+
+log = logging.getLogger(__name__)
+
+MIN_CONTEXT = 64  # the smallest static context the bench uses (the tests' simulator context)
+CONTEXT_STEP = 16
+
+
+def bench_context(prompt_positions: int, frames: int) -> int:
+    """The static Talker context an HTP row needs: the prompt plus ``frames`` frames (``C - 1``
+    usable positions hold prompt + frames - 1 inputs), rounded up, at least :data:`MIN_CONTEXT`."""
+    need = int(prompt_positions) + int(frames)
+    return max(MIN_CONTEXT, CONTEXT_STEP * math.ceil(need / CONTEXT_STEP))
+
+
+def bench_target_file(target: str, context: int, out_dir: Path) -> Path:
+    """A copy of ``target``'s file with static context ``context`` and a prefill chunk that fits it
+    (the target's, at most half the context), validated by :func:`kztts.targets.load_target`."""
+    t = load_target(target)
+    data = json.loads(t.path.read_text())
+    data["shapes"].update(context=int(context), prefill_chunk=min(t.shapes.prefill_chunk, int(context) // 2))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{t.path.stem}-ctx{context}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    load_target(path)
+    return path
+
+
+def _code_key(target_file: Path, precision: str) -> str:
+    """Cache key of an HTP bundle: the target file, the precision and this module's code (the
+    exporter's own code is in the base bundle's name)."""
+    h = hashlib.sha256(target_file.read_bytes() + precision.encode() + Path(__file__).read_bytes())
+    return h.hexdigest()[:8]
+
+
+def _link_base(base: Path, work: Path, skip: set[str]) -> None:
+    """Link every file of ``base`` but ``kztts.json`` and ``skip`` into ``work``: a hard link, or a
+    symbolic link across file systems (never a copy of the base's gigabytes)."""
+    import os
+
+    for f in base.rglob("*"):
+        rel = f.relative_to(base).as_posix()
+        if f.is_dir() or rel in skip or rel == "kztts.json":
+            continue
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, dst)
+        except OSError:
+            dst.symlink_to(f.resolve())
+
+
+def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
+    """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
+    import tempfile
+
+    from kztts.export.checkpoint import load_reference
+    from kztts.export.htp_export import export_htp_graphs
+    from kztts.manifest import read_manifest, write_manifest
+
+    manifest = read_manifest(base)
+    data = json.loads(json.dumps(manifest.data))
+    target = load_target(target_file)
+    export_id = manifest.graphs["talker"].extra.get("export_id", "unbundled")
+    cp_file = manifest.graphs["cp_frame"].file if "cp_frame" in manifest.graphs else None
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        # cp_frame is re-stamped in place by the HTP export: copy it, never write through a link
+        _link_base(base, work, {cp_file} if cp_file else set())
+        if cp_file:
+            shutil.copy2(base / cp_file, work / cp_file)
+        model = load_reference(model_dir).model
+        specs = export_htp_graphs(model, work, export_id=export_id, target=target, precision=precision)
+        del model
+        data["graphs"].update({n: s.to_json() for n, s in specs.items()})
+        data["bench_htp"] = {"base": base.name, "target": target.name, "precision": precision,
+                             "context": target.shapes.context, "prefill_chunk": target.shapes.prefill_chunk}
+        write_manifest(work, data)
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+
+
+def cached_htp_bundle(base: str | Path, model_dir: str | Path, target_file: str | Path, precision: str,
+                      root: str | Path | None = None) -> Path:
+    """The HTP bundle of an HTP row, built once in ``root`` (default: next to ``base`` in the cache)."""
+    import fcntl
+
+    base, target_file = Path(base).resolve(), Path(target_file)
+    root = Path(root) if root else base.parent
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"{base.name}.htp-{target_file.stem}-{precision}-{_code_key(target_file, precision)}"
+    with open(root / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "kztts.json").is_file():
+            log.info("exporting the %s HTP graphs of %s at %s", precision, target_file.stem, base.name)
+            make_htp_bundle(base, Path(model_dir), target_file, precision, out)
+    return out
