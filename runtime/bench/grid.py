@@ -16,6 +16,7 @@ AXES = {
     "kv": ("fp32", "fp16"),
     "cp_mode": ("frame", "step"),
     "decoder": ("fp32", "int8"),
+    "attention": ("fused", "plain"),  # CPU graphs: talker_gqa/cp_frame_gqa, or the plain talker/cp_frame
 }
 
 
@@ -29,11 +30,12 @@ class Config:
     decoder: str = "fp32"
     threads: int = 2
     spin: bool = False  # ONNX Runtime worker threads spin between operators (SessionConfig.spinning)
+    attention: str = "fused"  # kztts.talker.ATTENTION_ENV in the worker
 
     @property
     def name(self) -> str:
         return (f"{self.weights}/kv-{self.kv}/cp-{self.cp_mode}/dec-{self.decoder}/t{self.threads}"
-                + ("/spin" if self.spin else ""))
+                + ("/spin" if self.spin else "") + ("/plain-attn" if self.attention == "plain" else ""))
 
     @property
     def slug(self) -> str:
@@ -120,8 +122,8 @@ def htp_grid(targets: list[str], precisions: list[str], context: int = 0) -> lis
     return [HtpConfig(t, p, context) for t, p in itertools.product(targets, precisions)]
 
 
-def grid(weights, kv, cp_mode, decoder, threads, spin=(False,)) -> list[Config]:
+def grid(weights, kv, cp_mode, decoder, threads, spin=(False,), attention=("fused",)) -> list[Config]:
     """Every combination, in a stable order (threads outermost, so runs sharing a thread count
-    sit together)."""
-    return [Config(w, k, m, d, t, s) for t, w, k, m, d, s
-            in itertools.product(threads, weights, kv, cp_mode, decoder, spin)]
+    sit together; the attention variants of one configuration side by side)."""
+    return [Config(w, k, m, d, t, s, a) for t, w, k, m, d, s, a
+            in itertools.product(threads, weights, kv, cp_mode, decoder, spin, attention)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import replace
@@ -91,6 +92,9 @@ def run(spec: dict) -> dict:
     from kztts.tts import TTS, Voice
 
     t_open = time.perf_counter()
+    from kztts.talker import ATTENTION_ENV
+
+    os.environ[ATTENTION_ENV] = spec.get("attention", "fused")  # before any graph is chosen
     cfg = SessionConfig(threads=int(spec["threads"]), spinning=bool(spec.get("spin", False)))
     bundle = Bundle.open(spec["bundle"], cfg, load_graphs=False)
     counters = {}
