@@ -16,6 +16,10 @@ from kztts.errors import KzttsError
 def test_grid_is_the_cross_product():
     g = grid(["fp32", "int4"], ["fp32"], ["frame", "step"], ["fp32"], [1, 2])
     assert len(g) == 8 and len({c.name for c in g}) == 8
+    g = grid(["fp32"], ["fp32"], ["frame"], ["fp32"], [2], attention=["fused", "plain"])
+    assert [c.name for c in g] == ["fp32/kv-fp32/cp-frame/dec-fp32/t2", "fp32/kv-fp32/cp-frame/dec-fp32/t2/plain-attn"]
+    with pytest.raises(KzttsError, match="attention"):
+        parse_list("gqa", "attention")
     with pytest.raises(KzttsError, match="int3"):
         parse_list("fp32,int3", "weights")
     with pytest.raises(KzttsError, match="threads"):
@@ -38,7 +42,7 @@ def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
     res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32,int8",
                           "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
-                          "--out", str(out)], capture_output=True, text=True)
+                          "--attention", "fused,plain", "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     for name in ("results.json", "results.csv", "results.md", "pareto.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -47,21 +51,23 @@ def test_bench_smoke(tmp_path):
     ref = rows["qwen-tts PyTorch fp32/t1"]
     fp32 = rows["fp32/kv-fp32/cp-frame/dec-fp32/t1"]
     int8 = rows["int8/kv-fp32/cp-frame/dec-fp32/t1"]
-    for r in (ref, fp32, int8):
+    plain = rows["fp32/kv-fp32/cp-frame/dec-fp32/t1/plain-attn"]
+    for r in (ref, fp32, int8, plain, rows["int8/kv-fp32/cp-frame/dec-fp32/t1/plain-attn"]):
         assert "error" not in r, r.get("error")
         for key in ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "rtf", "peak_rss_mb", "code_agreement",
                     "talker_cos_min", "cp_cos_min", "snr_db"):
             assert r[key] is not None, key
     # the fp32 bundle reproduces the baseline run and qwen-tts greedy codes exactly
-    assert fp32["code_agreement"] == 1.0 and ref["code_agreement"] == 1.0
+    assert fp32["code_agreement"] == 1.0 and ref["code_agreement"] == 1.0 and plain["code_agreement"] == 1.0
     assert fp32["talker_cos_min"] > 0.99999 and ref["talker_cos_min"] > 0.99999 and ref["cp_cos_min"] > 0.99999
     assert 0.99 < int8["talker_cos_min"] < 1.0
     # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 4 + 2 frames
-    assert fp32["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 2}
+    assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 2}  # fused attention
+    assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 2}
     assert fp32["runs_per_frame"] == pytest.approx(14 / 6, abs=1e-3)
     assert fp32["speedup"] > 0
     with open(out / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
+        assert len(list(csv.DictReader(f))) == 5
     md = (out / "results.md").read_text()
     assert "codes equal" in md and "qwen-tts PyTorch" in md
 
