@@ -89,9 +89,9 @@ class _FoldedSnake(nn.Module):
     def __init__(self, act: nn.Module):
         super().__init__()
         with torch.no_grad():
-            self.register_buffer("alpha", torch.exp(act.alpha).detach().clone(), persistent=False)
+            self.register_buffer("alpha", torch.exp(act.alpha).detach().clone())
             inv = 1.0 / (torch.exp(act.beta) + act.no_div_by_zero)
-            self.register_buffer("inv_beta", inv.detach().clone(), persistent=False)
+            self.register_buffer("inv_beta", inv.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)
@@ -203,9 +203,9 @@ class DecoderStep(nn.Module):
             with torch.no_grad():
                 w, b = make(conv)
             n = len(self._prepared)
-            self.register_buffer(f"_w{n}", w.detach().contiguous(), persistent=False)
+            self.register_buffer(f"_w{n}", w.detach().contiguous())  # persistent: an initializer, not a Constant
             if b is not None:
-                self.register_buffer(f"_b{n}", b.detach().contiguous(), persistent=False)
+                self.register_buffer(f"_b{n}", b.detach().contiguous())
             self._prepared[key] = (f"_w{n}", f"_b{n}" if b is not None else None)
         wn, bn = self._prepared[key]
         return getattr(self, wn), (getattr(self, bn) if bn else None)
