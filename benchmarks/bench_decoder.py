@@ -14,8 +14,8 @@ at the same threads (``inf`` = bit-identical).
 
 Variant names: ``plain`` or ``+``-joined DecoderOptions fields (``conv2d+tconv_as_conv+fold_snake``);
 a suffix ``@extended`` (or ``@basic``) opens it at that ORT optimization level instead of ``all``;
-``int8:<name>``: that graph with its Conv weights quantized to 8 bits (ORT ConvInteger, dynamic
-activations; lossy, opt-in). The machine is shared: only ratios inside one run mean anything; the
+``int8:<name>`` / ``int8c:<name>``: that graph with its Conv weights quantized to 8 bits per tensor /
+per output channel (ORT ConvInteger, dynamic activations; lossy, opt-in). The machine is shared: only ratios inside one run mean anything; the
 load average is printed at the start and the end.
 """
 from __future__ import annotations
@@ -39,12 +39,15 @@ def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
     return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)
 
 
-def parse_variant(text: str) -> tuple[str, str, bool]:
-    """``[int8:]name[@opt]`` -> (graph options name, optimization level, int8)."""
-    int8 = text.startswith("int8:")
-    body = text[5:] if int8 else text
+def parse_variant(text: str) -> tuple[str, str, str]:
+    """``[int8:|int8c:]name[@opt]`` -> (graph options name, optimization level, quantization: "", "int8", "int8c")."""
+    quant, sep, body = text.partition(":")
+    if not sep:
+        quant, body = "", text
+    elif quant not in ("int8", "int8c"):
+        raise SystemExit(f"unknown quantization {quant!r} in variant {text!r}: int8 or int8c")
     name, _, opt = body.partition("@")
-    return name, opt or "all", int8
+    return name, opt or "all", quant
 
 
 def options_of(name: str):
@@ -57,18 +60,20 @@ def options_of(name: str):
     return DecoderOptions(**{f: True for f in fields})
 
 
-def export_variant(model_dir: Path, work: Path, name: str, int8: bool, cache: dict) -> Path:
-    """The decoder_stream graph of variant ``name`` (exported once into ``work``)."""
-    path = work / (("int8-" if int8 else "") + name) / "decoder_stream.onnx"
+def export_variant(model_dir: Path, work: Path, name: str, quant: str, cache: dict) -> Path:
+    """The decoder_stream graph of variant ``name`` (exported once into ``work``); ``quant`` "int8":
+    its convs quantized per tensor, "int8c": per output channel (ORT dynamic quantization)."""
+    path = work / ((quant + "-" if quant else "") + name) / "decoder_stream.onnx"
     if path.is_file():
         return path
-    if int8:
-        src = export_variant(model_dir, work, name, False, cache)
+    if quant:
+        src = export_variant(model_dir, work, name, "", cache)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("quantizing %s convs to 8 bits", name)
-        quantize_dynamic(str(src), str(path), op_types_to_quantize=["Conv"], weight_type=QuantType.QUInt8)
+        log.info("quantizing %s convs to 8 bits (%s)", name, quant)
+        quantize_dynamic(str(src), str(path), op_types_to_quantize=["Conv"], weight_type=QuantType.QUInt8,
+                         per_channel=quant == "int8c")
         return path
     from kztts.export.codec_graphs import DecoderStep, export_stream_graph
 

@@ -219,7 +219,8 @@ class TTS:
         if self.pipeline if pipeline is None else pipeline:
             yield from self._stream_pipelined(run, dec, chunk_frames)
             if result is not None:
-                result["result"] = self._result(run, np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32))
+                samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
+                result["result"] = self._result(run, samples)
             return
         times = run.loop.times
         if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes] and cuts the reference's samples
