@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     walls: dict[str, list[float]] = collections.defaultdict(list)
     profiles = {}
     for name in names:
-        so = _session_options(bundle.session_config)
+        so = _session_options(bundle.session_config, name)  # per-graph threads ($KZTTS_DECODER_THREADS)
         so.enable_profiling = True
         so.profile_file_prefix = f"/tmp/kztts-profile-{name}"
         sess = ort.InferenceSession(str(bundle.path / bundle.manifest.graphs[name].file), so,

@@ -29,6 +29,7 @@ weights, in plain tensor code whose shapes stay symbolic:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,20 +45,68 @@ REFERENCE_LEFT_CONTEXT = 25
 
 
 # ---------------------------------------------------------------- decoder
+@dataclass(frozen=True)
+class DecoderOptions:
+    """How the decoder's convolutions and activations are written into the graph (same function).
+
+    ``conv2d``: every Conv1d / ConvTranspose1d of the vocoder as its 2-D form over [1, C, 1, T]
+    (ONNX Runtime's NCHWc layout transform and 2-D conv kernels only take 4-D convs).
+    ``tconv_as_conv``: a ConvTranspose1d with kernel 2*stride (or == stride) as a Conv of kernel 2
+    (or 1) with ``stride * C_out`` output channels, then a reshape/transpose that interleaves
+    them in time (ORT's ConvTranspose runs a GEMM then a single-threaded col2im).
+    ``fold_snake``: SnakeBeta's exp(alpha) and 1/(exp(beta)+eps) as initializers and sin^2 as
+    one Mul instead of Pow.
+    """
+
+    conv2d: bool = False
+    tconv_as_conv: bool = False
+    fold_snake: bool = False
+
+    @property
+    def name(self) -> str:
+        on = [f for f in ("conv2d", "tconv_as_conv", "fold_snake") if getattr(self, f)]
+        return "+".join(on) or "plain"
+
+
+PLAIN = DecoderOptions()
+# What export_decoder writes for the CPU: benchmarks/bench_decoder.py on the 0.6B decoder, 1 thread,
+# chunk 4: 7-10% less CPU per frame than PLAIN at >= 109 dB SNR against it. The HTP export
+# (htp_export.export_decoder_chunk) keeps DecoderStep's default, PLAIN.
+DEFAULT_OPTIONS = DecoderOptions(conv2d=True, tconv_as_conv=True, fold_snake=True)
+
+
 def _snake(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """SnakeBeta exactly as the reference: x + 1/(exp(beta)+1e-9) * sin(x * exp(alpha))^2."""
-    alpha = torch.exp(act.alpha)[None, :, None]
-    beta = torch.exp(act.beta)[None, :, None]
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    alpha = torch.exp(act.alpha).reshape(shape)
+    beta = torch.exp(act.beta).reshape(shape)
     return x + (1.0 / (beta + act.no_div_by_zero)) * torch.pow(torch.sin(x * alpha), 2)
+
+
+class _FoldedSnake(nn.Module):
+    """SnakeBeta with its per-channel constants precomputed: x + inv_beta * s * s, s = sin(x * alpha)."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        with torch.no_grad():
+            self.register_buffer("alpha", torch.exp(act.alpha).detach().clone())
+            inv = 1.0 / (torch.exp(act.beta) + act.no_div_by_zero)
+            self.register_buffer("inv_beta", inv.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        s = torch.sin(x * self.alpha.reshape(shape))
+        return x + self.inv_beta.reshape(shape) * (s * s)
 
 
 class DecoderStep(nn.Module):
     """forward(codes [1,C,16] int64, position [1] int64, *state) -> (wav [1, C*1920], *new_state)."""
 
-    def __init__(self, decoder: nn.Module):
+    def __init__(self, decoder: nn.Module, options: DecoderOptions = PLAIN):
         super().__init__()
         cfg = decoder.config
         self.dec = decoder
+        self.options = options
         q = decoder.quantizer
         layers = list(q.rvq_first.vq.layers) + list(q.rvq_rest.vq.layers)
         for layer in layers:
@@ -82,6 +131,30 @@ class DecoderStep(nn.Module):
         self.register_buffer("inv_freq", tr.rotary_emb.inv_freq.detach().float().clone(), persistent=False)
         self.samples_per_frame = int(decoder.total_upsample)
         self.state_specs = self._state_specs()
+        self._prepared: dict[tuple, tuple[str, str | None]] = {}  # (id(conv), form) -> buffer names
+        self._snakes = nn.ModuleDict()
+        if options.fold_snake:
+            for name, mod in decoder.decoder.named_modules():
+                if type(mod).__name__ == "SnakeBeta":
+                    self._snakes[name.replace(".", "_")] = _FoldedSnake(mod)
+            self._snake_key = {id(mod): name.replace(".", "_") for name, mod in decoder.decoder.named_modules()
+                               if type(mod).__name__ == "SnakeBeta"}
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Make every rewritten weight now, so the exporter sees module buffers (initializers)."""
+        opt = self.options
+        for tconv, _ in self.dec.upsample:  # these stay 1-D
+            c = tconv.conv
+            if opt.tconv_as_conv and c.kernel_size[0] in (c.stride[0], 2 * c.stride[0]):
+                self._buffer(c, self._tconv_weights, "1d")
+        for mod in self.dec.decoder.modules():
+            as_conv = isinstance(mod, nn.ConvTranspose1d) and opt.tconv_as_conv \
+                and mod.kernel_size[0] in (mod.stride[0], 2 * mod.stride[0])
+            if as_conv:
+                self._buffer(mod, self._tconv_2d if opt.conv2d else self._tconv_weights, "2d" if opt.conv2d else "1d")
+            elif isinstance(mod, (nn.Conv1d, nn.ConvTranspose1d)) and opt.conv2d:
+                self._buffer(mod, self._as_2d, "2d")
 
     # ---- state layout (names and shapes, batch 1), in graph input order
     def _conv_ctx(self, cc) -> int:
@@ -122,25 +195,100 @@ class DecoderStep(nn.Module):
         return [torch.zeros(shape) for _, shape in self.state_specs]
 
     # ---- building blocks
+    def _buffer(self, conv: nn.Module, make, form: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of ``conv`` rewritten by ``make`` into ``form``, made once and kept as buffers,
+        so the graph gets them as initializers (quantizers and ORT's prepacking want that)."""
+        key = (id(conv), form)
+        if key not in self._prepared:
+            with torch.no_grad():
+                w, b = make(conv)
+            n = len(self._prepared)
+            self.register_buffer(f"_w{n}", w.detach().contiguous())  # persistent: an initializer, not a Constant
+            if b is not None:
+                self.register_buffer(f"_b{n}", b.detach().contiguous())
+            self._prepared[key] = (f"_w{n}", f"_b{n}" if b is not None else None)
+        wn, bn = self._prepared[key]
+        return getattr(self, wn), (getattr(self, bn) if bn else None)
+
     @staticmethod
-    def _causal_conv(cc, x, state, new):
-        conv = cc.conv
-        xx = torch.cat([state, x], dim=-1)
-        new.append(xx[..., -state.shape[-1]:])
-        return F.conv1d(xx, conv.weight, conv.bias, stride=1, dilation=conv.dilation[0], groups=conv.groups)
+    def _as_2d(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return conv.weight[:, :, None, :], conv.bias
+
+    def _tconv_2d(self, conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w, b = self._tconv_weights(conv)
+        return w[:, :, None, :], b
+
+    def _conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+        """``conv`` (stride 1, no padding) on [1, C, T] or, as its 2-D form, on [1, C, 1, T]."""
+        if x.dim() == 3:
+            return F.conv1d(x, conv.weight, conv.bias, dilation=conv.dilation[0], groups=conv.groups)
+        w, b = self._buffer(conv, self._as_2d, "2d")
+        return F.conv2d(x, w, b, dilation=(1, conv.dilation[0]), groups=conv.groups)
+
+    def _causal_conv(self, cc, x, state, new):
+        if x.dim() == 4:
+            xx = torch.cat([state[:, :, None, :], x], dim=-1)
+            new.append(xx[:, :, 0, -state.shape[-1]:])
+        else:
+            xx = torch.cat([state, x], dim=-1)
+            new.append(xx[..., -state.shape[-1]:])
+        return self._conv(cc.conv, xx)
+
+    def _snake(self, act: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.options.fold_snake:
+            return self._snakes[self._snake_key[id(act)]](x)
+        return _snake(act, x)
 
     def _tconv(self, tc, x, state, new):
         conv = tc.conv
-        s = conv.stride[0]
+        s, k = conv.stride[0], conv.kernel_size[0]
         ctx = state.shape[-1]
+        if ctx:
+            if x.dim() == 4:
+                xx = torch.cat([state[:, :, None, :], x], dim=-1)
+                new.append(xx[:, :, 0, -ctx:])
+            else:
+                xx = torch.cat([state, x], dim=-1)
+                new.append(xx[..., -ctx:])
+        else:
+            xx = x
+        if self.options.tconv_as_conv and k in (s, 2 * s):
+            return self._tconv_as_conv(conv, xx)
+        if xx.dim() == 4:
+            w, b = self._buffer(conv, self._as_2d, "2d")
+            y = F.conv_transpose2d(xx, w, b, stride=(1, s))
+        else:
+            y = F.conv_transpose1d(xx, conv.weight, conv.bias, stride=s)
         if ctx == 0:  # kernel == stride: no overlap, no trim
-            return F.conv_transpose1d(x, conv.weight, conv.bias, stride=s)
-        xx = torch.cat([state, x], dim=-1)
-        new.append(xx[..., -ctx:])
-        y = F.conv_transpose1d(xx, conv.weight, conv.bias, stride=s)
+            return y
         # y covers (ctx + C - 1) * s + k samples: the chunk's own C * s start after ctx * s
         # and end k - s before the end (the reference trims k - s on the right)
-        return y[..., ctx * s: y.shape[-1] - (conv.kernel_size[0] - s)]
+        return y[..., ctx * s: y.shape[-1] - (k - s)]
+
+    @staticmethod
+    def _tconv_weights(conv: nn.ConvTranspose1d) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ConvTranspose1d(k = s or 2s) -> Conv weights [C_out * s, C_in, k / s]: output channel
+        co * s + j is output sample t * s + j of channel co; tap 0 reads input t - 1, the last tap t."""
+        w, s = conv.weight, conv.stride[0]  # [C_in, C_out, k]
+        taps = [w[:, :, s:], w[:, :, :s]] if w.shape[-1] == 2 * s else [w]
+        wc = torch.stack(taps, dim=-1)  # [C_in, C_out, s, taps]
+        wc = wc.permute(1, 2, 0, 3).reshape(w.shape[1] * s, w.shape[0], len(taps))
+        bias = conv.bias.repeat_interleave(s) if conv.bias is not None else None
+        return wc, bias
+
+    def _tconv_as_conv(self, conv: nn.ConvTranspose1d, xx: torch.Tensor) -> torch.Tensor:
+        """ConvTranspose (stride s, kernel s or 2s, one input of context already in ``xx``) as a Conv
+        giving s samples per input position in its channels, then interleaved in time."""
+        s, c_out = conv.stride[0], conv.out_channels
+        if xx.dim() == 4:
+            w, b = self._buffer(conv, self._tconv_2d, "2d")
+            y = F.conv2d(xx, w, b)  # [1, C_out * s, 1, T]
+            t = y.shape[-1]
+            return y.reshape(1, c_out, s, t).transpose(2, 3).reshape(1, c_out, 1, t * s)
+        w, b = self._buffer(conv, self._tconv_weights, "1d")
+        y = F.conv1d(xx, w, b)
+        t = y.shape[-1]
+        return y.reshape(1, c_out, s, t).transpose(2, 3).reshape(1, c_out, t * s)
 
     def _attention(self, attn, x, cos, sin, past_k, past_v, allowed, new):
         b, t, _ = x.shape
@@ -206,17 +354,21 @@ class DecoderStep(nn.Module):
             x = block.norm(x.permute(0, 2, 1))
             x = block.pwconv2(block.act(block.pwconv1(x)))
             hidden = hidden + (block.gamma * x).permute(0, 2, 1)
+        if self.options.conv2d:  # the vocoder on [1, C, 1, T]
+            hidden = hidden[:, :, None, :]
         wav = self._causal_conv(d.decoder[0], hidden, next(it), new)
         for blk in d.decoder[1:-2]:
-            wav = _snake(blk.block[0], wav)
+            wav = self._snake(blk.block[0], wav)
             wav = self._tconv(blk.block[1], wav, next(it), new)
             for unit in blk.block[2:]:
-                x = self._causal_conv(unit.conv1, _snake(unit.act1, wav), next(it), new)
-                x = unit.conv2.conv(_snake(unit.act2, x))
+                x = self._causal_conv(unit.conv1, self._snake(unit.act1, wav), next(it), new)
+                x = self._conv(unit.conv2.conv, self._snake(unit.act2, x))
                 wav = wav + x
-        wav = _snake(d.decoder[-2], wav)
+        wav = self._snake(d.decoder[-2], wav)
         wav = self._causal_conv(d.decoder[-1], wav, next(it), new)
         wav = wav.clamp(min=-1, max=1)
+        if wav.dim() == 4:
+            wav = wav[:, :, 0]
         return (wav[:, 0], *new)
 
 
@@ -258,20 +410,31 @@ def _example_codes(frames: int, bins: int) -> torch.Tensor:
     return torch.randint(0, bins, (1, frames, 16), generator=g, dtype=torch.int64)
 
 
-def export_decoder(model, bundle_dir: Path, export_id: str) -> dict:
+def export_stream_graph(step: DecoderStep, path: Path) -> Path:
+    """The ``decoder_stream`` graph of ``step`` at ``path`` (inputs codes, position, state_*)."""
+    names = [n for n, _ in step.state_specs]
+    ins = ["codes", "position"] + [f"state_{n}" for n in names]
+    outs = ["wav"] + [f"new_state_{n}" for n in names]
+    example = (_example_codes(5, step.bins), torch.tensor([3], dtype=torch.int64), *step.zero_state())
+    export_onnx(step, example, path, ins, outs, {"codes": {1: "frames"}, "wav": {1: "samples"}})
+    _static_outputs(path, {f"new_state_{n}": s for n, s in step.state_specs})
+    return path
+
+
+def export_decoder(model, bundle_dir: Path, export_id: str, options: DecoderOptions = DEFAULT_OPTIONS) -> dict:
     """Export graphs ``decoder`` (full) and ``decoder_stream`` (stateful chunk) into ``bundle_dir/graphs``."""
     from kztts.export.bundle_writer import graph_spec
 
     bundle_dir = Path(bundle_dir)
     st = _decoder_of(model)
-    step = DecoderStep(st.decoder).eval()
+    step = DecoderStep(st.decoder, options).eval()
     if step.samples_per_frame != SAMPLES_PER_FRAME:
         raise NotImplementedError(f"decoder upsamples by {step.samples_per_frame}, expected {SAMPLES_PER_FRAME}")
     codec_info = {
         "samples_per_frame": step.samples_per_frame, "sample_rate": int(st.get_output_sample_rate()),
         "num_quantizers": step.num_quantizers, "codebook_size": step.bins,
         "sliding_window": step.window, "reference_chunk": REFERENCE_CHUNK,
-        "reference_left_context": REFERENCE_LEFT_CONTEXT,
+        "reference_left_context": REFERENCE_LEFT_CONTEXT, "decoder_options": options.name,
     }
     codes = _example_codes(5, step.bins)
 
@@ -281,14 +444,8 @@ def export_decoder(model, bundle_dir: Path, export_id: str) -> dict:
     full = graph_spec(bundle_dir, "decoder", rel, "dynamic", "fp32", export_id)
     full.extra.update(codec_info)
 
-    names = [n for n, _ in step.state_specs]
-    ins = ["codes", "position"] + [f"state_{n}" for n in names]
-    outs = ["wav"] + [f"new_state_{n}" for n in names]
     rel = "graphs/decoder_stream.onnx"
-    example = (codes, torch.tensor([3], dtype=torch.int64), *step.zero_state())
-    export_onnx(step, example, bundle_dir / rel, ins, outs,
-                {"codes": {1: "frames"}, "wav": {1: "samples"}})
-    _static_outputs(bundle_dir / rel, {f"new_state_{n}": s for n, s in step.state_specs})
+    export_stream_graph(step, bundle_dir / rel)
     stream = graph_spec(bundle_dir, "decoder_stream", rel, "dynamic", "fp32", export_id)
     stream.extra.update(codec_info)
     stream.extra["state"] = [{"name": n, "shape": list(s)} for n, s in step.state_specs]

@@ -168,7 +168,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
               "not speech)", file=sys.stderr)
     bundle = Path(args.bundle) if args.bundle else _cached_export(Path(args.model) if args.model else None)
-    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement)
+    if args.pipeline and not args.stream:
+        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
+    if args.decoder_threads is not None and args.decoder_threads < 0:
+        raise KzttsError(f"--decoder-threads={args.decoder_threads} is not valid: expected an integer >= 0")
+    config = None
+    if args.decoder_threads is not None:
+        from kztts.sessions import SessionConfig
+
+        config = SessionConfig(decoder_threads=args.decoder_threads)
+    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement,
+              session_config=config, pipeline=args.pipeline)
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
     flags = {key: getattr(args, dest) for dest, key in _SAMPLING_FLAGS.items()}
     names = {key: "--" + dest.replace("_", "-") for dest, key in _SAMPLING_FLAGS.items()}
@@ -276,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
     s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
+    s.add_argument("--pipeline", action="store_true",
+                   help="with --stream: decode on a background thread while the next frames are generated "
+                        "(same audio; pair with --decoder-threads 1 on 2 cores)")
+    s.add_argument("--decoder-threads", type=int, default=None,
+                   help="ONNX Runtime threads of the speech decoder (default: $KZTTS_DECODER_THREADS, "
+                        "else $KZTTS_THREADS)")
     s.add_argument("--target", help="qnn_configs target: run the graphs its placement puts on the HTP there "
                                     "(the bundle must be exported with --target)")
     s.add_argument("--strict", action="store_true",

@@ -19,6 +19,10 @@ segment the decoder is causal, so
 """
 from __future__ import annotations
 
+import queue
+import threading
+import time
+
 import numpy as np
 import onnxruntime as ort
 
@@ -199,6 +203,82 @@ class StreamingDecoder:
         if not out:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(out)
+
+
+class BackgroundDecoder:
+    """``decoder.push`` on one background thread, in submission order (a pipelined stream).
+
+    ``submit(codes)`` returns at once; ``poll()`` returns the next finished output or None,
+    ``wait()`` blocks for it. An exception raised in the thread is raised again by the
+    ``poll``/``wait`` that reaches its job, in the caller's thread, and every later job
+    fails with it too (the decoder state after a failed push is not trustworthy), so a
+    caller never waits for a result that will not come. ``close()`` ends the thread
+    after its current push. ``busy`` is the seconds spent in ``push``.
+    """
+
+    _STOP = object()
+
+    def __init__(self, decoder, name: str = "kztts-decoder"):
+        self.decoder = decoder
+        self.pending = 0  # submitted, not yet returned by poll/wait
+        self.busy = 0.0
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        failed: BaseException | None = None
+        while True:
+            codes = self._jobs.get()
+            if codes is self._STOP:
+                return
+            if failed is None:
+                t = time.perf_counter()
+                try:
+                    self._done.put((self.decoder.push(codes), None))
+                except BaseException as exc:  # handed to the caller's thread, not lost with this one
+                    failed = exc
+                self.busy += time.perf_counter() - t
+            if failed is not None:
+                self._done.put((None, failed))
+
+    def submit(self, codes: np.ndarray) -> None:
+        if not self._thread.is_alive():
+            raise KzttsError("the background decoder is closed")
+        self._jobs.put(codes)
+        self.pending += 1
+
+    def _take(self, block: bool) -> np.ndarray | None:
+        if not self.pending:
+            return None
+        while True:
+            try:
+                out, exc = self._done.get(timeout=0.5) if block else self._done.get_nowait()
+                break
+            except queue.Empty:
+                if not block:
+                    return None
+                if not self._thread.is_alive():  # cannot happen unless the interpreter is stopping
+                    raise KzttsError("the background decoder thread ended with work pending") from None
+        self.pending -= 1
+        if exc is not None:
+            raise exc
+        return out
+
+    def poll(self) -> np.ndarray | None:
+        """The next output if it is finished, else None."""
+        return self._take(block=False)
+
+    def wait(self) -> np.ndarray | None:
+        """The next output (blocks); None when nothing is pending."""
+        return self._take(block=True)
+
+    def close(self) -> None:
+        """Stop the thread once its current push (if any) ends; unreturned outputs are dropped."""
+        self._jobs.put(self._STOP)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class Encoder:

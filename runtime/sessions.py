@@ -41,14 +41,44 @@ def _default_spinning() -> bool:
     return raw == "1"
 
 
+def _default_decoder_threads() -> int | None:
+    raw = os.environ.get("KZTTS_DECODER_THREADS", "")
+    if raw == "":
+        return None
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise KzttsError(f"KZTTS_DECODER_THREADS={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
+    return threads
+
+
+DECODER_GRAPHS = ("decoder", "decoder_stream")
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """How graphs are run. ``threads`` 0 lets ONNX Runtime choose (``$KZTTS_THREADS`` sets the default);
-    ``spinning``: worker threads busy-wait between a run's operators (``$KZTTS_SPIN``, default 0)."""
+    ``spinning``: worker threads busy-wait between a run's operators (``$KZTTS_SPIN``, default 0).
+    ``graph_threads``: (graph name, threads) pairs overriding ``threads`` for those graphs;
+    ``decoder_threads`` (``$KZTTS_DECODER_THREADS``) is a shorthand for both decoder graphs (a
+    pipelined stream runs the decoder next to the Talker and Code Predictor: one core each)."""
 
     threads: int = field(default_factory=_default_threads)
     optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
     spinning: bool = field(default_factory=_default_spinning)
+    graph_threads: tuple[tuple[str, int], ...] = ()
+    decoder_threads: int | None = field(default_factory=_default_decoder_threads)
+
+    def threads_for(self, graph: str) -> int:
+        """Intra-op threads for ``graph`` (0 = ONNX Runtime's choice)."""
+        for name, threads in self.graph_threads:
+            if name == graph:
+                return int(threads)
+        if self.decoder_threads is not None and graph in DECODER_GRAPHS:
+            return int(self.decoder_threads)
+        return self.threads
 
 
 _OPT_LEVELS = {
@@ -59,11 +89,13 @@ _OPT_LEVELS = {
 }
 
 
-def _session_options(cfg: SessionConfig) -> ort.SessionOptions:
+def _session_options(cfg: SessionConfig, graph: str | None = None) -> ort.SessionOptions:
+    """ORT options for ``graph`` (its thread count from ``cfg.threads_for``; ``cfg.threads`` without a name)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = _OPT_LEVELS[cfg.optimization]
-    if cfg.threads:
-        so.intra_op_num_threads = cfg.threads
+    threads = cfg.threads_for(graph) if graph is not None else cfg.threads
+    if threads:
+        so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
     # A Talker / Code Predictor run is ~1000-3000 small operators at M = 1: without spinning
     # the worker thread sleeps between them and each wake-up costs tens of microseconds (on an
@@ -111,7 +143,7 @@ def open_session(bundle_dir: Path, spec: GraphSpec, cfg: SessionConfig | None = 
     if not path.is_file():
         raise BundleError(f"{path}: graph file for {spec.name!r} is missing; re-export the bundle")
     try:
-        sess = ort.InferenceSession(str(path), sess_options=_session_options(cfg or SessionConfig()),
+        sess = ort.InferenceSession(str(path), sess_options=_session_options(cfg or SessionConfig(), spec.name),
                                     providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises several unrelated types for unreadable models
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

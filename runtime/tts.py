@@ -11,7 +11,7 @@ import numpy as np
 
 from kztts.bundle import Bundle
 from kztts.code_predictor import CodePredictor
-from kztts.codec import SAMPLES_PER_FRAME, Decoder, Encoder, StreamingDecoder
+from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Decoder, Encoder, StreamingDecoder, _from_bundle_kwargs
 from kztts.embeddings import EmbeddingTables
 from kztts.errors import ContextOverflowError, KzttsError
 from kztts.frames import FrameLoop, StageTimes
@@ -78,6 +78,7 @@ class _Run:
     voice: Voice
     started: float
     codes: list = field(default_factory=list)
+    audio: list = field(default_factory=list)  # decoded chunks (pipelined stream)
 
 
 class TTS:
@@ -85,7 +86,7 @@ class TTS:
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
-                 placement: "str | LayerPlacement | None" = None, talker=None):
+                 placement: "str | LayerPlacement | None" = None, talker=None, pipeline: bool = False):
         """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
         (its static graphs, exported with ``kztts export --target``), the others on the CPU.
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
@@ -93,8 +94,13 @@ class TTS:
         decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
         which runs every frame, on the CPU as well. ``talker``: a Talker runner to use as is
         (any object with the ``kztts.talker.Talker`` API; validation and calibration pass theirs).
-        Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``."""
-        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config)
+        Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``.
+        ``pipeline``: ``stream`` decodes on a background thread while the next frames are generated
+        (same samples; give the decoder its own thread count, ``SessionConfig.decoder_threads``).
+        Only the graphs used are opened: the Talker, the Code Predictor of ``cp_mode`` and one
+        decoder graph (``decoder_stream``, which also serves ``synthesize``); the encoders on use."""
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config, load_graphs=False)
+        self.pipeline = bool(pipeline)
         m = self.bundle.manifest
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
@@ -122,6 +128,8 @@ class TTS:
         self.speaker_size = int(m.data["config"]["speaker_embedding_size"])
         self._decoder: Decoder | None = None
         self._streaming: StreamingDecoder | None = None
+        self._decoder_graph = "decoder_stream" if "decoder_stream" in m.graphs else "decoder"
+        self.bundle.session(self._decoder_graph)  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
 
@@ -188,17 +196,32 @@ class TTS:
             self._streaming = StreamingDecoder.from_bundle(self.bundle)
         return self._streaming
 
+    def _full_decoder(self) -> Decoder:
+        """The whole-utterance decoder, on the graph the stream uses (one copy of the weights)."""
+        if self._decoder is None:
+            name = self._decoder_graph
+            self._decoder = Decoder(self.bundle.session(name), **_from_bundle_kwargs(self.bundle, name, {}))
+        return self._decoder
+
     def stream(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                settings: GenerationSettings | None = None, chunk_frames: int = 4,
-               result: dict | None = None) -> Iterator[np.ndarray]:
+               result: dict | None = None, pipeline: bool | None = None) -> Iterator[np.ndarray]:
         """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
-        frames are produced. If ``result`` is a dict it receives the SynthesisResult at the end."""
+        frames are produced. If ``result`` is a dict it receives the SynthesisResult at the end.
+        ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
+        the next frames are generated; the samples are the same, a chunk is yielded once decoded."""
         if chunk_frames < 1:
             raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
         run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
         dec = self._streaming_decoder()
         dec.reset()
+        if self.pipeline if pipeline is None else pipeline:
+            yield from self._stream_pipelined(run, dec, chunk_frames)
+            if result is not None:
+                samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
+                result["result"] = self._result(run, samples)
+            return
         times = run.loop.times
         if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes] and cuts the reference's samples
             t = time.perf_counter()
@@ -228,6 +251,50 @@ class TTS:
             samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             result["result"] = self._result(run, samples)
 
+    def _stream_pipelined(self, run: _Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.ndarray]:
+        """``stream`` with ``dec.push`` on a background thread; decoded chunks go to ``run.audio``.
+
+        The first chunk is waited for (time to first audio); later ones are yielded when a
+        poll after a frame finds them done, and all remaining ones at the end."""
+        times = run.loop.times
+        worker = BackgroundDecoder(dec)
+        skip = 0
+        try:
+            if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes]; their samples are dropped
+                worker.submit(run.voice.ref_codes)
+                skip = 1
+
+            def finished(block: bool) -> Iterator[np.ndarray]:
+                nonlocal skip
+                while worker.pending:
+                    out = worker.wait() if block else worker.poll()
+                    if out is None:
+                        return
+                    if skip:
+                        skip -= 1
+                        continue
+                    if times.first_audio is None:
+                        times.first_audio = time.perf_counter() - run.started
+                    run.audio.append(out)
+                    yield out
+
+            pending: list[np.ndarray] = []
+            for frame in run.loop.frames(run.prompt):
+                run.codes.append(frame)
+                pending.append(frame)
+                if len(pending) == chunk_frames:
+                    worker.submit(np.stack(pending))
+                    pending = []
+                    yield from finished(block=not run.audio)  # the first chunk: as soon as possible
+                else:
+                    yield from finished(block=False)
+            if pending:
+                worker.submit(np.stack(pending))
+            yield from finished(block=True)
+        finally:
+            worker.close()
+            times.decoder += worker.busy
+
     def generate_codes(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                        seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                        settings: GenerationSettings | None = None) -> np.ndarray:
@@ -250,15 +317,14 @@ class TTS:
             run.codes.append(frame)
             if on_frame is not None:
                 on_frame(len(run.codes))
-        if self._decoder is None:
-            self._decoder = Decoder.from_bundle(self.bundle)
+        decoder = self._full_decoder()
         t = time.perf_counter()
         codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
         if run.voice.icl:
             ref = run.voice.ref_codes
-            samples = self._decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
+            samples = decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
         else:
-            samples = self._decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
+            samples = decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
         run.loop.times.decoder += time.perf_counter() - t
         run.loop.times.first_audio = time.perf_counter() - run.started
         return self._result(run, samples)

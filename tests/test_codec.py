@@ -142,3 +142,105 @@ def test_codes_are_checked():
         check_codes(np.array([[5] * 15 + [-1]]))
     with pytest.raises(KzttsError, match="integers"):
         check_codes(np.zeros((2, 16), np.float32))
+
+
+# ------------------------------------------------------------------ graph variants of the decoder
+def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
+    noise = float(np.sum((x.astype(np.float64) - ref) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)
+
+
+@pytest.fixture(scope="module")
+def stream_graph(reference, tmp_path_factory):
+    """name -> a decoder_stream session exported with those DecoderOptions (``plain``: none)."""
+    from kztts.export.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, export_stream_graph
+    from kztts.sessions import SessionConfig, _session_options
+    import onnxruntime as ort
+
+    out = tmp_path_factory.mktemp("decoder-options")
+    made = {}
+
+    def make(name: str):
+        if name not in made:
+            fields = [] if name == "plain" else name.split("+")
+            step = DecoderStep(_decoder_of(reference.model).decoder, DecoderOptions(**{f: True for f in fields}))
+            path = export_stream_graph(step.eval(), out / name / "decoder_stream.onnx")
+            made[name] = ort.InferenceSession(str(path), _session_options(SessionConfig(threads=1)),
+                                              providers=["CPUExecutionProvider"])
+        return made[name]
+    return make
+
+
+@on_proj
+@pytest.mark.parametrize("name", ["conv2d", "tconv_as_conv", "fold_snake", "conv2d+tconv_as_conv+fold_snake"])
+def test_decoder_options_keep_the_samples(stream_graph, codes, reference_wav, name):
+    """Each rewrite of the graph is the same function: >= 80 dB against the plain graph and qwen-tts."""
+    sizes = [5, 1, 13, 64, 29, 150, 45]  # crosses the 300-frame segment boundary
+    wavs = {}
+    for graph in ("plain", name):
+        dec = StreamingDecoder(stream_graph(graph))
+        pieces, pos = [], 0
+        for n in sizes + [FRAMES]:
+            pieces.append(dec.push(codes[pos:pos + n]))
+            pos = min(pos + n, FRAMES)
+        wavs[graph] = np.concatenate(pieces)
+    assert wavs[name].shape == (FRAMES * 1920,)
+    assert snr_db(wavs[name], wavs["plain"]) >= 80, snr_db(wavs[name], wavs["plain"])
+    assert snr_db(wavs[name], reference_wav) >= 80, snr_db(wavs[name], reference_wav)
+
+
+@on_proj
+def test_default_export_is_the_benchmarked_choice(codec):
+    from kztts.export.codec_graphs import DEFAULT_OPTIONS
+
+    assert codec["decoder_stream"][1].extra["decoder_options"] == DEFAULT_OPTIONS.name
+
+
+# ------------------------------------------------------------------ background decoder (pipelined stream)
+class FakeDecoder:
+    """push(codes) -> the codes' first column as float samples; fails on the push numbered ``fail_at``."""
+
+    def __init__(self, fail_at: int | None = None, delay: float = 0.0):
+        self.calls, self.fail_at, self.delay = 0, fail_at, delay
+
+    def push(self, codes):
+        import time
+
+        time.sleep(self.delay)
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KzttsError("decoder broke")
+        return np.asarray(codes)[:, 0].astype(np.float32)
+
+
+def test_background_decoder_keeps_order_and_counts_busy_time():
+    from kztts.codec import BackgroundDecoder
+
+    worker = BackgroundDecoder(FakeDecoder(delay=0.01))
+    try:
+        for k in range(5):
+            worker.submit(np.full((2, 16), k))
+        outs = [worker.wait() for _ in range(5)]
+        assert [o.tolist() for o in outs] == [[k, k] for k in range(5)]
+        assert worker.pending == 0 and worker.wait() is None and worker.poll() is None
+        assert worker.busy >= 0.05
+    finally:
+        worker.close()
+
+
+def test_background_decoder_error_reaches_the_caller_and_later_jobs_fail_too():
+    import threading
+
+    from kztts.codec import BackgroundDecoder
+
+    worker = BackgroundDecoder(FakeDecoder(fail_at=2), name="kztts-decoder-test")
+    for k in range(4):
+        worker.submit(np.full((1, 16), k))
+    assert worker.wait().tolist() == [0]
+    for _ in range(3):  # the failed job and every one after it: raised, never a hang
+        with pytest.raises(KzttsError, match="decoder broke"):
+            worker.wait()
+    worker.close()
+    assert not [t for t in threading.enumerate() if t.name == "kztts-decoder-test"]
+    with pytest.raises(KzttsError, match="closed"):
+        worker.submit(np.zeros((1, 16), np.int64))

@@ -11,7 +11,7 @@ import soundfile as sf
 
 from kztts.audio import synthetic_voice, write_wav
 from kztts.errors import KzttsError
-from kztts.tts import TTS
+from kztts.tts import TTS, Voice
 
 FRAMES = 40
 TEXT = "Hello world, this is a tiny test."
@@ -87,6 +87,78 @@ def test_stream_icl_equals_synthesize(tts):
     whole = tts.synthesize(TEXT, voice, greedy=True, max_frames=6)
     chunks = list(tts.stream(TEXT, voice, greedy=True, max_frames=6, chunk_frames=4))
     np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("icl", [False, True], ids=["xvector", "icl"])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_pipelined_stream_is_bit_identical(tts, icl, chunk):
+    """Decoding on a background thread while frames are generated changes nothing in the output."""
+    wav = synthetic_voice()
+    voice = tts.voice_from_reference(wav, 24000, REF_TEXT) if icl else tts.voice_from_wav(wav, 24000)
+    seq, pip = {}, {}
+    a = list(tts.stream(TEXT, voice, seed=5, max_frames=13, chunk_frames=chunk, result=seq, pipeline=False))
+    b = list(tts.stream(TEXT, voice, seed=5, max_frames=13, chunk_frames=chunk, result=pip, pipeline=True))
+    assert [len(c) for c in b] == [len(c) for c in a]
+    np.testing.assert_array_equal(np.concatenate(b), np.concatenate(a))
+    np.testing.assert_array_equal(pip["result"].codes, seq["result"].codes)
+    np.testing.assert_array_equal(pip["result"].samples, seq["result"].samples)
+    times = pip["result"].times
+    assert times.decoder > 0 and 0 < times.first_audio <= pip["result"].total_seconds
+
+
+def _decoder_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "kztts-decoder"]
+
+
+def test_pipelined_decoder_error_surfaces_in_the_caller(tts, monkeypatch):
+    dec = tts._streaming_decoder()
+    real, calls = dec.push, []
+
+    def broken(codes):
+        calls.append(len(codes))
+        if len(calls) == 2:
+            raise KzttsError("decoder broke")
+        return real(codes)
+
+    monkeypatch.setattr(dec, "push", broken)
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    got = []
+    with pytest.raises(KzttsError, match="decoder broke"):
+        for chunk in tts.stream(TEXT, voice, seed=5, max_frames=12, chunk_frames=2, pipeline=True):
+            got.append(chunk)
+    assert len(got) == 1 and not _decoder_threads()
+
+
+def test_pipelined_stream_closed_early_stops_its_thread(tts):
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    gen = tts.stream(TEXT, voice, seed=5, max_frames=12, chunk_frames=2, pipeline=True)
+    assert next(gen).shape == (2 * 1920,)
+    gen.close()
+    assert not _decoder_threads()
+
+
+def test_tts_opens_one_decoder_graph(tiny_bundle_dir):
+    fresh = TTS(tiny_bundle_dir)
+    assert "decoder_stream" in fresh.bundle._sessions
+    xv = np.zeros(fresh.speaker_size, np.float32)  # the voice does not matter here
+    fresh.synthesize(TEXT, Voice(xv), greedy=True, max_frames=3)
+    list(fresh.stream(TEXT, Voice(xv), greedy=True, max_frames=3))
+    opened = set(fresh.bundle._sessions)
+    assert "decoder" not in opened and {"encoder", "speaker_encoder"}.isdisjoint(opened), opened
+
+
+def test_decoder_threads_are_set_per_graph(monkeypatch):
+    from kztts.sessions import SessionConfig
+
+    cfg = SessionConfig(threads=2, decoder_threads=1, graph_threads=(("talker", 3),))
+    assert [cfg.threads_for(g) for g in ("talker", "cp_frame", "decoder", "decoder_stream")] == [3, 2, 1, 1]
+    monkeypatch.setenv("KZTTS_DECODER_THREADS", "1")
+    assert SessionConfig(threads=2).threads_for("decoder_stream") == 1
+    monkeypatch.setenv("KZTTS_DECODER_THREADS", "x")
+    with pytest.raises(KzttsError, match="KZTTS_DECODER_THREADS='x' is not valid"):
+        SessionConfig()
 
 
 def test_same_seed_same_codes_and_sampling_differs_by_seed(tts):
