@@ -230,7 +230,7 @@ def export_cp_frame_gqa(model, bundle_dir: Path, export_id: str):
         return None
     graph = CodePredictorFrameGqa(model).eval()
     export_onnx(graph, graph.example_inputs(), Path(bundle_dir) / CP_FRAME_FILE, FRAME_INPUTS, FRAME_OUTPUTS)
-    return graph_spec(Path(bundle_dir), "cp_frame_gqa", CP_FRAME_FILE, "static", "fp32", export_id)
+    return graph_spec(Path(bundle_dir), "cp_frame_gqa", CP_FRAME_FILE, "dynamic", "fp32", export_id)  # CPU only
 
 
 def export_gqa_graphs(model, bundle_dir: Path, export_id: str) -> dict:

@@ -94,7 +94,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     configs = G.grid(G.parse_list(args.weights, "weights"), G.parse_list(args.kv, "kv"),
                      G.parse_list(args.cp_mode, "cp_mode"), G.parse_list(args.decoder, "decoder"),
                      G.parse_threads(args.threads), G.parse_spin(args.spin),
-                     G.parse_list(args.attention, "attention")) if with_cpu else []
+                     G.parse_list(args.attention, "attention"),
+                     G.parse_spin(args.pipeline, "--pipeline")) if with_cpu else []
     htp_configs = G.htp_grid(htp_targets, G.parse_htp_precisions(args.htp_precision), args.htp_context)
     if args.htp_context and args.htp_context < 2:
         raise KzttsError("--htp-context must be >= 2 (0: the prompt + frames, at least 64)")
@@ -185,7 +186,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 steps.set_postfix_str(f"{what.name} (round {rnd + 1}/{args.rounds})")
                 r = _worker("kztts.bench.worker", {**common, "bundle": str(bundles[(what.weights, what.kv, what.decoder)]),
                                                    "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
-                                                   "attention": what.attention,
+                                                   "attention": what.attention, "pipeline": what.pipeline,
                                                    "baseline": str(baseline)}, work, f"{what.slug}_r{rnd}", what.threads)
             runs[(kind, what)].append(r)
             steps.update()
@@ -275,6 +276,9 @@ def add_command(sub) -> None:
     s.add_argument("--decoder", default="fp32", help="speech decoder precisions (fp32,int8)")
     s.add_argument("--threads", default="1,2", help="thread counts (1,2)")
     s.add_argument("--spin", default="0", help="ONNX Runtime thread spinning: 0 (default), 1, or 0,1 for both")
+    s.add_argument("--pipeline", default="0",
+                   help="1: the streaming decoder runs on a background thread (1 intra-op thread) while the next "
+                        "frames are generated; 0 (default); 0,1 for both")
     s.add_argument("--attention", default="fused",
                    help="CPU attention graphs: fused (talker_gqa/cp_frame_gqa where the bundle has them, the "
                         "default), plain, or fused,plain for both side by side")

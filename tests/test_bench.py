@@ -64,6 +64,7 @@ def test_bench_smoke(tmp_path):
     # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 4 + 2 frames
     assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 2}  # fused attention
     assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 2}
+    assert "frame_wall_ms" not in ref and fp32["frame_wall_ms"] > 0 and fp32["pipeline"] is False
     assert fp32["runs_per_frame"] == pytest.approx(14 / 6, abs=1e-3)
     assert fp32["speedup"] > 0
     with open(out / "results.csv") as f:
@@ -96,7 +97,7 @@ def test_report_leaves_untimed_rows_untimed(tmp_path):
            "talker_cos_min": 0.99999, "code_agreement": 0.5, "cp_codes_match": 0.75, "peak_rss_mb": 100.0}
     lines = markdown([cpu, htp], "h").splitlines()
     cells = [c.strip() for c in lines[-1].strip("|").split("|")]
-    assert cells[1:9] == ["sim"] * 8 and cells[9] == "100" and cells[10:12] == ["sim", "sim"]  # peak RSS is kept
+    assert cells[1:10] == ["sim"] * 9 and cells[10] == "100" and cells[11:13] == ["sim", "sim"]  # peak RSS is kept
     assert "0.750 codes" in cells
     paths = write_all([cpu, htp], {"header": "h\n" + HTP_NOTE}, tmp_path)
     assert paths["png"].stat().st_size > 0  # the untimed row is left out of the plot, not an error
@@ -141,7 +142,7 @@ def _bench_htp(out, precision: str) -> dict:
     assert row["peak_rss_mb"] > 0
     md = (out / "results.md").read_text()
     line = next(x for x in md.splitlines() if x.startswith(f"| htp-sim/simulator/{precision} "))
-    assert line.count("| sim ") == 10 and "codes" in line and "NEVER timed" in md
+    assert line.count("| sim ") == 11 and "codes" in line and "NEVER timed" in md
     assert (out / "pareto.png").is_file()
     print(f"\nbench {row['name']}: talker cos min {row['talker_cos_min']:.7f}, argmax TF "
           f"{row['talker_argmax_agreement']:.3f}, CP codes {row['cp_codes_match']:.3f}, codes equal "

@@ -31,11 +31,13 @@ class Config:
     threads: int = 2
     spin: bool = False  # ONNX Runtime worker threads spin between operators (SessionConfig.spinning)
     attention: str = "fused"  # kztts.talker.ATTENTION_ENV in the worker
+    pipeline: bool = False  # decoder on a background thread with 1 intra-op thread (TTS(pipeline=True))
 
     @property
     def name(self) -> str:
         return (f"{self.weights}/kv-{self.kv}/cp-{self.cp_mode}/dec-{self.decoder}/t{self.threads}"
-                + ("/spin" if self.spin else "") + ("/plain-attn" if self.attention == "plain" else ""))
+                + ("/spin" if self.spin else "") + ("/plain-attn" if self.attention == "plain" else "")
+                + ("/pipe" if self.pipeline else ""))
 
     @property
     def slug(self) -> str:
@@ -64,10 +66,11 @@ def parse_threads(raw: str) -> list[int]:
     return values
 
 
-def parse_spin(raw: str) -> list[bool]:
+def parse_spin(raw: str, option: str = "--spin") -> list[bool]:
+    """A 0/1 axis (``--spin``, ``--pipeline``): "0", "1" or both, comma-separated."""
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not values or any(v not in ("0", "1") for v in values):
-        raise KzttsError(f"--spin {raw!r}: give 1 (spinning threads), 0, or 1,0")
+        raise KzttsError(f"{option} {raw!r}: give 1, 0, or 0,1 for both")
     return [v == "1" for v in values]
 
 
@@ -122,8 +125,8 @@ def htp_grid(targets: list[str], precisions: list[str], context: int = 0) -> lis
     return [HtpConfig(t, p, context) for t, p in itertools.product(targets, precisions)]
 
 
-def grid(weights, kv, cp_mode, decoder, threads, spin=(False,), attention=("fused",)) -> list[Config]:
+def grid(weights, kv, cp_mode, decoder, threads, spin=(False,), attention=("fused",), pipeline=(False,)) -> list[Config]:
     """Every combination, in a stable order (threads outermost, so runs sharing a thread count
-    sit together; the attention variants of one configuration side by side)."""
-    return [Config(w, k, m, d, t, s, a) for t, w, k, m, d, s, a
-            in itertools.product(threads, weights, kv, cp_mode, decoder, spin, attention)]
+    sit together; the attention and pipeline variants of one configuration side by side)."""
+    return [Config(w, k, m, d, t, s, a, p) for t, w, k, m, d, s, a, p
+            in itertools.product(threads, weights, kv, cp_mode, decoder, spin, attention, pipeline)]

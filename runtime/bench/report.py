@@ -29,6 +29,7 @@ COLUMNS = [
     ("cp_ms", "CP ms/frame", "{:.1f}"),
     ("decoder_ms", "decoder ms/frame", "{:.1f}"),
     ("frame_ms", "frame ms", "{:.1f}"),
+    ("frame_wall_ms", "frame wall ms", "{:.1f}"),
     ("frame_rtf", "RTF (frame)", "{:.3f}"),
     ("rtf", "RTF (run)", "{:.3f}"),
     ("ttfa_ms", "first audio ms", "{:.0f}"),
@@ -45,7 +46,7 @@ COLUMNS = [
 
 
 # columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there
-TIMING_KEYS = frozenset({"prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf",
+TIMING_KEYS = frozenset({"prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_wall_ms", "frame_rtf", "rtf",
                          "ttfa_ms", "runs_per_frame", "speedup"})
 HTP_NOTE = ("HTP rows (htp-sim/...): the target's static graphs on onnxruntime-qnn's x86 HTP simulator, for "
             "accuracy only and NEVER timed (the simulator is 50-200x slower than a device): timing columns show "
