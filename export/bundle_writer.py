@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import onnxruntime as ort
 from tqdm import tqdm
@@ -18,6 +21,42 @@ from kztts.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, G
 from kztts.sessions import _ORT_DTYPES, EXPORT_ID_KEY, GRAPH_KEY
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A temporary directory next to ``out`` to write a bundle into: renamed to ``out`` (replacing
+    it) when the block ends, removed when it raises, so ``out`` is never left half written."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield work
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") -> None:
+    """Hard-link every file of bundle ``src`` into ``dst`` except its manifest and ``skip``
+    (paths relative to ``src``). Across file systems a file is copied (``across_fs="copy"``)
+    or symbolically linked (``"symlink"``: never a copy of a base's gigabytes)."""
+    for f in Path(src).rglob("*"):
+        rel = f.relative_to(src).as_posix()
+        if f.is_dir() or rel in skip or rel == "kztts.json":
+            continue
+        target = Path(dst) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f, target)
+        except OSError:
+            if across_fs == "symlink":
+                target.symlink_to(f.resolve())
+            else:
+                shutil.copy2(f, target)
 
 
 def stamp_graph(path: Path, name: str, export_id: str) -> None:
@@ -120,9 +159,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     cfg = read_config(model_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir) as work:
         if segments and target is None:
             raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
         if target is not None:
@@ -172,12 +209,6 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         write_manifest(work, manifest)
         steps.update()
         steps.close()
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        work.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     log.info("bundle written to %s", out_dir)
     return out_dir
 

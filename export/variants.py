@@ -27,9 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -221,26 +219,12 @@ def _save(model, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- bundles
-def _link_tree(src: Path, dst: Path, skip: set[str]) -> None:
-    """Hard-link every file of ``src`` into ``dst`` (copy across file systems), except ``skip``."""
-    for f in src.rglob("*"):
-        rel = f.relative_to(src).as_posix()
-        if f.is_dir() or rel in skip or rel == "kztts.json":
-            continue
-        target = dst / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(f, target)
-        except OSError:
-            shutil.copy2(f, target)
-
-
 def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv: str = "fp32",
                  decoder: str = "fp32") -> Path:
     """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
     import onnx
 
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.bundle_writer import graph_spec, link_tree, staged_dir
     from kztts.manifest import read_manifest, write_manifest
 
     _check(weights, kv, decoder)
@@ -256,10 +240,8 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     for name in DECODER_GRAPHS if decoder != "fp32" else ():
         changes.setdefault(name, []).append(decoder)
     changes = {n: c for n, c in changes.items() if n in manifest.graphs}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        _link_tree(base, work, {manifest.graphs[n].file for n in changes})
+    with staged_dir(out) as work:
+        link_tree(base, work, {manifest.graphs[n].file for n in changes})
         for name, what in changes.items():
             spec = manifest.graphs[name]
             model = onnx.load(str(base / spec.file))
@@ -283,12 +265,6 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             data["graphs"][name] = new
         data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
         write_manifest(work, data)
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out
 
 

@@ -53,27 +53,9 @@ def _code_key(target_file: Path, precision: str) -> str:
     return h.hexdigest()[:8]
 
 
-def _link_base(base: Path, work: Path, skip: set[str]) -> None:
-    """Link every file of ``base`` but ``kztts.json`` and ``skip`` into ``work``: a hard link, or a
-    symbolic link across file systems (never a copy of the base's gigabytes)."""
-    import os
-
-    for f in base.rglob("*"):
-        rel = f.relative_to(base).as_posix()
-        if f.is_dir() or rel in skip or rel == "kztts.json":
-            continue
-        dst = work / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(f, dst)
-        except OSError:
-            dst.symlink_to(f.resolve())
-
-
 def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
-    import tempfile
-
+    from kztts.export.bundle_writer import link_tree, staged_dir
     from kztts.export.checkpoint import load_reference
     from kztts.export.htp_export import export_htp_graphs
     from kztts.manifest import read_manifest, write_manifest
@@ -83,10 +65,9 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
     target = load_target(target_file)
     export_id = manifest.graphs["talker"].extra.get("export_id", "unbundled")
     cp_file = manifest.graphs["cp_frame"].file if "cp_frame" in manifest.graphs else None
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as work:
         # cp_frame is re-stamped in place by the HTP export: copy it, never write through a link
-        _link_base(base, work, {cp_file} if cp_file else set())
+        link_tree(base, work, {cp_file} if cp_file else set(), across_fs="symlink")
         if cp_file:
             shutil.copy2(base / cp_file, work / cp_file)
         model = load_reference(model_dir).model
@@ -96,12 +77,6 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
         data["bench_htp"] = {"base": base.name, "target": target.name, "precision": precision,
                              "context": target.shapes.context, "prefill_chunk": target.shapes.prefill_chunk}
         write_manifest(work, data)
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out
 
 
