@@ -23,15 +23,19 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor
                "tensor(int8)": "int8", "tensor(uint16)": "uint16", "tensor(int16)": "int16"}
 
 
-def _default_threads() -> int:
-    raw = os.environ.get("KZTTS_THREADS", "0")
+def _env_threads(name: str, raw: str) -> int:
+    """A thread count from environment variable ``name`` (value ``raw``), or a clear error."""
     try:
         threads = int(raw)
     except ValueError:
         threads = -1
     if threads < 0:
-        raise KzttsError(f"KZTTS_THREADS={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
+        raise KzttsError(f"{name}={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
     return threads
+
+
+def _default_threads() -> int:
+    return _env_threads("KZTTS_THREADS", os.environ.get("KZTTS_THREADS", "0"))
 
 
 def _default_spinning() -> bool:
@@ -43,15 +47,7 @@ def _default_spinning() -> bool:
 
 def _default_decoder_threads() -> int | None:
     raw = os.environ.get("KZTTS_DECODER_THREADS", "")
-    if raw == "":
-        return None
-    try:
-        threads = int(raw)
-    except ValueError:
-        threads = -1
-    if threads < 0:
-        raise KzttsError(f"KZTTS_DECODER_THREADS={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
-    return threads
+    return None if raw == "" else _env_threads("KZTTS_DECODER_THREADS", raw)
 
 
 DECODER_GRAPHS = ("decoder", "decoder_stream")

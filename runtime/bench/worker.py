@@ -91,9 +91,9 @@ def run(spec: dict) -> dict:
     from kztts.sessions import SessionConfig
     from kztts.tts import TTS, Voice
 
-    t_open = time.perf_counter()
     from kztts.talker import ATTENTION_ENV
 
+    t_open = time.perf_counter()
     os.environ[ATTENTION_ENV] = spec.get("attention", "fused")  # before any graph is chosen
     pipeline = bool(spec.get("pipeline", False))
     # pipelined: the decoder gets one core of its own next to the Talker and Code Predictor
@@ -146,8 +146,9 @@ def run(spec: dict) -> dict:
     runs_before = {n: c.runs for n, c in counters.items()}
     audio, result, wall = stream(frames)
     runs = {n: c.runs - runs_before[n] for n, c in counters.items()}
+    prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
     for _ in range(int(spec.get("prefill_repeats", 3))):  # more prefill samples (the cache is reset by it)
-        tts.talker.prefill(tts._prompt(spec["text"], voice, spec.get("language"), False).embeds)
+        tts.talker.prefill(prompt.embeds)
     peak = metrics.peak_rss_mb()
     if result.frames != frames:
         raise RuntimeError(f"expected {frames} frames, got {result.frames}")
@@ -156,7 +157,7 @@ def run(spec: dict) -> dict:
     skip_pushes = -(-warmup // chunk)
     row = {
         "prefill_ms": metrics.median_ms(times["prefill"][1:] or times["prefill"]),
-        "prefill_positions": int(tts._prompt(spec["text"], voice, spec.get("language"), False).embeds.shape[0]),
+        "prefill_positions": int(prompt.embeds.shape[0]),
         "talker_ms": metrics.median_ms(times["talker"], warmup),
         "cp_ms": metrics.median_ms(times["code_predictor"], warmup),
         "decoder_ms": metrics.median_ms(dec_per_frame, skip_pushes),
@@ -184,7 +185,6 @@ def run(spec: dict) -> dict:
     base = dict(np.load(base_path)) if base_path else None
     codes = result.codes
     g = base["codes"] if base is not None else codes
-    prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
     tf_talker, tf_hidden = _teacher_forced(tts, prompt, g)
     step = CodePredictor({"cp_step": bundle.session("cp_step")}, bundle.manifest.code_predictor,
                          bundle.manifest.talker, tts.tables, mode="step")
