@@ -200,22 +200,18 @@ def export_talker_gqa(model, bundle_dir: Path, export_id: str):
     from kztts.export.bundle_writer import graph_spec
     from kztts.export.onnx_export import export_onnx
 
-    graph = TalkerGqaGraph(model.talker).eval() if _talker_ok(model) else None
-    if graph is None:
+    from kztts.export.talker_graph import talker_shape
+
+    if not gqa_supported(talker_shape(model.talker).head_dim):
         log.info("talker head_dim is not a multiple of %d: no talker_gqa graph", HEAD_DIM_MULTIPLE)
         return None
+    graph = TalkerGqaGraph(model.talker).eval()
     ins, outs = graph.io_names()
     dyn = {"inputs_embeds": {1: "seq"}, "cos_cache": {0: "positions"}, "sin_cache": {0: "positions"}}
     dyn.update({n: {2: "capacity"} for n in ins[len(GQA_INPUTS):]})
     dyn.update({n: {2: "capacity"} for n in outs[2:]})
     export_onnx(graph, graph.example_inputs(), Path(bundle_dir) / TALKER_FILE, ins, outs, dyn)
     return graph_spec(Path(bundle_dir), "talker_gqa", TALKER_FILE, "dynamic", "fp32", export_id)
-
-
-def _talker_ok(model) -> bool:
-    from kztts.export.talker_graph import talker_shape
-
-    return gqa_supported(talker_shape(model.talker).head_dim)
 
 
 def export_cp_frame_gqa(model, bundle_dir: Path, export_id: str):
