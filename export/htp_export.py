@@ -44,6 +44,7 @@ from torch import nn
 from kztts.errors import KzttsError
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack
+from kztts.graphs import HTP_PRECISIONS
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
 from kztts.manifest import GraphSpec
 from kztts.targets import Target, load_target
@@ -187,8 +188,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     """
     target = load_target(target)
     precision = precision or target.precision
-    if precision not in ("fp16", "w8a16"):
-        raise KzttsError(f"precision {precision!r}: expected fp16 or w8a16")
+    if precision not in HTP_PRECISIONS:
+        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(HTP_PRECISIONS)}")
     if context_binary:
         from kztts.qnn import qnn_available, qnn_unavailable_reason
 

@@ -266,14 +266,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_command(sub) -> None:
+    from kztts import graphs as G
+
     s = sub.add_parser("bench", help="speed vs accuracy over a grid of configurations, with the qwen-tts reference")
     s.add_argument("--size", choices=["tiny", "0.6b", "1.7b"], default="tiny",
                    help="random-weight model from make-tiny (default tiny)")
     s.add_argument("--model-dir", help="a checkpoint directory instead of --size")
-    s.add_argument("--weights", default="fp32,int8,int4", help="weight precisions (fp32,int8,int4)")
-    s.add_argument("--kv", default="fp32,fp16", help="KV-cache precisions (fp32,fp16)")
-    s.add_argument("--cp-mode", default="frame,step", help="Code Predictor modes (frame,step)")
-    s.add_argument("--decoder", default="fp32", help="speech decoder precisions (fp32,int8)")
+    s.add_argument("--weights", default=",".join(G.CPU_WEIGHT_PRECISIONS),
+                   help=f"weight precisions ({','.join(G.CPU_WEIGHT_PRECISIONS)})")
+    s.add_argument("--kv", default=",".join(G.KV_PRECISIONS), help=f"KV-cache precisions ({','.join(G.KV_PRECISIONS)})")
+    s.add_argument("--cp-mode", default=",".join(G.CP_MODES), help=f"Code Predictor modes ({','.join(G.CP_MODES)})")
+    s.add_argument("--decoder", default="fp32", help=f"speech decoder precisions ({','.join(G.DECODER_PRECISIONS)})")
     s.add_argument("--threads", default="1,2", help="thread counts (1,2)")
     s.add_argument("--spin", default="0", help="ONNX Runtime thread spinning: 0 (default), 1, or 0,1 for both")
     s.add_argument("--pipeline", default="0",
@@ -281,7 +284,7 @@ def add_command(sub) -> None:
                         "frames are generated; 0 (default); 0,1 for both")
     s.add_argument("--attention", default="fused",
                    help="CPU attention graphs: fused (talker_gqa/cp_frame_gqa where the bundle has them, the "
-                        "default), plain, or fused,plain for both side by side")
+                        f"default), plain, or {','.join(G.ATTENTIONS)} for both side by side")
     s.add_argument("--frames", type=int, default=24, help="frames per timed run, EOS blocked (default 24)")
     s.add_argument("--warmup", type=int, default=4, help="frames left out of the medians (default 4)")
     s.add_argument("--chunk", type=int, default=4, help="frames per streaming-decoder call (default 4)")
@@ -292,9 +295,9 @@ def add_command(sub) -> None:
     s.add_argument("--target", default="cpu",
                    help="execution targets: cpu (the timed CPU grid) and/or qnn_configs targets (e.g. simulator): "
                         "their static graphs on the HTP simulator, accuracy only, never timed (default cpu)")
-    s.add_argument("--htp-precision", default="fp16",
-                   help="weight precisions of the HTP rows: fp16 (float graphs, fp16 on the HTP), w8a16 "
-                        "(QDQ: 8-bit weights, 16-bit activations, calibrated on real prompts), or both")
+    s.add_argument("--htp-precision", default=G.HTP_PRECISIONS[0],
+                   help="weight precisions of the HTP rows, comma-separated: "
+                        + "; ".join(f"{k} ({v})" for k, v in G.HTP_PRECISION_HELP.items()))
     s.add_argument("--htp-context", type=int, default=0,
                    help="static Talker context of the HTP rows (default 0: the prompt + frames, at least 64)")
     s.add_argument("--htp-dir", help="where the HTP rows' bundles are built (default: next to the fp32 bundle in "

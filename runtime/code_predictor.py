@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from kztts.errors import BundleError, KzttsError
+from kztts.graphs import DYNAMIC_KV
 from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
 from kztts.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
@@ -70,8 +71,8 @@ class CodePredictor:
             raise BundleError(f"code predictor / talker config lacks or mangles {exc}; re-export the bundle") from exc
         positions = self.num_groups + 1  # [h, C(c0)] then c1..c14
         self._cos, self._sin = rope_tables(positions, self.head_dim, self.rope_theta)
-        self._step_outputs = ["logits"] + [f"new_{kind}_{i}" for i in range(self.num_layers)
-                                           for kind in ("key", "value")]
+        self._step_outputs = ["logits"] + DYNAMIC_KV.new_names(self.num_layers)
+        self._step_past = DYNAMIC_KV.past_names(self.num_layers)
         session = self.session  # open the mode's graph now: a broken bundle fails here, not mid-generation
         dtype = kv_dtype(session) if mode == "step" else np.float32
         self._kv = KVCache(self.num_layers, self.num_kv_heads, self.head_dim, positions, dtype)
@@ -83,12 +84,9 @@ class CodePredictor:
             from kztts.embeddings import EmbeddingTables
 
             embeddings = EmbeddingTables.from_bundle(bundle)
-        from kztts.talker import prefer_fused
+        from kztts.plan import resolve_plan
 
-        m = bundle.manifest
-        fused = mode == "frame" and prefer_fused(bundle, FUSED_FRAME_GRAPH)
-        return cls(bundle.session, m.code_predictor, m.talker, embeddings, mode,
-                   FUSED_FRAME_GRAPH if fused else FRAME_GRAPH)
+        return resolve_plan(bundle, cp_mode=mode).open_code_predictor(embeddings)
 
     def _session(self, name: str):
         s = self._sessions
@@ -147,7 +145,7 @@ class CodePredictor:
             "step": np.array([group], dtype=np.int64),
         }
         for i in range(self.num_layers):
-            feed[f"past_key_{i}"], feed[f"past_value_{i}"] = self._kv.past(i)
+            feed[self._step_past[2 * i]], feed[self._step_past[2 * i + 1]] = self._kv.past(i)
         out = self.session.run(self._step_outputs, feed)
         self._kv.append(out[1::2], out[2::2])
         return out[0][0]

@@ -58,7 +58,7 @@ def _segmentation(chunk_size, left_context) -> tuple[int | None, int]:
     return chunk_size, left_context
 
 
-def _from_bundle_kwargs(bundle, name: str, kw: dict) -> dict:
+def decoder_kwargs(bundle, name: str, kw: dict) -> dict:
     """Segmentation and codebook size recorded with graph ``name``, unless given in ``kw``."""
     extra = _graph_extra(bundle, name)
     kw.setdefault("chunk_size", extra.get("reference_chunk", REFERENCE_CHUNK))
@@ -105,7 +105,7 @@ class Decoder:
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "Decoder":
-        return cls(bundle.session("decoder"), **_from_bundle_kwargs(bundle, "decoder", kw))
+        return cls(bundle.session("decoder"), **decoder_kwargs(bundle, "decoder", kw))
 
     def _run(self, codes: np.ndarray) -> np.ndarray:
         feed = {"codes": codes[None]}
@@ -159,7 +159,7 @@ class StreamingDecoder:
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "StreamingDecoder":
-        return cls(bundle.session("decoder_stream"), **_from_bundle_kwargs(bundle, "decoder_stream", kw))
+        return cls(bundle.session("decoder_stream"), **decoder_kwargs(bundle, "decoder_stream", kw))
 
     def reset(self) -> None:
         self.frames = 0  # frames pushed since reset
@@ -203,6 +203,61 @@ class StreamingDecoder:
         if not out:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(out)
+
+
+class StaticChunkDecoder:
+    """The speech decoder on a static graph of ``frames_per_run`` frames (``decoder_chunk``, for
+    the HTP), with the ``Decoder`` and ``StreamingDecoder`` APIs.
+
+    ``push`` buffers frames until whole runs are there and returns their samples (possibly
+    none); ``flush`` ends the utterance: the last partial run is padded by repeating its last
+    frame and only the real frames' samples are returned. The graph is causal, so frames
+    after the real ones change none of their samples. Every segment boundary of the reference
+    decode (``chunk_size``, ``chunk_size - left_context``) must be a multiple of the run."""
+
+    def __init__(self, session: ort.InferenceSession, *, chunk_size: int | None = REFERENCE_CHUNK,
+                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE):
+        shape = next(a.shape for a in session.get_inputs() if a.name == "codes")
+        if not isinstance(shape[1], int):
+            raise BundleError(f"decoder_chunk: its codes input {shape} is not static; re-export the bundle")
+        self.frames_per_run = int(shape[1])
+        self.chunk_size, self.left_context = _segmentation(chunk_size, left_context)
+        if self.chunk_size is not None and (self.chunk_size % self.frames_per_run
+                                            or (self.chunk_size - self.left_context) % self.frames_per_run):
+            raise BundleError(f"decoder_chunk runs {self.frames_per_run} frames, which does not divide the "
+                              f"decoder's segments ({self.chunk_size} frames, {self.left_context} of left context); "
+                              "export with a target whose shapes.decoder_chunk divides both")
+        self._stream = StreamingDecoder(session, chunk_size=chunk_size, left_context=left_context,
+                                        codebook_size=codebook_size, max_frames_per_run=self.frames_per_run)
+        self.codebook_size = self._stream.codebook_size
+        self._pending = np.zeros((0, NUM_QUANTIZERS), np.int64)
+
+    def reset(self) -> None:
+        self._stream.reset()
+        self._pending = np.zeros((0, NUM_QUANTIZERS), np.int64)
+
+    def push(self, codes) -> np.ndarray:
+        codes = check_codes(codes, self.codebook_size)
+        self._pending = np.concatenate([self._pending, codes])
+        whole = self._pending.shape[0] // self.frames_per_run * self.frames_per_run
+        ready, self._pending = self._pending[:whole], self._pending[whole:]
+        return self._stream.push(ready) if whole else np.zeros(0, np.float32)
+
+    def flush(self) -> np.ndarray:
+        """The samples of the frames still buffered (the utterance ends: ``reset`` before the next)."""
+        n = self._pending.shape[0]
+        if n == 0:
+            return np.zeros(0, np.float32)
+        pad = np.repeat(self._pending[-1:], self.frames_per_run - n, axis=0)
+        wav = self._stream.push(np.concatenate([self._pending, pad]))
+        self._pending = self._pending[:0]
+        return wav[:n * SAMPLES_PER_FRAME]
+
+    def decode(self, codes) -> np.ndarray:
+        self.reset()
+        wav = np.concatenate([self.push(codes), self.flush()])
+        self.reset()
+        return wav
 
 
 class BackgroundDecoder:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from kztts.errors import ContextOverflowError
+from kztts.graphs import DYNAMIC_KV
 
 INITIAL_CAPACITY = 256
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
-def kv_dtype(session, input_name: str = "past_key_0") -> np.dtype:
+def kv_dtype(session, input_name: str = DYNAMIC_KV.past_name("key", 0)) -> np.dtype:
     """The KV element type a graph takes (float32, or float16 for ``kv-fp16`` bundle variants);
     float32 for session stand-ins that do not describe their inputs."""
     get_inputs = getattr(session, "get_inputs", None)

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from kztts.errors import KzttsError
+from kztts.graphs import DEVICES
 from kztts.segments import Segment
 
 SCHEMA = "kztts-placement/1"
 PHASES = ("prefill", "decode")
-DEVICES = ("cpu", "htp")
 MODES = ("all-htp", "all-cpu", "prefill-htp-decode-cpu", "guarded", "explicit")
 BUILTIN_MODES = ("all-htp", "all-cpu", "prefill-htp-decode-cpu")
 _OPTIONAL_KEYS = ("schema", "num_layers", "description", "threshold", "calibration")

@@ -8,32 +8,15 @@ present output, so nothing is copied per step.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import KzttsError
+from kztts.graphs import DYNAMIC_KV, FUSED_KV
 from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
 
 DEFAULT_CONTEXT = 4096
-FUSED_GRAPH = "talker_gqa"
-ATTENTION_ENV = "KZTTS_ATTENTION"  # "plain" keeps the plain CPU graphs (A/B measurements)
-
-
-def prefer_fused(bundle, name: str) -> bool:
-    """Whether the runtime uses the fused CPU graph ``name`` of ``bundle`` (present in the
-    bundle, and not turned off with ``KZTTS_ATTENTION=plain``)."""
-    mode = os.environ.get(ATTENTION_ENV, "fused").strip().lower()
-    if mode not in ("fused", "plain"):
-        raise KzttsError(f"{ATTENTION_ENV}={mode!r}: use 'fused' or 'plain'")
-    return mode == "fused" and name in bundle.manifest.graphs
-
-
-def cpu_talker_session(bundle) -> ort.InferenceSession:
-    """The session of the bundle's CPU Talker graph: ``talker_gqa`` when it has one."""
-    return bundle.session(FUSED_GRAPH if prefer_fused(bundle, FUSED_GRAPH) else "talker")
 
 
 def _input_names(session) -> set[str]:
@@ -65,8 +48,8 @@ class _FusedRun:
         for i in range(self.kv.num_layers):
             for kind, bufs in (("key", self.kv.keys), ("value", self.kv.values)):
                 b = bufs[i]
-                self._io.bind_input(f"past_{kind}_{i}", "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
-                self._io.bind_output(f"present_{kind}_{i}", "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
+                self._io.bind_input(FUSED_KV.past_name(kind, i), "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
+                self._io.bind_output(FUSED_KV.new_name(kind, i), "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
         self._generation = self.kv.generation
 
     def __call__(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,8 +86,8 @@ class Talker:
             raise KzttsError(f"talker context {context} must be in 1..{limit} (the model's max positions)")
         self.kv = KVCache(self.num_layers, int(config["num_kv_heads"]), head_dim, context, kv_dtype(session))
         self._cos, self._sin = rope_tables(context, head_dim, float(config["rope_theta"]))
-        self._out_names = ["logits", "hidden"] + [
-            f"new_{kind}_{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+        self._out_names = ["logits", "hidden"] + DYNAMIC_KV.new_names(self.num_layers)
+        self._past_names = DYNAMIC_KV.past_names(self.num_layers)
         self.fused = "seqlens_k" in _input_names(session)
         self._fused_run = (_FusedRun(session, self.kv, self._cos, self._sin, self.vocab, self.hidden_size)
                            if self.fused else None)
@@ -133,7 +116,7 @@ class Talker:
             "rope_sin": self._sin[None, p:p + t],
         }
         for i in range(self.num_layers):
-            feed[f"past_key_{i}"], feed[f"past_value_{i}"] = self.kv.past(i)
+            feed[self._past_names[2 * i]], feed[self._past_names[2 * i + 1]] = self.kv.past(i)
         out = self.session.run(self._out_names, feed)
         self.kv.append(out[2::2], out[3::2])
         return out[0][0], out[1][0]

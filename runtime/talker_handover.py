@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kztts.errors import KzttsError
-from kztts.talker import Talker, cpu_talker_session
+from kztts.talker import Talker
 from kztts.talker_static import StaticTalker
 
 
@@ -31,10 +31,11 @@ class HandoverTalker:
         self.handed_over: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     @classmethod
-    def from_bundle(cls, bundle, target=None, strict: bool = False, context: int | None = None) -> "HandoverTalker":
-        pre = StaticTalker.from_bundle(bundle, target, strict)
-        dec = Talker(cpu_talker_session(bundle), bundle.manifest.talker, context=context or pre.context)
-        return cls(pre, dec)
+    def from_bundle(cls, bundle, target=None, strict: bool = False) -> "HandoverTalker":
+        """Prefill on ``target``'s HTP, decode on the CPU (``kztts.plan``)."""
+        from kztts.plan import resolve_plan
+
+        return resolve_plan(bundle, target=target, placement="prefill-htp-decode-cpu", strict=strict).open_talker()
 
     @property
     def position(self) -> int:

@@ -22,7 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import BundleError, KzttsError
-from kztts.placement import PHASES, LayerPlacement, resolve_placement
+from kztts.graphs import SEGMENT_KV
+from kztts.placement import PHASES, LayerPlacement
 from kztts.rope import rope_tables
 from kztts.segments import Unit, segment_graph_name
 from kztts.talker_static import ChunkedTalker, chunk_inputs
@@ -78,25 +79,10 @@ class SegmentedTalker(ChunkedTalker):
     @classmethod
     def from_bundle(cls, bundle, placement: "str | LayerPlacement", target=None,
                     strict: bool = False) -> "SegmentedTalker":
-        """Open the graphs ``placement`` needs: HTP ones on ``target`` (``kztts.qnn``), CPU ones on the CPU EP."""
-        m = bundle.manifest
-        placement = resolve_placement(placement, int(m.talker["num_layers"]))
-        first = segment_graph_name("prefill", 0)
-        if first not in m.graphs:
-            raise BundleError(f"{m.path}: no layer segment graphs ({first}, ...); export the bundle with "
-                              "--target TARGET --segments")
-        sessions: dict[str, ort.InferenceSession] = {}
-        for ph in PHASES:
-            for seg in placement.segments(ph):
-                for u in seg.units:
-                    name = segment_graph_name(ph, u)
-                    if seg.device == "htp":
-                        from kztts.qnn import open_target_session
+        """The layer graphs ``placement`` needs, each on its device (``kztts.plan``)."""
+        from kztts.plan import resolve_plan
 
-                        sessions[name] = open_target_session(bundle, name, target, strict)
-                    else:
-                        sessions[name] = bundle.session(name)
-        return cls(sessions, placement, m.talker, float(m.graphs[first].extra.get("mask_value", -50.0)))
+        return resolve_plan(bundle, target=target, placement=placement, strict=strict, segments=True).open_talker()
 
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         p, C = self.length, self.graph_context
@@ -115,8 +101,9 @@ class SegmentedTalker(ChunkedTalker):
                 else:
                     keys, values = self.keys[u], self.values[u]
                     feed = {"hidden_in": h, "attention_mask": mask, "rope_cos": cos, "rope_sin": sin,
-                            "past_key_in": keys if P == C - 1 else np.ascontiguousarray(keys[..., :P]),
-                            "past_value_in": values if P == C - 1 else np.ascontiguousarray(values[:, :, :P])}
+                            SEGMENT_KV.past_name("key"): keys if P == C - 1 else np.ascontiguousarray(keys[..., :P]),
+                            SEGMENT_KV.past_name("value"): values if P == C - 1 else
+                            np.ascontiguousarray(values[:, :, :P])}
                     h, nk, nv, stats = sess.run(None, feed)
                     keys[..., p:p + n] = nk[..., :n]
                     values[:, :, p:p + n] = nv[:, :, :n]

@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import BundleError, ContextOverflowError, KzttsError
+from kztts.graphs import STATIC_KV
 from kztts.rope import rope_tables
 
 PREFILL = "talker_prefill"
@@ -122,14 +123,15 @@ class StaticTalker(ChunkedTalker):
         kv, hd = int(config["num_kv_heads"]), int(config["head_dim"])
         self.mask_value = np.float32(mask_value)
         S = _shape(prefill_session, "inputs_embeds")[1]
-        P = _shape(prefill_session, "past_key_0_in")[3]
-        Pd = _shape(decode_session, "past_key_0_in")[3]
+        first_key = STATIC_KV.past_name("key", 0)
+        P = _shape(prefill_session, first_key)[3]
+        Pd = _shape(decode_session, first_key)[3]
         self.chunk, self.graph_context = S, P + S
         if _shape(decode_session, "inputs_embeds")[1] != 1 or Pd + 1 != self.graph_context:
             raise BundleError(f"static talker graphs disagree: prefill context {P + S}, decode context {Pd + 1} "
                               "(decode must take one position); re-export the bundle")
-        if _shape(prefill_session, "past_key_0_in") != [kv, 1, hd, P]:
-            raise BundleError(f"static talker graph past_key_0_in is {_shape(prefill_session, 'past_key_0_in')}, "
+        if _shape(prefill_session, first_key) != [kv, 1, hd, P]:
+            raise BundleError(f"static talker graph {first_key} is {_shape(prefill_session, first_key)}, "
                               f"the manifest config says [{kv}, 1, {hd}, {P}]")
         C = self.graph_context
         if C - 1 > int(config["max_positions"]):
@@ -138,23 +140,17 @@ class StaticTalker(ChunkedTalker):
         self.values = [np.zeros((kv, 1, C - 1, hd), np.float32) for _ in range(self.num_layers)]
         self._cos, self._sin = rope_tables(C + S, hd, float(config["rope_theta"]))
         self.length = 0
-        self._out_names = ["logits", "hidden"] + [
-            f"new_{kind}_{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+        self._out_names = ["logits", "hidden"] + STATIC_KV.new_names(self.num_layers)
+        self._past_names = STATIC_KV.past_names(self.num_layers)
         self.on_feed: Callable[[str, dict], None] | None = None  # calibration hook: (graph name, feed)
 
     @classmethod
     def from_bundle(cls, bundle, target=None, strict: bool = False) -> "StaticTalker":
-        """Open ``talker_prefill``/``talker_decode`` of ``bundle`` on ``target``'s HTP
-        (``kztts.qnn.open_target_session``: CPU fallback with one warning unless strict)."""
-        from kztts.qnn import open_target_session
+        """``talker_prefill``/``talker_decode`` of ``bundle`` on ``target``'s HTP (``kztts.plan``;
+        CPU fallback with one warning unless strict)."""
+        from kztts.plan import resolve_plan
 
-        spec = bundle.manifest.graphs.get(PREFILL)
-        if spec is None or DECODE not in bundle.manifest.graphs:
-            raise BundleError(f"{bundle.manifest.path}: no static talker graphs ({PREFILL}, {DECODE}); export "
-                              "the bundle with --target")
-        pre = open_target_session(bundle, PREFILL, target, strict)
-        dec = open_target_session(bundle, DECODE, target, strict)
-        return cls(pre, dec, bundle.manifest.talker, float(spec.extra.get("mask_value", -50.0)))
+        return resolve_plan(bundle, target=target, placement="all-htp", strict=strict).open_talker()
 
     def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
         p, C = self.length, self.graph_context
@@ -163,11 +159,12 @@ class StaticTalker(ChunkedTalker):
         feed = {"inputs_embeds": x, "attention_mask": mask,
                 "rope_cos": self._cos[None, p:p + seq], "rope_sin": self._sin[None, p:p + seq]}
         for i in range(self.num_layers):
+            key, value = self._past_names[2 * i], self._past_names[2 * i + 1]
             if P == C - 1:
-                feed[f"past_key_{i}_in"], feed[f"past_value_{i}_in"] = self.keys[i], self.values[i]
+                feed[key], feed[value] = self.keys[i], self.values[i]
             else:
-                feed[f"past_key_{i}_in"] = np.ascontiguousarray(self.keys[i][..., :P])
-                feed[f"past_value_{i}_in"] = np.ascontiguousarray(self.values[i][:, :, :P])
+                feed[key] = np.ascontiguousarray(self.keys[i][..., :P])
+                feed[value] = np.ascontiguousarray(self.values[i][:, :, :P])
         if self.on_feed is not None:
             self.on_feed(graph, feed)
         out = sess.run(self._out_names, feed)

@@ -19,7 +19,8 @@ File layout (all keys required unless marked optional)::
       "provider_options": {"htp_performance_mode": "burst", ...},   # see PROVIDER_OPTIONS
       "shapes": {"prefill_chunk": 128, "context": 4096, "decoder_chunk": 25},
       "attention_mask_value": -50.0,
-      "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu"}
+      "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu",
+                    "speaker_encoder": "cpu"}                                     # speaker_encoder optional
     }
 
 ``soc_model``, ``htp_arch``, ``backend_path`` and ``backend_type`` are not provider
@@ -34,11 +35,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kztts.errors import KzttsError
+from kztts.graphs import DEVICES, HTP_PRECISIONS, OPTIONAL_PLACEMENT_KEYS, PLACEMENT_KEYS
 
 SCHEMA = "kztts-qnn-target/1"
-PRECISIONS = ("fp16", "w8a16")
-PLACEMENT_GRAPHS = ("talker_prefill", "talker_decode", "cp_frame", "decoder")
-PLACES = ("htp", "cpu")
 RUNS_ON = ("device", "simulator")
 
 
@@ -291,8 +290,8 @@ def parse_target(data: Any, path: Path) -> Target:
         raise _err(path, "soc.htp_arch", f"{soc['htp_arch']} is not the HTP version of {info.name} "
                                          f"(expected {info.htp_arch})")
 
-    if top["precision"] not in PRECISIONS:
-        raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(PRECISIONS)}")
+    if top["precision"] not in HTP_PRECISIONS:
+        raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(HTP_PRECISIONS)}")
 
     options: dict[str, str] = {}
     for k, v in top["provider_options"].items():
@@ -323,10 +322,12 @@ def parse_target(data: Any, path: Path) -> Target:
                    f"{mask} must be in -10000..-10: negative enough to mask, small enough for fp16 "
                    "and for 16-bit activation quantization")
 
-    place = _obj(path, top["placement"], "placement", {g: str for g in PLACEMENT_GRAPHS})
+    place = _obj(path, top["placement"], "placement",
+                 {g: str for g in PLACEMENT_KEYS if g not in OPTIONAL_PLACEMENT_KEYS},
+                 {g: str for g in OPTIONAL_PLACEMENT_KEYS})
     for g, v in place.items():
-        if v not in PLACES:
-            raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(PLACES)}")
+        if v not in DEVICES:
+            raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(DEVICES)}")
 
     layers = top.get("layer_placement")
     if layers is not None:  # the layer count is the model's: check everything but that now

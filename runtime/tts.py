@@ -10,8 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from kztts.bundle import Bundle
-from kztts.code_predictor import CodePredictor
-from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Decoder, Encoder, StreamingDecoder, _from_bundle_kwargs
+from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.embeddings import EmbeddingTables
 from kztts.errors import ContextOverflowError, KzttsError
 from kztts.frames import FrameLoop, StageTimes
@@ -21,8 +20,8 @@ from kztts.sessions import SessionConfig
 from kztts.settings import GenerationSettings, reference_settings, with_environment
 from kztts.speaker import SpeakerEncoder, load_xvector
 from kztts.placement import LayerPlacement
+from kztts.plan import resolve_plan
 from kztts.talker import DEFAULT_CONTEXT
-from kztts.talkers import open_talker
 from kztts.text import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -86,8 +85,11 @@ class TTS:
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
-                 placement: "str | LayerPlacement | None" = None, talker=None, pipeline: bool = False):
-        """``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
+                 placement: "str | LayerPlacement | None" = None, talker=None, pipeline: bool = False,
+                 attention: str | None = None):
+        """Where each graph runs is decided once, by ``kztts.plan.resolve_plan`` (``self.plan``;
+        ``print(tts.plan.table())`` shows it):
+        ``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
         (its static graphs, exported with ``kztts export --target``), the others on the CPU.
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
         see ``kztts.placement``), overriding the target's Talker placement; a placement that
@@ -95,6 +97,7 @@ class TTS:
         which runs every frame, on the CPU as well. ``talker``: a Talker runner to use as is
         (any object with the ``kztts.talker.Talker`` API; validation and calibration pass theirs).
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``.
+        ``attention``: ``fused`` or ``plain`` CPU graphs (default ``$KZTTS_ATTENTION``, else fused).
         ``pipeline``: ``stream`` decodes on a background thread while the next frames are generated
         (same samples; give the decoder its own thread count, ``SessionConfig.decoder_threads``).
         Only the graphs used are opened: the Talker, the Code Predictor of ``cp_mode`` and one
@@ -104,32 +107,18 @@ class TTS:
         m = self.bundle.manifest
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
-        self.target = None
-        if target is not None:
-            from kztts.targets import load_target
-
-            self.target = load_target(target)
-        decode_on_cpu = False
-        if placement is not None:
-            from kztts.placement import resolve_placement
-
-            placement = resolve_placement(placement, int(m.talker["num_layers"]))
-            decode_on_cpu = placement.uniform("decode") == "cpu"  # the Code Predictor is decode work too
-        self.talker = talker if talker is not None else open_talker(
-            self.bundle, target=self.target, placement=placement, strict=strict, context=context)
-        if self.target is not None and self.target.on_htp("cp_frame") and not decode_on_cpu:
-            from kztts.qnn import open_target_session
-
-            sessions = {"cp_frame": open_target_session(self.bundle, "cp_frame", self.target, strict)}
-            self.code_predictor = CodePredictor(sessions, m.code_predictor, m.talker, self.tables, mode="frame")
-        else:
-            self.code_predictor = CodePredictor.from_bundle(self.bundle, mode=cp_mode, embeddings=self.tables)
+        self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,
+                                 attention=attention)
+        self.target = self.plan.target
+        log.info("%s", self.plan.table())
+        self.talker = talker if talker is not None else self.plan.open_talker(context)
+        self.code_predictor = self.plan.open_code_predictor(self.tables)
         self.sample_rate = int(m.data["config"].get("sample_rate", 24000))
         self.speaker_size = int(m.data["config"]["speaker_embedding_size"])
-        self._decoder: Decoder | None = None
-        self._streaming: StreamingDecoder | None = None
-        self._decoder_graph = "decoder_stream" if "decoder_stream" in m.graphs else "decoder"
-        self.bundle.session(self._decoder_graph)  # open (and check) it now, as the other graphs
+        self._decoder = None
+        self._streaming = None
+        self._decoder_graph = self.plan.decoder_graph()
+        self.plan.session(self._decoder_graph)  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
 
@@ -141,14 +130,14 @@ class TTS:
     def voice_from_wav(self, wav: np.ndarray, sr: int) -> Voice:
         """An x-vector voice from a recording (any sample rate)."""
         if self._speaker_encoder is None:
-            self._speaker_encoder = SpeakerEncoder.from_bundle(self.bundle)
+            self._speaker_encoder = self.plan.open_speaker_encoder()
         return Voice(self._speaker_encoder.xvector(wav, sr))
 
     def voice_from_reference(self, wav: np.ndarray, sr: int, ref_text: str) -> Voice:
         """An ICL voice: x-vector, the recording's codes and its transcript."""
         self.tokenizer.ref_ids(ref_text)  # reject an empty transcript before encoding audio
         if self._encoder is None:
-            self._encoder = Encoder.from_bundle(self.bundle)
+            self._encoder = self.plan.open_speech_encoder()
         speaker = self.voice_from_wav(wav, sr).speaker
         return Voice(speaker, self._encoder.encode(wav, sr), ref_text)
 
@@ -191,16 +180,15 @@ class TTS:
         loop.times.prompt = time.perf_counter() - started
         return _Run(loop, prompt, voice, started)
 
-    def _streaming_decoder(self) -> StreamingDecoder:
+    def _streaming_decoder(self):
         if self._streaming is None:
-            self._streaming = StreamingDecoder.from_bundle(self.bundle)
+            self._streaming = self.plan.open_streaming_decoder()
         return self._streaming
 
-    def _full_decoder(self) -> Decoder:
+    def _full_decoder(self):
         """The whole-utterance decoder, on the graph the stream uses (one copy of the weights)."""
         if self._decoder is None:
-            name = self._decoder_graph
-            self._decoder = Decoder(self.bundle.session(name), **_from_bundle_kwargs(self.bundle, name, {}))
+            self._decoder = self.plan.open_decoder()
         return self._decoder
 
     def stream(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
@@ -217,36 +205,57 @@ class TTS:
         dec = self._streaming_decoder()
         dec.reset()
         if self.pipeline if pipeline is None else pipeline:
+            if isinstance(dec, StaticChunkDecoder):
+                raise KzttsError(f"the pipelined stream decodes on a CPU thread, but target {self.target.name} "
+                                 "places the decoder on the HTP; stream without --pipeline")
             yield from self._stream_pipelined(run, dec, chunk_frames)
             if result is not None:
                 samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
                 result["result"] = self._result(run, samples)
             return
         times = run.loop.times
-        if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes] and cuts the reference's samples
+        skip = 0  # samples of the ICL reference, which qwen-tts decodes in front and cuts
+        if run.voice.icl:
             t = time.perf_counter()
-            dec.push(run.voice.ref_codes)
+            skip = run.voice.ref_codes.shape[0] * SAMPLES_PER_FRAME - dec.push(run.voice.ref_codes).shape[0]
             times.decoder += time.perf_counter() - t
         pending: list[np.ndarray] = []
         chunks: list[np.ndarray] = []
+
+        def decoded(audio: np.ndarray) -> np.ndarray:
+            nonlocal skip
+            cut = min(skip, audio.shape[0])
+            skip -= cut
+            audio = audio[cut:]
+            if audio.shape[0] and times.first_audio is None:
+                times.first_audio = time.perf_counter() - run.started
+            chunks.append(audio)
+            return audio
 
         def flush() -> np.ndarray:
             t = time.perf_counter()
             audio = dec.push(np.stack(pending))
             times.decoder += time.perf_counter() - t
             pending.clear()
-            if times.first_audio is None:
-                times.first_audio = time.perf_counter() - run.started
-            chunks.append(audio)
-            return audio
+            return decoded(audio)
 
         for frame in run.loop.frames(run.prompt):
             run.codes.append(frame)
             pending.append(frame)
             if len(pending) == chunk_frames:
-                yield flush()
+                audio = flush()
+                if audio.shape[0]:
+                    yield audio
         if pending:
-            yield flush()
+            audio = flush()
+            if audio.shape[0]:
+                yield audio
+        if isinstance(dec, StaticChunkDecoder):  # the frames of a last, partial static run
+            t = time.perf_counter()
+            audio = decoded(dec.flush())
+            times.decoder += time.perf_counter() - t
+            if audio.shape[0]:
+                yield audio
         if result is not None:
             samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             result["result"] = self._result(run, samples)

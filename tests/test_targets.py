@@ -62,7 +62,7 @@ def test_load_by_path_and_with_shapes(tmp_path, good):
     (lambda d: d["soc"].update(name="SM9999"), "soc.name", "unknown SoC"),
     (lambda d: d["shapes"].pop("context"), "shapes.context", "missing required field"),
     (lambda d: d.pop("placement"), "placement", "missing required field"),
-    (lambda d: d["placement"].update(cp_frame="gpu"), "placement.cp_frame", "not one of htp, cpu"),
+    (lambda d: d["placement"].update(cp_frame="gpu"), "placement.cp_frame", "not one of cpu, htp"),
     (lambda d: d["provider_options"].update(htp_performance_mode="turbo"), "provider_options.htp_performance_mode",
      "not one of"),
     (lambda d: d["provider_options"].update(vtcm_mb=16), "provider_options.vtcm_mb", "exceeds the 8 MB"),

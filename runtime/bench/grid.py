@@ -9,14 +9,15 @@ import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kztts import graphs as G
 from kztts.errors import KzttsError
 
-AXES = {
-    "weights": ("fp32", "int8", "int4"),
-    "kv": ("fp32", "fp16"),
-    "cp_mode": ("frame", "step"),
-    "decoder": ("fp32", "int8"),
-    "attention": ("fused", "plain"),  # CPU graphs: talker_gqa/cp_frame_gqa, or the plain talker/cp_frame
+AXES = {  # from the graph registry: a new precision or mode there is a new choice here
+    "weights": G.CPU_WEIGHT_PRECISIONS,
+    "kv": G.KV_PRECISIONS,
+    "cp_mode": G.CP_MODES,
+    "decoder": G.DECODER_PRECISIONS,
+    "attention": G.ATTENTIONS,  # CPU graphs: talker_gqa/cp_frame_gqa, or the plain talker/cp_frame
 }
 
 
@@ -30,7 +31,7 @@ class Config:
     decoder: str = "fp32"
     threads: int = 2
     spin: bool = False  # ONNX Runtime worker threads spin between operators (SessionConfig.spinning)
-    attention: str = "fused"  # kztts.talker.ATTENTION_ENV in the worker
+    attention: str = "fused"  # kztts.plan attention of the worker
     pipeline: bool = False  # decoder on a background thread with 1 intra-op thread (TTS(pipeline=True))
 
     @property
@@ -74,7 +75,7 @@ def parse_spin(raw: str, option: str = "--spin") -> list[bool]:
     return [v == "1" for v in values]
 
 
-HTP_PRECISIONS = ("fp16", "w8a16")  # kztts.targets.PRECISIONS: what export_htp_graphs builds
+HTP_PRECISIONS = G.HTP_PRECISIONS
 
 
 @dataclass(frozen=True)

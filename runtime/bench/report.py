@@ -8,6 +8,8 @@ import math
 import platform
 from pathlib import Path
 
+from kztts.graphs import PRECISION_COLOURS
+
 log = logging.getLogger(__name__)
 
 
@@ -109,7 +111,7 @@ def pareto(rows: list[dict], path: Path, title: str) -> None:
         for x, y, r in pts:
             ref = r.get("kind") == "reference"
             ax.scatter([x], [y], marker="*" if ref else "o", s=120 if ref else 40,
-                       color="black" if ref else f"C{['fp32', 'int8', 'int4'].index(r.get('weights', 'fp32'))}")
+                       color="black" if ref else PRECISION_COLOURS.get(r.get("weights", "fp32"), "tab:gray"))
             ax.annotate(r["name"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         front, best = [], -math.inf
         for x, y, _ in sorted(pts, key=lambda p: (p[0], -p[1])):

@@ -1,0 +1,390 @@
+"""The execution plan: for every graph a job runs, its device, precision, threads and why.
+
+One resolver, :func:`resolve_plan`, takes (bundle, target, layer placement, Code Predictor
+mode, attention, strict) and decides everything; ``TTS``, validation, calibration and the
+bench open their sessions through the plan it returns. Rules, in order:
+
+- a Talker layer placement (``--placement``) decides the Talker's runner; without one the
+  target's ``talker_prefill`` / ``talker_decode`` keys do; without a target, the CPU;
+- the Code Predictor, decoder and speaker encoder follow the target's ``cp_frame``,
+  ``decoder`` and ``speaker_encoder`` keys; a placement that decodes on the CPU keeps the
+  Code Predictor (per-frame decode work) on the CPU as well;
+- HTP work needs the bundle's static graph for it: when it is missing, strict mode refuses
+  (naming the export command), otherwise the CPU graph runs and the plan says why;
+- on the CPU the fused-attention graphs are preferred when the bundle has them
+  (``KZTTS_ATTENTION=plain`` or ``attention="plain"`` keeps the plain ones).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kztts import graphs as G
+from kztts.errors import BundleError, KzttsError
+from kztts.placement import LayerPlacement, resolve_placement
+from kztts.segments import segment_graph_name
+
+log = logging.getLogger(__name__)
+
+ATTENTION_ENV = "KZTTS_ATTENTION"  # "plain" keeps the plain CPU graphs (A/B measurements)
+ROLES = ("talker_prefill", "talker_decode", "code_predictor", "decoder", "speaker_encoder", "speech_encoder")
+
+
+def attention_from_env() -> str:
+    """``$KZTTS_ATTENTION`` (default ``fused``), checked."""
+    mode = os.environ.get(ATTENTION_ENV, "fused").strip().lower()
+    if mode not in G.ATTENTIONS:
+        raise KzttsError(f"{ATTENTION_ENV}={mode!r}: use one of {', '.join(G.ATTENTIONS)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Step:
+    """One role of the job: the graphs that serve it, where they run and why."""
+
+    role: str
+    graphs: tuple[str, ...]
+    device: str
+    precision: str
+    threads: int
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"role": self.role, "graphs": list(self.graphs), "device": self.device,
+                "precision": self.precision, "threads": self.threads, "reason": self.reason}
+
+
+@dataclass
+class ExecutionPlan:
+    """Where each role runs; opens (and keeps) the sessions and builds the runners."""
+
+    bundle: Any
+    target: Any  # kztts.targets.Target | None
+    placement: LayerPlacement | None
+    strict: bool
+    cp_mode: str
+    attention: str
+    runner: str  # Talker runner: "cpu", "static", "handover" or "segments"
+    steps: dict[str, Step]
+    _htp_sessions: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------ sessions
+    def device_of(self, graph: str) -> str:
+        for s in self.steps.values():
+            if graph in s.graphs:
+                return s.device
+        return "cpu"
+
+    def session(self, graph: str, device: str | None = None):
+        """The session of ``graph`` on its planned device (opened once)."""
+        device = device or self.device_of(graph)
+        if device == "htp":
+            if graph not in self._htp_sessions:
+                from kztts.qnn import open_target_session
+
+                self._htp_sessions[graph] = open_target_session(self.bundle, graph, self.target, self.strict)
+            return self._htp_sessions[graph]
+        return self.bundle.session(graph)
+
+    # ------------------------------------------------------------ runners
+    def open_talker(self, context: int | None = None):
+        """The Talker runner of the plan (``kztts.talker.Talker`` API)."""
+        from kztts.talker import DEFAULT_CONTEXT, Talker
+
+        m = self.bundle.manifest
+        cpu_context = min(context or DEFAULT_CONTEXT, int(m.talker["max_positions"]))
+        if self.runner == "cpu":
+            return Talker(self.session(self.steps["talker_decode"].graphs[0]), m.talker, context=cpu_context)
+        if self.runner == "segments":
+            from kztts.talker_segmented import SegmentedTalker
+
+            sessions = {}
+            for ph in ("prefill", "decode"):
+                for seg in self.placement.segments(ph):
+                    for u in seg.units:
+                        name = segment_graph_name(ph, u)
+                        sessions[name] = self.session(name, seg.device)
+            first = segment_graph_name("prefill", 0)
+            return SegmentedTalker(sessions, self.placement, m.talker,
+                                   float(m.graphs[first].extra.get("mask_value", -50.0)))
+        from kztts.talker_static import DECODE, PREFILL, StaticTalker
+
+        # the handover's HTP side needs the decode graph too: a prompt tail past C - S runs through it
+        static = StaticTalker(self.session(PREFILL, "htp"), self.session(DECODE, "htp"), m.talker,
+                              float(m.graphs[PREFILL].extra.get("mask_value", -50.0)))
+        if self.runner == "static":
+            return static
+        from kztts.talker_handover import HandoverTalker
+
+        cpu = Talker(self.session(self.steps["talker_decode"].graphs[0], "cpu"), m.talker,
+                     context=static.context)
+        return HandoverTalker(static, cpu)
+
+    def open_code_predictor(self, embeddings):
+        from kztts.code_predictor import CodePredictor
+
+        m = self.bundle.manifest
+        step = self.steps["code_predictor"]
+        graph = step.graphs[0]
+        mode = "step" if graph == "cp_step" else "frame"
+        return CodePredictor(lambda name: self.session(name), m.code_predictor, m.talker, embeddings, mode,
+                             frame_graph=graph if mode == "frame" else "cp_frame")
+
+    def decoder_graph(self) -> str:
+        return self.steps["decoder"].graphs[0]
+
+    def open_decoder(self):
+        """The whole-utterance decoder, on the graph the stream uses (one copy of the weights)."""
+        from kztts.codec import Decoder, StaticChunkDecoder, decoder_kwargs
+
+        name = self.decoder_graph()
+        if name == "decoder_chunk":
+            return StaticChunkDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+        return Decoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+
+    def open_streaming_decoder(self):
+        from kztts.codec import StaticChunkDecoder, StreamingDecoder, decoder_kwargs
+
+        name = self.decoder_graph()
+        if name == "decoder_chunk":
+            return StaticChunkDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+        if name == "decoder":
+            raise BundleError(f"{self.bundle.manifest.path}: streaming needs graph 'decoder_stream', which this "
+                              f"bundle lacks; re-export it with `{G.GRAPHS['decoder_stream'].exported_by}`")
+        return StreamingDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+
+    def open_speaker_encoder(self):
+        from kztts.speaker import SpeakerEncoder
+
+        name = self.steps["speaker_encoder"].graphs[0]
+        G.require(self.bundle.manifest, name, feature="a voice from a recording")
+        spec = self.bundle.manifest.graphs[name]
+        return SpeakerEncoder(self.session(name), int(spec.extra.get("min_frames", 5)))
+
+    def open_speech_encoder(self):
+        from kztts.codec import Encoder
+
+        G.require(self.bundle.manifest, "encoder", feature="an ICL voice (--ref-audio)")
+        extra = self.bundle.manifest.graphs["encoder"].extra
+        return Encoder(self.session("encoder"), int(extra.get("sample_rate", 24000)))
+
+    # ------------------------------------------------------------ reporting
+    def graphs(self, roles: tuple[str, ...] = ROLES) -> list[str]:
+        """The graphs the given roles run, in plan order, each once."""
+        out: list[str] = []
+        for r in roles:
+            for g in self.steps[r].graphs:
+                if g not in out:
+                    out.append(g)
+        return out
+
+    def to_json(self) -> dict:
+        return {"target": self.target.name if self.target else None, "strict": self.strict,
+                "placement": self.placement.describe() if self.placement else None, "runner": self.runner,
+                "steps": [s.to_json() for s in self.steps.values()]}
+
+    def table(self) -> str:
+        """The plan as a text table (``kztts synth --explain``, ``kztts inspect --plan``)."""
+        head = (f"execution plan: target {self.target.name if self.target else 'none (CPU only)'}"
+                f"{', strict' if self.strict else ''}; Talker runner {self.runner}"
+                + (f"; placement {self.placement.describe()}" if self.placement else ""))
+        rows = [("role", "graphs", "device", "precision", "threads", "why")]
+        for s in self.steps.values():
+            graphs = ", ".join(s.graphs) if len(s.graphs) <= 3 else f"{s.graphs[0]} .. {s.graphs[-1]} ({len(s.graphs)})"
+            rows.append((s.role, graphs, s.device, s.precision, str(s.threads) if s.threads else "auto", s.reason))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- resolution
+class _Resolver:
+    def __init__(self, bundle, target, placement, strict: bool, cp_mode: str, attention: str, segments: bool):
+        self.bundle, self.m = bundle, bundle.manifest
+        self.segments = segments
+        self.target, self.placement, self.strict = target, placement, strict
+        self.cp_mode, self.attention = cp_mode, attention
+
+    def has(self, graph: str) -> bool:
+        return graph in self.m.graphs
+
+    def cfg_threads(self, graph: str) -> int:
+        return self.bundle.session_config.threads_for(graph)
+
+    def precision(self, graph: str, device: str) -> str:
+        spec = self.m.graphs.get(graph)
+        if spec is None:
+            return "-"
+        variant = self.m.data.get("variant") or {}
+        p = spec.precision
+        if device == "htp":
+            return "fp16 (htp)" if p in ("fp32", "fp16") else f"{p} (htp)"
+        if p in ("fp32", "fp16") and variant:
+            role = G.GRAPHS.get(graph, G.GRAPHS["talker"]).role
+            weights = variant.get("decoder") if role == "decoder" else variant.get("weights")
+            if weights and weights != "fp32" and role in ("talker", "code_predictor", "decoder"):
+                p = weights
+        kv = spec.extra.get("kv_dtype")
+        return f"{p} (cpu{', kv ' + kv if kv else ''})"
+
+    def step(self, role: str, graphs: list[str], device: str, reason: str) -> Step:
+        g0 = graphs[0] if graphs else "-"
+        return Step(role, tuple(graphs), device, self.precision(g0, device), self.cfg_threads(g0), reason)
+
+    def target_says(self, key: str) -> str:
+        if self.target is None:
+            return "cpu"
+        return self.target.placement.get(key, "cpu")
+
+    def htp_or_fallback(self, role: str, graph: str, key: str, cpu_graphs: list[str], cpu_why: str) -> Step:
+        """``graph`` on the HTP when the bundle has it; else strict: an error, else the CPU graphs."""
+        where = f"target {self.target.name}: placement.{key}=htp"
+        if self.has(graph):
+            return self.step(role, [graph], "htp", where)
+        how = G.GRAPHS[graph].exported_by if graph in G.GRAPHS else G.SEGMENT_EXPORT
+        if self.strict:
+            raise BundleError(f"{self.m.path}: {where}, but the bundle has no static graph {graph!r}; re-export "
+                              f"it with `{how.replace('TARGET', self.target.name)}` (or run without --strict: "
+                              f"the CPU then runs it)")
+        log.warning("%s, but the bundle has no static graph %r: running %s on the CPU (%s)", where, graph, role,
+                    ", ".join(cpu_graphs))
+        return self.step(role, cpu_graphs, "cpu", f"fallback: {where} but no {graph!r} graph in the bundle")
+
+    def cpu_graph(self, plain: str, fused: str) -> tuple[str, str]:
+        if self.attention == "fused" and self.has(fused):
+            return fused, f"CPU, fused attention ({fused} in the bundle)"
+        if self.attention == "fused":
+            return plain, f"CPU, plain attention (no {fused} in the bundle)"
+        return plain, f"CPU, plain attention ({ATTENTION_ENV}=plain)"
+
+    # ------------------------------------------------------------ roles
+    def talker(self) -> tuple[str, Step, Step]:
+        cpu_graph, cpu_why = self.cpu_graph("talker", "talker_gqa")
+        if self.placement is not None:
+            pl = self.placement
+            pre, dec = pl.uniform("prefill"), pl.uniform("decode")
+            why = f"placement {pl.source or pl.mode}"
+            if pre == dec == "cpu" and not self.segments:
+                return "cpu", self.step("talker_prefill", [cpu_graph], "cpu", f"{why}: all on the CPU"), \
+                    self.step("talker_decode", [cpu_graph], "cpu", f"{why}: all on the CPU")
+            if pre == "htp" and dec in ("htp", "cpu") and not self.segments:
+                self._need_target(why)
+                G.require(self.m, "talker_prefill", feature=f"Talker prefill on the HTP ({why})")
+                pre_step = self.step("talker_prefill", ["talker_prefill"], "htp", why)
+                G.require(self.m, "talker_decode", feature=f"the static Talker ({why})")
+                if dec == "htp":
+                    return "static", pre_step, self.step("talker_decode", ["talker_decode"], "htp", why)
+                return "handover", pre_step, self.step("talker_decode", [cpu_graph], "cpu",
+                                                       f"{why}: decode on the CPU (KV handed over)")
+            if any(d == "htp" for ph in ("prefill", "decode") for d in pl.phase(ph).devices):
+                self._need_target(why)
+            G.require(self.m, segment_graph_name("prefill", 0), feature=f"a per-layer placement ({why})",
+                      how=G.SEGMENT_EXPORT)
+            steps = []
+            for ph in ("prefill", "decode"):
+                segs = pl.segments(ph)
+                names = [segment_graph_name(ph, u) for s in segs for u in s.units]
+                devs = sorted({s.device for s in segs})
+                desc = "; ".join(f"{s.label} on {s.device}" for s in segs)
+                steps.append(Step(f"talker_{ph}", tuple(names), "+".join(devs),
+                                  "fp32 (cpu) / fp16 (htp)" if len(devs) > 1 else self.precision(names[0], devs[0]),
+                                  self.cfg_threads(names[0]), f"{why}: {desc}"))
+            return "segments", steps[0], steps[1]
+        pre, dec = self.target_says("talker_prefill"), self.target_says("talker_decode")
+        if pre == "cpu" and dec == "cpu":
+            why = cpu_why if self.target is None else f"target {self.target.name}: Talker on the CPU; {cpu_why}"
+            return "cpu", self.step("talker_prefill", [cpu_graph], "cpu", why), \
+                self.step("talker_decode", [cpu_graph], "cpu", why)
+        if pre == "cpu":
+            raise KzttsError(f"{self.target.path}: placement.talker_prefill=cpu with placement.talker_decode=htp "
+                             "is not supported (the HTP decode graph needs the prompt's KV in its own layout); "
+                             "put talker_prefill on the HTP too, or decode on the CPU")
+        fallback = [cpu_graph]
+        p = self.htp_or_fallback("talker_prefill", "talker_prefill", "talker_prefill", fallback, cpu_why)
+        if dec == "htp":
+            d = self.htp_or_fallback("talker_decode", "talker_decode", "talker_decode", fallback, cpu_why)
+        else:
+            d = self.step("talker_decode", [cpu_graph], "cpu",
+                          f"target {self.target.name}: placement.talker_decode=cpu; {cpu_why}")
+        if p.device == "cpu":
+            # without the prefill graph there is nothing to hand over: the whole Talker on the CPU
+            return "cpu", p, self.step("talker_decode", [cpu_graph], "cpu", p.reason)
+        if d.device == "htp":
+            return "static", p, d
+        G.require(self.m, "talker_decode", feature="the HTP prefill's prompt tail (handover to CPU decode)")
+        return "handover", p, d
+
+    def _need_target(self, why: str) -> None:
+        """HTP work without a target runs on the target the bundle's static graphs were made for."""
+        if self.target is None:
+            from kztts.qnn import bundle_target
+            from kztts.targets import load_target
+
+            try:
+                self.target = load_target(bundle_target(self.bundle))
+            except KzttsError:
+                raise KzttsError(f"{why} puts Talker work on the HTP: give --target (a qnn_configs target)") from None
+
+    def code_predictor(self, decode_device: str) -> Step:
+        if self.cp_mode not in G.CP_MODES:
+            raise KzttsError(f"code predictor mode {self.cp_mode!r} is not one of {', '.join(G.CP_MODES)}")
+        if self.cp_mode == "step":
+            cpu = ("cp_step", "CPU, one run per codebook (cp_mode step)")
+        else:
+            cpu = self.cpu_graph("cp_frame", "cp_frame_gqa")
+        if self.target_says("cp_frame") == "htp":
+            if self.placement is not None and self.placement.uniform("decode") == "cpu":
+                return self.step("code_predictor", [cpu[0]], "cpu",
+                                 f"placement decodes on the CPU, so the Code Predictor (decode work) too; {cpu[1]}")
+            spec = self.m.graphs.get("cp_frame")
+            if spec is not None and spec.variant == "static" and spec.extra.get("target") is not None:
+                return self.step("code_predictor", ["cp_frame"], "htp", f"target {self.target.name}: placement.cp_frame=htp")
+            if spec is not None and self.target is not None:
+                # cp_frame is a static graph in every bundle: the HTP runs it even without --target export
+                return self.step("code_predictor", ["cp_frame"], "htp", f"target {self.target.name}: placement.cp_frame=htp")
+            return self.htp_or_fallback("code_predictor", "cp_frame", "cp_frame", [cpu[0]], cpu[1])
+        why = cpu[1] if self.target is None else f"target {self.target.name}: placement.cp_frame=cpu; {cpu[1]}"
+        return self.step("code_predictor", [cpu[0]], "cpu", why)
+
+    def decoder(self) -> Step:
+        cpu = "decoder_stream" if self.has("decoder_stream") else "decoder"
+        cpu_why = "CPU" + ("" if cpu == "decoder_stream" else " (no decoder_stream graph: whole-utterance only)")
+        if self.target_says("decoder") == "htp":
+            return self.htp_or_fallback("decoder", "decoder_chunk", "decoder", [cpu], cpu_why)
+        why = cpu_why if self.target is None else f"target {self.target.name}: placement.decoder=cpu"
+        return self.step("decoder", [cpu], "cpu", why)
+
+    def speaker_encoder(self) -> Step:
+        if self.target_says("speaker_encoder") == "htp":
+            # kztts exports no static speaker-encoder graph (its input length varies with the recording)
+            return self.htp_or_fallback("speaker_encoder", "speaker_encoder_static", "speaker_encoder",
+                                        ["speaker_encoder"], "CPU")
+        return self.step("speaker_encoder", ["speaker_encoder"], "cpu", "CPU (dynamic-length input)")
+
+    def speech_encoder(self) -> Step:
+        return self.step("speech_encoder", ["encoder"], "cpu", "CPU (dynamic-length input; no HTP graph kind)")
+
+
+def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None" = None, strict: bool = False,
+                 cp_mode: str = "frame", attention: str | None = None, segments: bool = False) -> ExecutionPlan:
+    """Decide where every role of a synthesis runs (module docstring); nothing is opened yet.
+    ``segments``: run the Talker as its per-layer graphs even when the placement is uniform
+    (calibration and per-segment validation read every layer's outputs)."""
+    if target is not None:
+        from kztts.targets import load_target
+
+        target = load_target(target)
+    if placement is not None:
+        placement = resolve_placement(placement, int(bundle.manifest.talker["num_layers"]))
+    attention = attention or attention_from_env()
+    if attention not in G.ATTENTIONS:
+        raise KzttsError(f"attention {attention!r} is not one of {', '.join(G.ATTENTIONS)}")
+    if segments and placement is None:
+        raise KzttsError("the per-layer Talker needs a placement (e.g. all-cpu)")
+    r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments)
+    runner, pre, dec = r.talker()
+    steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(dec.device),
+             "decoder": r.decoder(), "speaker_encoder": r.speaker_encoder(), "speech_encoder": r.speech_encoder()}
+    return ExecutionPlan(bundle, r.target, placement, strict, cp_mode, attention, runner, steps)
