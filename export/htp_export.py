@@ -175,6 +175,22 @@ def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, t
                                 "htp_arch": target.htp_arch, **extra})
 
 
+def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
+    """fp16: the float graphs as they are (the HTP computes them in fp16)."""
+    return dict(files)
+
+
+def _w8a16_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
+    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.quantize``)."""
+    from kztts.export.quantize import quantize_talker_graphs
+
+    return quantize_talker_graphs(model, work_dir, files, target)
+
+
+# One builder per ``kztts.graphs.HTP_PRECISIONS`` entry: {graph: float file} -> {graph: file to ship}.
+TALKER_PRECISION_BUILDERS = {"fp16": _float_talker, "w8a16": _w8a16_talker}
+
+
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
                       context_binary: bool = False, segments: bool = False) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
@@ -190,6 +206,9 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     precision = precision or target.precision
     if precision not in HTP_PRECISIONS:
         raise KzttsError(f"precision {precision!r}: expected one of {', '.join(HTP_PRECISIONS)}")
+    if precision not in TALKER_PRECISION_BUILDERS:
+        raise KzttsError(f"HTP precision {precision!r} is listed in kztts.graphs.HTP_PRECISIONS but "
+                         "kztts.export.htp_export has no builder for it (TALKER_PRECISION_BUILDERS)")
     if context_binary:
         from kztts.qnn import qnn_available, qnn_unavailable_reason
 
@@ -203,22 +222,20 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     common = dict(context=C, mask_value=target.attention_mask_value, target_shapes={
         "prefill_chunk": S, "context": C, "decoder_chunk": target.shapes.decoder_chunk})
     float_files: dict[str, tuple[str, int]] = {}
-    talker_graphs = [(n, seq) for n, seq in ((PREFILL, S), (DECODE, 1)) if target.on_htp(n)]
+    # an HTP prefill also needs the decode graph: prompt positions past C - S run through it
+    talker_graphs = [(n, seq) for n, seq in ((PREFILL, S), (DECODE, 1))
+                     if target.on_htp(n) or (n == DECODE and target.on_htp(PREFILL))]
     for name, seq in talker_graphs:
         rel = f"graphs/{name}.onnx"
         export_static_talker(model.talker, work_dir / rel, seq, C)
         float_files[name] = (rel, seq)
 
     specs: dict[str, GraphSpec] = {}
-    if precision == "w8a16" and float_files:
-        from kztts.export.quantize import quantize_talker_graphs
-
-        qfiles = quantize_talker_graphs(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target)
+    if float_files:
+        files = TALKER_PRECISION_BUILDERS[precision](model, work_dir, {n: r for n, (r, _) in float_files.items()},
+                                                     target)
         for name, (rel, seq) in float_files.items():
-            specs[name] = _spec(work_dir, name, qfiles[name], "w8a16", export_id, target, seq=seq, **common)
-    else:
-        for name, (rel, seq) in float_files.items():
-            specs[name] = _spec(work_dir, name, rel, "fp16", export_id, target, seq=seq, **common)
+            specs[name] = _spec(work_dir, name, files[name], precision, export_id, target, seq=seq, **common)
 
     if segments:
         from kztts.export.segment_graphs import export_talker_segments

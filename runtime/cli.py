@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kztts.errors import KzttsError
-from kztts.graphs import CP_MODES, HTP_PRECISION_HELP, HTP_PRECISIONS
+from kztts import graphs as G
 from kztts.settings import PRESETS
 
 log = logging.getLogger("kztts")
@@ -180,6 +180,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         config = SessionConfig(decoder_threads=args.decoder_threads)
     tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement,
               session_config=config, pipeline=args.pipeline)
+    if args.explain:
+        print(tts.plan.table())
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
     flags = {key: getattr(args, dest) for dest, key in _SAMPLING_FLAGS.items()}
     names = {key: "--" + dest.replace("_", "-") for dest, key in _SAMPLING_FLAGS.items()}
@@ -241,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
     s.add_argument("--target", help="also export static HTP graphs for this qnn_configs target (name or file)")
-    s.add_argument("--precision", choices=HTP_PRECISIONS, help="HTP precision (default: the target's): "
-                   + "; ".join(f"{k}: {v}" for k, v in HTP_PRECISION_HELP.items()))
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="HTP precision (default: the target's): "
+                   + "; ".join(f"{k}: {v}" for k, v in G.HTP_PRECISION_HELP.items()))
     s.add_argument("--context-binary", action="store_true",
                    help="also prepare QNN context binaries (EPContext models) for the target")
     s.add_argument("--segments", action="store_true",
@@ -257,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
                                     "and compare them with the CPU/reference")
-    s.add_argument("--precision", choices=HTP_PRECISIONS, help="with --target: which exported precision")
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="with --target: which exported precision")
     s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
                                        "a placement file (kztts calibrate), or a target with layer_placement")
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
@@ -284,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     for dest in _SAMPLING_FLAGS:
         s.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None,
                        help=f"override (also ${_SAMPLING_FLAGS[dest]})")
-    s.add_argument("--cp-mode", choices=CP_MODES, default="frame",
+    s.add_argument("--cp-mode", choices=G.CP_MODES, default="frame",
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
     s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
@@ -300,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --target: fail instead of falling back to the CPU (no QNN, or unsupported nodes)")
     s.add_argument("--placement", help="where the Talker's layers run: all-htp, all-cpu, prefill-htp-decode-cpu, "
                                        "or a placement file (kztts calibrate); needs --target for HTP parts")
+    s.add_argument("--explain", action="store_true",
+                   help="print the execution plan first: every graph's device, precision, threads and why")
     s.set_defaults(func=cmd_synth)
 
     from kztts import cli_placement, cli_qnn

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from kztts.errors import KzttsError
+from kztts.graphs import CP_MODES
 
 
 def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False) -> dict:
@@ -51,7 +52,21 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
             "qnn_unavailable_reason": qnn_unavailable_reason(), "graphs": rows}
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``kztts inspect --plan``: the execution plan of a synthesis, without opening any graph."""
+    from kztts.bundle import Bundle
+    from kztts.plan import resolve_plan
+
+    bundle = Bundle.open(Path(args.bundle), load_graphs=False)
+    plan = resolve_plan(bundle, target=args.target, placement=args.placement, strict=args.strict,
+                        cp_mode=args.cp_mode)
+    print(json.dumps(plan.to_json()) if args.json else plan.table())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.plan:
+        return cmd_plan(args)
     report = inspect_bundle(Path(args.bundle), args.target, args.strict)
     if args.json:
         print(json.dumps(report))
@@ -75,6 +90,10 @@ def add_commands(sub) -> None:
     s.add_argument("--target", help="qnn_configs target (name or file); default: the one the bundle was exported for")
     s.add_argument("--strict", action="store_true", help="fail if any node of a static graph would fall back to CPU")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--plan", action="store_true",
+                   help="print the execution plan of `kztts synth` with these options instead (no graph is opened)")
+    s.add_argument("--placement", help="with --plan: a Talker layer placement (as for synth)")
+    s.add_argument("--cp-mode", choices=CP_MODES, default="frame", help="with --plan: Code Predictor mode")
     s.set_defaults(func=cmd_inspect)
 
 

@@ -327,7 +327,7 @@ class _Resolver:
             except KzttsError:
                 raise KzttsError(f"{why} puts Talker work on the HTP: give --target (a qnn_configs target)") from None
 
-    def code_predictor(self, decode_device: str) -> Step:
+    def code_predictor(self) -> Step:
         if self.cp_mode not in G.CP_MODES:
             raise KzttsError(f"code predictor mode {self.cp_mode!r} is not one of {', '.join(G.CP_MODES)}")
         if self.cp_mode == "step":
@@ -339,10 +339,9 @@ class _Resolver:
                 return self.step("code_predictor", [cpu[0]], "cpu",
                                  f"placement decodes on the CPU, so the Code Predictor (decode work) too; {cpu[1]}")
             spec = self.m.graphs.get("cp_frame")
-            if spec is not None and spec.variant == "static" and spec.extra.get("target") is not None:
-                return self.step("code_predictor", ["cp_frame"], "htp", f"target {self.target.name}: placement.cp_frame=htp")
-            if spec is not None and self.target is not None:
-                # cp_frame is a static graph in every bundle: the HTP runs it even without --target export
+            if spec is not None and spec.variant != "static":
+                spec = None  # an unknown export: let the fallback say so
+            if spec is not None:  # cp_frame is static in every bundle: it needs no target export
                 return self.step("code_predictor", ["cp_frame"], "htp", f"target {self.target.name}: placement.cp_frame=htp")
             return self.htp_or_fallback("code_predictor", "cp_frame", "cp_frame", [cpu[0]], cpu[1])
         why = cpu[1] if self.target is None else f"target {self.target.name}: placement.cp_frame=cpu; {cpu[1]}"
@@ -385,6 +384,6 @@ def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None
         raise KzttsError("the per-layer Talker needs a placement (e.g. all-cpu)")
     r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments)
     runner, pre, dec = r.talker()
-    steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(dec.device),
+    steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(),
              "decoder": r.decoder(), "speaker_encoder": r.speaker_encoder(), "speech_encoder": r.speech_encoder()}
     return ExecutionPlan(bundle, r.target, placement, strict, cp_mode, attention, runner, steps)

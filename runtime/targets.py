@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kztts.errors import KzttsError
-from kztts.graphs import DEVICES, HTP_PRECISIONS, OPTIONAL_PLACEMENT_KEYS, PLACEMENT_KEYS
+from kztts import graphs as G
 
 SCHEMA = "kztts-qnn-target/1"
 RUNS_ON = ("device", "simulator")
@@ -290,8 +290,8 @@ def parse_target(data: Any, path: Path) -> Target:
         raise _err(path, "soc.htp_arch", f"{soc['htp_arch']} is not the HTP version of {info.name} "
                                          f"(expected {info.htp_arch})")
 
-    if top["precision"] not in HTP_PRECISIONS:
-        raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(HTP_PRECISIONS)}")
+    if top["precision"] not in G.HTP_PRECISIONS:
+        raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(G.HTP_PRECISIONS)}")
 
     options: dict[str, str] = {}
     for k, v in top["provider_options"].items():
@@ -323,11 +323,11 @@ def parse_target(data: Any, path: Path) -> Target:
                    "and for 16-bit activation quantization")
 
     place = _obj(path, top["placement"], "placement",
-                 {g: str for g in PLACEMENT_KEYS if g not in OPTIONAL_PLACEMENT_KEYS},
-                 {g: str for g in OPTIONAL_PLACEMENT_KEYS})
+                 {g: str for g in G.PLACEMENT_KEYS if g not in G.OPTIONAL_PLACEMENT_KEYS},
+                 {g: str for g in G.OPTIONAL_PLACEMENT_KEYS})
     for g, v in place.items():
-        if v not in DEVICES:
-            raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(DEVICES)}")
+        if v not in G.DEVICES:
+            raise _err(path, f"placement.{g}", f"{v!r} is not one of {', '.join(G.DEVICES)}")
 
     layers = top.get("layer_placement")
     if layers is not None:  # the layer count is the model's: check everything but that now

@@ -12,12 +12,12 @@ from pathlib import Path
 from kztts import graphs as G
 from kztts.errors import KzttsError
 
-AXES = {  # from the graph registry: a new precision or mode there is a new choice here
-    "weights": G.CPU_WEIGHT_PRECISIONS,
-    "kv": G.KV_PRECISIONS,
-    "cp_mode": G.CP_MODES,
-    "decoder": G.DECODER_PRECISIONS,
-    "attention": G.ATTENTIONS,  # CPU graphs: talker_gqa/cp_frame_gqa, or the plain talker/cp_frame
+AXES = {  # axis -> its list in the graph registry (read at parse time: a new entry there is a new choice)
+    "weights": "CPU_WEIGHT_PRECISIONS",
+    "kv": "KV_PRECISIONS",
+    "cp_mode": "CP_MODES",
+    "decoder": "DECODER_PRECISIONS",
+    "attention": "ATTENTIONS",  # CPU graphs: talker_gqa/cp_frame_gqa, or the plain talker/cp_frame
 }
 
 
@@ -50,7 +50,7 @@ class Config:
 
 def parse_list(raw: str, axis: str) -> list[str]:
     values = [v.strip() for v in raw.split(",") if v.strip()]
-    allowed = AXES[axis]
+    allowed = getattr(G, AXES[axis])
     bad = [v for v in values if v not in allowed]
     if not values or bad:
         raise KzttsError(f"--{axis.replace('_', '-')} {raw!r}: choose from {', '.join(allowed)} (comma-separated)")
@@ -74,8 +74,6 @@ def parse_spin(raw: str, option: str = "--spin") -> list[bool]:
         raise KzttsError(f"{option} {raw!r}: give 1, 0, or 0,1 for both")
     return [v == "1" for v in values]
 
-
-HTP_PRECISIONS = G.HTP_PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -116,8 +114,8 @@ def parse_targets(raw: str) -> tuple[bool, list[str]]:
 
 def parse_htp_precisions(raw: str) -> list[str]:
     values = [v.strip() for v in raw.split(",") if v.strip()]
-    if not values or any(v not in HTP_PRECISIONS for v in values):
-        raise KzttsError(f"--htp-precision {raw!r}: choose from {', '.join(HTP_PRECISIONS)} (comma-separated)")
+    if not values or any(v not in G.HTP_PRECISIONS for v in values):
+        raise KzttsError(f"--htp-precision {raw!r}: choose from {', '.join(G.HTP_PRECISIONS)} (comma-separated)")
     return list(dict.fromkeys(values))
 
 
