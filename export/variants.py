@@ -2,6 +2,9 @@
 
 A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
 changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
+``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``export_variant``
+exports a checkpoint and writes its variant as a bundle of its own
+(``kztts export --weights/--kv/--decoder``).
 
 - weights ``int8`` / ``int4``: every MatMul with a constant weight in ``talker``,
   ``cp_step`` (the 15 heads inside the ``If`` tree included) and ``cp_frame`` becomes a
