@@ -1,18 +1,15 @@
 """``kztts export``: a Qwen3-TTS checkpoint directory -> a bundle directory."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import onnxruntime as ort
 from tqdm import tqdm
 
+from kztts.build_cache import build_once, code_key, staged_dir
 from kztts.errors import KzttsError
 from kztts.export.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.onnx_export import export_onnx
@@ -21,23 +18,6 @@ from kztts.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, G
 from kztts.sessions import _ORT_DTYPES, EXPORT_ID_KEY, GRAPH_KEY
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def staged_dir(out: Path) -> Iterator[Path]:
-    """A temporary directory next to ``out`` to write a bundle into: renamed to ``out`` (replacing
-    it) when the block ends, removed when it raises, so ``out`` is never left half written."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield work
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
 
 
 def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") -> None:
@@ -142,6 +122,12 @@ def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
     return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)
 
 
+def check_output(out_dir: Path, overwrite: bool) -> None:
+    """Refuse to replace a non-empty ``out_dir`` unless ``overwrite`` (``--overwrite``)."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
+
+
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
                   context_binary: bool = False, segments: bool = False) -> Path:
@@ -157,8 +143,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
+    check_output(out_dir, overwrite)
     with staged_dir(out_dir) as work:
         if segments and target is None:
             raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
@@ -219,30 +204,19 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
 _DERIVED_ONLY = frozenset({"variants.py", "bench_reference.py"})
 
 
-def _code_fingerprint() -> str:
-    """Hash of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
+def exporter_code_key() -> str:
+    """Code key of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
     import kztts.manifest
 
-    h = hashlib.sha256()
     files = [f for f in sorted(Path(__file__).parent.glob("*.py")) if f.name not in _DERIVED_ONLY]
-    for f in files + [Path(kztts.manifest.__file__)]:
-        h.update(f.read_bytes())
-    return h.hexdigest()[:12]
+    return code_key(*files, kztts.manifest)
 
 
 def cached_bundle(model_dir: str | Path) -> Path:
-    """Export ``model_dir`` once into the cache (keyed by checkpoint name and exporter code)."""
-    import fcntl
-
+    """Export ``model_dir`` once into the cache (keyed by checkpoint path and exporter code)."""
     from kztts.cache import cache_dir
 
     model_dir = Path(model_dir).resolve()
-    root = cache_dir() / "bundles"
-    root.mkdir(parents=True, exist_ok=True)
-    where = hashlib.sha256(str(model_dir).encode()).hexdigest()[:8]  # two checkpoints may share a name
-    out = root / f"{model_dir.name}-{where}-{_code_fingerprint()}"
-    with open(root / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "kztts.json").is_file():
-            export_bundle(model_dir, out, overwrite=True)
-    return out
+    where = code_key(extra=str(model_dir).encode(), length=8)  # two checkpoints may share a name
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{where}-{exporter_code_key()}"
+    return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True))

@@ -392,23 +392,16 @@ def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision
                          context_binary: bool = False, segments: bool = False, tag: str = "") -> Path:
     """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
     checkpoint, the exporter code, the target file and the options."""
-    import fcntl
-    import hashlib
-
+    from kztts.build_cache import build_once, code_key
     from kztts.cache import cache_dir
-    from kztts.export.bundle_writer import _code_fingerprint, export_bundle
+    from kztts.export.bundle_writer import export_bundle, exporter_code_key
     from kztts.targets import target_path
 
     model_dir = Path(model_dir)
     tfile = target_path(target)
     opts = f"{precision}|{context_binary}|{tag}" + ("|segments" if segments else "")
-    h = hashlib.sha256(tfile.read_bytes() + opts.encode()).hexdigest()[:8]
-    root = cache_dir() / "bundles"
-    root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{model_dir.name}-{_code_fingerprint()}-{tfile.stem}-{h}"
-    with open(root / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "kztts.json").is_file():
-            export_bundle(model_dir, out, overwrite=True, target=str(tfile), precision=precision,
-                          context_binary=context_binary, segments=segments)
-    return out
+    h = code_key(tfile, extra=opts.encode(), length=8)
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{tfile.stem}-{h}"
+    return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True, target=str(tfile),
+                                                      precision=precision, context_binary=context_binary,
+                                                      segments=segments))

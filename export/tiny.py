@@ -94,14 +94,10 @@ are rounded to 4 significant digits, so the bytes do not depend on BLAS threadin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
 import json
 import logging
 import os
-import secrets
-import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -111,6 +107,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kztts.build_cache import build_once, code_key, staged_dir
 from kztts.cache import cache_dir
 from kztts.errors import KzttsError
 
@@ -784,49 +781,30 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
         raise KzttsError(f"refusing to replace {out_dir}: it is not empty and was not written by "
                          "make_tiny; choose another output directory")
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()  # (not mkdtemp: that makes it 0700, the model dir is an ordinary one)
+        with staged_dir(out_dir) as tmp:
+            info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer)
+            marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias,
+                          fingerprint=source_fingerprint(), **info)
+            (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise KzttsError(f"cannot write the model to {out_dir}: {exc.strerror or exc}") from exc
-    try:
-        info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer)
-        marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias,
-                      fingerprint=source_fingerprint(), **info)
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-        _replace_dir(tmp, out_dir)
-    except OSError as exc:
-        raise KzttsError(f"cannot write the model to {out_dir}: {exc}") from exc
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     logger.info("make_tiny: wrote %s", out_dir)
     return out_dir
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    if dst.is_dir():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-        os.rename(dst, old / "x")
-        os.rename(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(src, dst)
-
-
 # ---------------------------------------------------------------- cache
 def source_fingerprint() -> str:
-    """First 12 hex digits of the sha256 of the builder's files: changing them rebuilds cached models."""
+    """Code key of the builder's files: changing them rebuilds cached models."""
     here = Path(__file__)
-    return hashlib.sha256(here.read_bytes() + (here.parent / "massive.py").read_bytes()).hexdigest()[:12]
+    return code_key(here, here.parent / "massive.py")
 
 
 def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "tiny",
                 eos_bias: Union[float, bool, None] = None, massive_layer: Optional[int] = None) -> Path:
-    """``cache_dir()/models/{size}-{variant}-s{seed}[-eos{bias}]-{fingerprint}``, built if missing.
+    """``cache_dir()/models/{size}-{variant}-s{seed}[-eos{bias}]-{fingerprint}``, built once
+    (``kztts.build_cache.build_once``: a concurrent caller waits for it, then reuses it).
 
-    Same arguments as ``make_tiny`` (for full sizes the name carries the implied variant).
-    A file lock in the models directory keeps two processes from building the same model."""
+    Same arguments as ``make_tiny`` (for full sizes the name carries the implied variant)."""
     variant = resolve_variant(size, variant)
     eos_bias = resolve_eos_bias(eos_bias)
     name = f"{size}-{variant}-s{seed}"
@@ -835,23 +813,5 @@ def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "
     if massive_layer is not None:
         name += f"-massive{int(massive_layer)}"
     name += f"-{source_fingerprint()}"
-    models = cache_dir() / "models"
-    path = models / name
-    if (path / MARKER).is_file():
-        return path
-    try:
-        models.mkdir(parents=True, exist_ok=True)
-        lock = open(models / f".{name}.lock", "w")
-    except OSError as exc:
-        raise KzttsError(f"cannot write to the model cache {models}: {exc.strerror or exc}") from exc
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (path / MARKER).is_file():
-                for stale in models.glob(f".{name}.tmp-*"):  # left by a killed build
-                    shutil.rmtree(stale, ignore_errors=True)
-                make_tiny(path, size=size, variant=variant, seed=seed, eos_bias=eos_bias,
-                          massive_layer=massive_layer)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return path
+    return build_once(cache_dir() / "models" / name, marker=MARKER, build=lambda work: make_tiny(
+        work, size=size, variant=variant, seed=seed, eos_bias=eos_bias, massive_layer=massive_layer))

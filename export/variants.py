@@ -2,6 +2,9 @@
 
 A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
 changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
+``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``export_variant``
+exports a checkpoint and writes its variant as a bundle of its own
+(``kztts export --weights/--kv/--decoder``).
 
 - weights ``int8`` / ``int4``: every MatMul with a constant weight in ``talker``,
   ``cp_step`` (the 15 heads inside the ``If`` tree included) and ``cp_frame`` becomes a
@@ -24,17 +27,16 @@ is refused at open; unchanged graphs keep the base's entries. The manifest gains
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import shutil
+import tempfile
 from pathlib import Path
+
+from kztts.build_cache import build_once, code_key, staged_dir
+from kztts.precisions import DECODER_PRECISIONS, KV_PRECISIONS, WEIGHT_PRECISIONS
 
 log = logging.getLogger(__name__)
 
-WEIGHTS = ("fp32", "int8", "int4")
-KV_DTYPES = ("fp32", "fp16")
-DECODER_PRECISIONS = ("fp32", "int8")
 WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa")
 KV_GRAPHS = ("talker", "cp_step", "talker_gqa")
 DECODER_GRAPHS = ("decoder", "decoder_stream")
@@ -51,7 +53,7 @@ def variant_tag(weights: str, kv: str, decoder: str = "fp32") -> str:
 def _check(weights: str, kv: str, decoder: str) -> None:
     from kztts.errors import KzttsError
 
-    for what, value, allowed in (("weights", weights, WEIGHTS), ("kv", kv, KV_DTYPES),
+    for what, value, allowed in (("weights", weights, WEIGHT_PRECISIONS), ("kv", kv, KV_PRECISIONS),
                                  ("decoder", decoder, DECODER_PRECISIONS)):
         if value not in allowed:
             raise KzttsError(f"{what} precision {value!r} is not one of {', '.join(allowed)}")
@@ -224,7 +226,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
     import onnx
 
-    from kztts.export.bundle_writer import graph_spec, link_tree, staged_dir
+    from kztts.export.bundle_writer import graph_spec, link_tree
     from kztts.manifest import read_manifest, write_manifest
 
     _check(weights, kv, decoder)
@@ -268,24 +270,35 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     return out
 
 
-def _variant_code_key() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
-
-
 def cached_variant(base: str | Path, *, weights: str, kv: str = "fp32", decoder: str = "fp32") -> Path:
     """The variant of an exported bundle, built once next to it (keyed by this module's code).
     ``weights="fp32", kv="fp32", decoder="fp32"`` is the base itself."""
-    import fcntl
-
     _check(weights, kv, decoder)
     base = Path(base).resolve()
     if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
         return base
-    out = base.parent / f"{base.name}.{variant_tag(weights, kv, decoder)}-{_variant_code_key()}"
-    with open(base.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "kztts.json").is_file():
-            for stale in base.parent.glob(f"{base.name}.{variant_tag(weights, kv, decoder)}-*"):
-                shutil.rmtree(stale, ignore_errors=True)  # older variant code, same base
-            make_variant(base, out, weights=weights, kv=kv, decoder=decoder)
-    return out
+    name = f"{base.name}.{variant_tag(weights, kv, decoder)}"
+    return build_once(base.parent / f"{name}-{code_key(__file__, length=8)}",
+                      lambda work: make_variant(base, work, weights=weights, kv=kv, decoder=decoder),
+                      replaces=f"{name}-*")  # older variant code, same base
+
+
+def export_variant(model_dir: str | Path, out_dir: str | Path, *, weights: str = "fp32", kv: str = "fp32",
+                   decoder: str = "fp32", overwrite: bool = False, **export_options) -> Path:
+    """``kztts export --weights/--kv/--decoder``: export ``model_dir`` at fp32 next to ``out_dir``,
+    write its variant to ``out_dir``, remove the fp32 export. ``out_dir`` is self-contained: its
+    unchanged files are hard links (copies across file systems) whose other name is removed.
+    ``export_options`` go to ``export_bundle`` (``target``, ``precision``, ...)."""
+    from kztts.export.bundle_writer import check_output, export_bundle
+
+    _check(weights, kv, decoder)
+    out_dir = Path(out_dir)
+    if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
+        return export_bundle(model_dir, out_dir, overwrite=overwrite, **export_options)
+    check_output(out_dir, overwrite)  # before the long export
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.fp32-", dir=out_dir.parent) as tmp:
+        base = export_bundle(model_dir, Path(tmp) / Path(model_dir).name, **export_options)
+        make_variant(base, out_dir, weights=weights, kv=kv, decoder=decoder)
+    log.info("%s bundle written to %s", variant_tag(weights, kv, decoder), out_dir)
+    return out_dir

@@ -35,11 +35,11 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     _need_export_extra()
-    from kztts.export.bundle_writer import export_bundle
+    from kztts.export.variants import export_variant
 
-    out = export_bundle(Path(args.model_dir), Path(args.output), overwrite=args.overwrite,
-                        target=args.target, precision=args.precision, context_binary=args.context_binary,
-                        segments=args.segments)
+    out = export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
+                         decoder=args.decoder, overwrite=args.overwrite, target=args.target,
+                         precision=args.precision, context_binary=args.context_binary, segments=args.segments)
     print(out)
     return 0
 
@@ -250,6 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segments", action="store_true",
                    help="with --target: also export the Talker as per-layer graphs, so a layer placement "
                         "(kztts calibrate, --placement) can be applied at load time")
+    from kztts.precisions import DECODER_PRECISIONS, KV_PRECISIONS, WEIGHT_PRECISIONS
+
+    s.add_argument("--weights", choices=WEIGHT_PRECISIONS, default=WEIGHT_PRECISIONS[0],
+                   help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
+    s.add_argument("--kv", choices=KV_PRECISIONS, default=KV_PRECISIONS[0],
+                   help="KV-cache inputs/outputs of the Talker and cp_step (fp16 halves their bytes)")
+    s.add_argument("--decoder", choices=DECODER_PRECISIONS, default=DECODER_PRECISIONS[0],
+                   help="speech decoder MatMul weights")
+    # a bad value is one line (no usage block), like the command's other errors
+    s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")

@@ -11,13 +11,13 @@ The export side (torch) is imported only when a bundle is built.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import shutil
 from pathlib import Path
 
+from kztts.build_cache import build_once, code_key, staged_dir
 from kztts.targets import load_target
 
 log = logging.getLogger(__name__)
@@ -46,16 +46,9 @@ def bench_target_file(target: str, context: int, out_dir: Path) -> Path:
     return path
 
 
-def _code_key(target_file: Path, precision: str) -> str:
-    """Cache key of an HTP bundle: the target file, the precision and this module's code (the
-    exporter's own code is in the base bundle's name)."""
-    h = hashlib.sha256(target_file.read_bytes() + precision.encode() + Path(__file__).read_bytes())
-    return h.hexdigest()[:8]
-
-
 def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
-    from kztts.export.bundle_writer import link_tree, staged_dir
+    from kztts.export.bundle_writer import link_tree
     from kztts.export.checkpoint import load_reference
     from kztts.export.htp_export import export_htp_graphs
     from kztts.manifest import read_manifest, write_manifest
@@ -82,16 +75,16 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
 
 def cached_htp_bundle(base: str | Path, model_dir: str | Path, target_file: str | Path, precision: str,
                       root: str | Path | None = None) -> Path:
-    """The HTP bundle of an HTP row, built once in ``root`` (default: next to ``base`` in the cache)."""
-    import fcntl
-
+    """The HTP bundle of an HTP row, built once in ``root`` (default: next to ``base`` in the cache),
+    keyed by the target file, the precision and this module's code (the exporter's own code is in
+    the base bundle's name)."""
     base, target_file = Path(base).resolve(), Path(target_file)
     root = Path(root) if root else base.parent
-    root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{base.name}.htp-{target_file.stem}-{precision}-{_code_key(target_file, precision)}"
-    with open(root / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "kztts.json").is_file():
-            log.info("exporting the %s HTP graphs of %s at %s", precision, target_file.stem, base.name)
-            make_htp_bundle(base, Path(model_dir), target_file, precision, out)
-    return out
+    key = code_key(target_file, __file__, extra=precision.encode(), length=8)
+    out = root / f"{base.name}.htp-{target_file.stem}-{precision}-{key}"
+
+    def build(work: Path) -> None:
+        log.info("exporting the %s HTP graphs of %s at %s", precision, target_file.stem, base.name)
+        make_htp_bundle(base, Path(model_dir), target_file, precision, work)
+
+    return build_once(out, build)
