@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 from kztts.build_cache import build_once, code_key, staged_dir
-from kztts.precisions import DECODER_PRECISIONS, KV_PRECISIONS, WEIGHT_PRECISIONS
+from kztts import graphs as G
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def variant_tag(weights: str, kv: str, decoder: str = "fp32") -> str:
 def _check(weights: str, kv: str, decoder: str) -> None:
     from kztts.errors import KzttsError
 
-    for what, value, allowed in (("weights", weights, WEIGHT_PRECISIONS), ("kv", kv, KV_PRECISIONS),
-                                 ("decoder", decoder, DECODER_PRECISIONS)):
+    for what, value, allowed in (("weights", weights, G.CPU_WEIGHT_PRECISIONS), ("kv", kv, G.KV_PRECISIONS),
+                                 ("decoder", decoder, G.DECODER_PRECISIONS)):
         if value not in allowed:
             raise KzttsError(f"{what} precision {value!r} is not one of {', '.join(allowed)}")
 

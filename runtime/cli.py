@@ -250,13 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segments", action="store_true",
                    help="with --target: also export the Talker as per-layer graphs, so a layer placement "
                         "(kztts calibrate, --placement) can be applied at load time")
-    from kztts.precisions import DECODER_PRECISIONS, KV_PRECISIONS, WEIGHT_PRECISIONS
 
-    s.add_argument("--weights", choices=WEIGHT_PRECISIONS, default=WEIGHT_PRECISIONS[0],
+    s.add_argument("--weights", choices=G.CPU_WEIGHT_PRECISIONS, default=G.CPU_WEIGHT_PRECISIONS[0],
                    help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
-    s.add_argument("--kv", choices=KV_PRECISIONS, default=KV_PRECISIONS[0],
+    s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],
                    help="KV-cache inputs/outputs of the Talker and cp_step (fp16 halves their bytes)")
-    s.add_argument("--decoder", choices=DECODER_PRECISIONS, default=DECODER_PRECISIONS[0],
+    s.add_argument("--decoder", choices=G.DECODER_PRECISIONS, default=G.DECODER_PRECISIONS[0],
                    help="speech decoder MatMul weights")
     # a bad value is one line (no usage block), like the command's other errors
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")

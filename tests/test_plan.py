@@ -1,0 +1,204 @@
+"""The execution plan (``kztts.plan``) and the graph registry (``kztts.graphs``): one place decides
+every graph's device, and the runtime honours it (the decoder on the HTP included)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kztts import graphs as G
+from kztts.errors import BundleError, KzttsError
+
+
+@pytest.fixture(scope="module")
+def plain_bundle():
+    from kztts.bundle import Bundle
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+
+    return Bundle.open(cached_bundle(cached_tiny("equal")), load_graphs=False)
+
+
+@pytest.fixture(scope="module")
+def htp_bundle(small_target):
+    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.tiny import cached_tiny
+
+    return cached_target_bundle(cached_tiny("proj"), small_target)
+
+
+def _target_file(tmp_path, small_target, **placement):
+    data = json.loads(small_target.read_text())
+    data["placement"].update(placement)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_cpu_plan_prefers_fused_graphs_and_names_every_role(plain_bundle, monkeypatch):
+    from kztts.plan import ROLES, resolve_plan
+
+    plan = resolve_plan(plain_bundle)
+    assert list(plan.steps) == list(ROLES) and plan.runner == "cpu"
+    assert plan.steps["talker_decode"].graphs == ("talker_gqa",)
+    assert plan.steps["code_predictor"].graphs == ("cp_frame_gqa",)
+    assert plan.steps["decoder"].graphs == ("decoder_stream",)
+    assert all(s.device == "cpu" and s.reason for s in plan.steps.values())
+    plain = resolve_plan(plain_bundle, attention="plain", cp_mode="step")
+    assert plain.steps["talker_decode"].graphs == ("talker",) and plain.steps["code_predictor"].graphs == ("cp_step",)
+    monkeypatch.setenv("KZTTS_ATTENTION", "plain")
+    assert resolve_plan(plain_bundle).steps["code_predictor"].graphs == ("cp_frame",)
+    monkeypatch.setenv("KZTTS_ATTENTION", "maybe")
+    with pytest.raises(KzttsError, match="KZTTS_ATTENTION='maybe'"):
+        resolve_plan(plain_bundle)
+
+
+def test_missing_static_graph_falls_back_or_fails_by_strict_mode(plain_bundle, small_target, caplog):
+    from kztts.plan import resolve_plan
+
+    plan = resolve_plan(plain_bundle, target=small_target)  # the decoder is on the HTP in this target
+    dec = plan.steps["decoder"]
+    assert dec.device == "cpu" and dec.graphs == ("decoder_stream",) and "fallback" in dec.reason
+    assert plan.runner == "cpu" and "no 'talker_prefill' graph" in plan.steps["talker_prefill"].reason
+    assert any("decoder_chunk" in r.message for r in caplog.records)  # the fallback is logged
+    with pytest.raises(BundleError) as info:
+        resolve_plan(plain_bundle, target=small_target, strict=True)
+    msg = str(info.value)
+    assert "\n" not in msg and "talker_prefill" in msg and "kztts export MODEL_DIR -o BUNDLE --target simulator" in msg
+
+
+def test_target_keys_choose_each_talker_phase(htp_bundle, small_target, tmp_path):
+    from kztts.bundle import Bundle
+    from kztts.plan import resolve_plan
+
+    bundle = Bundle.open(htp_bundle, load_graphs=False)
+    assert resolve_plan(bundle, target=small_target).runner == "static"
+    handover = resolve_plan(bundle, target=_target_file(tmp_path, small_target, talker_decode="cpu"))
+    assert handover.runner == "handover" and handover.steps["talker_decode"].device == "cpu"
+    with pytest.raises(KzttsError, match="talker_prefill=cpu with placement.talker_decode=htp"):
+        resolve_plan(bundle, target=_target_file(tmp_path, small_target, talker_prefill="cpu"))
+    # a placement that decodes on the CPU keeps the Code Predictor there
+    p = resolve_plan(bundle, target=small_target, placement="prefill-htp-decode-cpu")
+    assert p.runner == "handover" and p.steps["code_predictor"].device == "cpu"
+
+
+def test_speaker_encoder_key_is_honoured_or_refused(plain_bundle, small_target, tmp_path):
+    """kztts exports no static speaker encoder: a target that asks for it gets the CPU (logged) or,
+    strict, an error naming the missing graph."""
+    from kztts.plan import resolve_plan
+
+    t = _target_file(tmp_path, small_target, speaker_encoder="htp", decoder="cpu")
+    step = resolve_plan(plain_bundle, target=t).steps["speaker_encoder"]
+    assert step.device == "cpu" and "placement.speaker_encoder=htp" in step.reason
+    with pytest.raises(BundleError, match="speaker_encoder_static"):
+        resolve_plan(plain_bundle, target=t, placement="all-cpu", strict=True)
+
+
+def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, small_target):
+    """A target with ``decoder: htp``: ``decoder_chunk`` runs wholly on the HTP simulator (strict),
+    for ``synthesize`` and ``stream`` alike; its audio is compared with the CPU decoder's."""
+    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+    from kztts.audio import synthetic_voice
+    from kztts.bench.metrics import snr_db
+    from kztts.codec import Decoder, StaticChunkDecoder
+    from kztts.qnn import Placement
+    from kztts.tts import TTS
+
+    tts = TTS(htp_bundle, target=small_target, strict=True)
+    step = tts.plan.steps["decoder"]
+    assert step.device == "htp" and step.graphs == ("decoder_chunk",)
+    assert "decoder_chunk" in tts.plan.table() and "placement.decoder=htp" in tts.plan.table()
+    pl = Placement.of(tts.plan.session("decoder_chunk"))
+    assert pl.cpu_nodes == 0 and pl.qnn_nodes > 0
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    res = tts.synthesize("Hello.", voice, greedy=True, max_frames=7)  # 7 frames: one run of 5 and a padded one
+    assert isinstance(tts._full_decoder(), StaticChunkDecoder)
+    assert res.samples.shape == (res.frames * 1920,) and np.isfinite(res.samples).all()
+    cpu = Decoder(tts.bundle.session("decoder_stream")).decode(res.codes)
+    snr = snr_db(res.samples, cpu)
+    print(f"\ndecoder_chunk on the HTP simulator: SNR {snr:.1f} dB against the CPU decoder")
+    assert snr > 10.0  # fp16 on the HTP: ~20 dB measured (htp_export.export_decoder_chunk)
+    streamed = np.concatenate(list(tts.stream("Hello.", voice, greedy=True, max_frames=7, chunk_frames=3)))
+    np.testing.assert_allclose(streamed, res.samples, atol=1e-6)
+    with pytest.raises(KzttsError, match="without --pipeline"):
+        list(tts.stream("Hello.", voice, greedy=True, max_frames=2, pipeline=True))
+
+
+def test_synth_explain_prints_the_plan(htp_bundle, small_target, tmp_path):
+    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+    from kztts.audio import synthetic_voice, write_wav
+
+    voice = tmp_path / "v.wav"
+    write_wav(voice, synthetic_voice(), 24000)
+    out = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hi.", "-o", str(tmp_path / "o.wav"),
+                          "--bundle", str(htp_bundle), "--speaker-wav", str(voice), "--target", str(small_target),
+                          "--strict", "--explain", "--greedy", "--max-frames", "3"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.split()}
+    assert rows["decoder"][1:3] == ["decoder_chunk", "htp"]
+    assert rows["talker_prefill"][1:3] == ["talker_prefill", "htp"] and rows["code_predictor"][1:3] == ["cp_frame", "htp"]
+    plan = subprocess.run([sys.executable, "-m", "kztts.cli", "inspect", str(htp_bundle), "--plan", "--json",
+                           "--target", str(small_target)], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    steps = {s["role"]: s for s in json.loads(plan.stdout)["steps"]}
+    assert steps["decoder"]["device"] == "htp" and steps["speech_encoder"]["device"] == "cpu"
+
+
+def test_static_chunk_decoder_refuses_a_run_that_splits_a_segment(htp_bundle):
+    from kztts.bundle import Bundle
+    from kztts.codec import StaticChunkDecoder
+
+    sess = Bundle.open(htp_bundle, load_graphs=False).session("decoder_chunk")  # 5 frames per run, on the CPU EP
+    with pytest.raises(BundleError, match="does not divide"):
+        StaticChunkDecoder(sess, chunk_size=300, left_context=24)
+
+
+def test_a_bundle_without_a_feature_input_is_refused_in_one_line(plain_bundle):
+    G.require(plain_bundle.manifest, "cp_frame", feature="in-graph sampling", inputs=("top_k", "uniforms"))
+    with pytest.raises(BundleError) as info:
+        G.require(plain_bundle.manifest, "cp_frame", feature="min-p sampling", inputs=("min_p",))
+    msg = str(info.value)
+    assert "\n" not in msg and "min-p sampling" in msg and "'min_p'" in msg and "kztts export" in msg
+    with pytest.raises(BundleError, match="needs graph 'decoder_chunk'.*--target TARGET"):
+        G.require(plain_bundle.manifest, "decoder_chunk", feature="the decoder on the HTP")
+
+
+def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, htp_bundle):
+    """Every graph's KV inputs/outputs in the manifest follow its registry scheme."""
+    from kztts.bundle import Bundle
+
+    for bundle in (plain_bundle, Bundle.open(htp_bundle, load_graphs=False)):
+        L = int(bundle.manifest.talker["num_layers"])
+        for name, spec in bundle.manifest.graphs.items():
+            if name not in G.GRAPHS or G.GRAPHS[name].kv is None:
+                continue
+            n = L if G.GRAPHS[name].role == "talker" else int(bundle.manifest.code_predictor["num_layers"])
+            ins, outs = {t.name for t in spec.inputs}, {t.name for t in spec.outputs}
+            kv = G.kv_names(name)
+            assert set(kv.past_names(n)) <= ins and set(kv.new_names(n)) <= outs, name
+            assert set(G.GRAPHS[name].inputs) <= ins and set(G.GRAPHS[name].outputs) <= outs, name
+
+
+def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch, tmp_path, small_target):
+    """What adding w4a16 touches: the registry entry makes every CLI choice, the target schema and
+    the bench axis accept it; the export refuses it until its builder exists."""
+    from kztts.bench.grid import parse_htp_precisions
+    from kztts.cli import build_parser
+    from kztts.export import htp_export
+    from kztts.targets import load_target
+
+    monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w4a16"))
+    monkeypatch.setitem(G.HTP_PRECISION_HELP, "w4a16", "4-bit weights")
+    args = build_parser().parse_args(["export", "m", "-o", "b", "--target", "simulator", "--precision", "w4a16"])
+    assert args.precision == "w4a16"
+    assert parse_htp_precisions("fp16,w4a16") == ["fp16", "w4a16"]
+    data = json.loads(small_target.read_text())
+    data["precision"] = "w4a16"
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    assert load_target(tmp_path / "t.json").precision == "w4a16"
+    with pytest.raises(KzttsError, match="no builder for it"):
+        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, precision="w4a16")
+    assert set(htp_export.TALKER_PRECISION_BUILDERS) == set(G.HTP_PRECISIONS) - {"w4a16"}
