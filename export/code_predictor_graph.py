@@ -29,9 +29,10 @@ with ``cp.codec_embedding[g-1]`` -> head g -> ``c_{g+1}``. Every input goes thro
     with static KV concatenation (2, 3, ..., 16 positions); RoPE tables for positions
     0..15 are constants built by ``kztts.rope.rope_tables`` (the host's own tables); the
     prefill's causal mask is a finite -1e4 (exactly 0 after exp in fp32, safe in fp16).
-    Sampling happens in the graph with ``sample_rows`` below, which implements the host
-    chain of ``kztts.sampling`` with the same order and the same float32 operations, so
-    on the CPU it picks the host's token bit for bit.
+    Sampling happens in the graph with ``sample_rows`` below, generated from the Code
+    Predictor's chain in ``kztts.sampling_chain`` (the description the host sampler runs
+    too) with the host's float32 operations, so on the CPU it picks the host's token bit
+    for bit.
     ``repetition_penalty`` penalises codes already drawn earlier in the same frame
     (c1..c_{g-1}; c0 is not counted), 1.0 = off (the reference). Greedy when
     ``temperature <= 0`` or ``top_k == 1``: exact argmax, lowest id on ties.
