@@ -29,9 +29,10 @@ with ``cp.codec_embedding[g-1]`` -> head g -> ``c_{g+1}``. Every input goes thro
     with static KV concatenation (2, 3, ..., 16 positions); RoPE tables for positions
     0..15 are constants built by ``kztts.rope.rope_tables`` (the host's own tables); the
     prefill's causal mask is a finite -1e4 (exactly 0 after exp in fp32, safe in fp16).
-    Sampling happens in the graph with ``sample_rows`` below, which implements the host
-    chain of ``kztts.sampling`` with the same order and the same float32 operations, so
-    on the CPU it picks the host's token bit for bit.
+    Sampling happens in the graph with ``sample_rows`` below, generated from the Code
+    Predictor's chain in ``kztts.sampling_chain`` (the description the host sampler runs
+    too) with the host's float32 operations, so on the CPU it picks the host's token bit
+    for bit.
     ``repetition_penalty`` penalises codes already drawn earlier in the same frame
     (c1..c_{g-1}; c0 is not counted), 1.0 = off (the reference). Greedy when
     ``temperature <= 0`` or ``top_k == 1``: exact argmax, lowest id on ties.
@@ -46,17 +47,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from kztts import sampling as S
+from kztts import sampling_chain
 from kztts.export.bundle_writer import graph_spec
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
 from kztts.manifest import GraphSpec
 from kztts.rope import rope_tables
+from kztts.sampling_chain import PROCESSOR
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +93,127 @@ def exp_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < _const(S.EXP_MIN), torch.zeros_like(e), e)
 
 
+@dataclass
+class GraphInputs:
+    """What the in-graph steps read: ``seen`` bool [B, V] (the repetition penalty's history),
+    ``params`` the ``SamplingParams`` fields by name ([B] each), ``u`` f32 [B] (the draw's uniform)."""
+
+    seen: torch.Tensor
+    params: dict[str, torch.Tensor]
+    u: torch.Tensor
+
+
+class Rows:
+    """What the in-graph chain hands from step to step: the scores [B, V] in vocabulary order
+    until a step needs the draw order; then the sorted scores and ids (``TopK``, once) and
+    unnormalised probabilities ``e = exp_f32(s - max)`` in that order (0 = removed)."""
+
+    def __init__(self, scores: torch.Tensor):
+        self.vocab = scores.shape[-1]  # read once: one Shape node in a dynamic-vocab graph
+        self._scores = scores
+        self._sorted: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.probs: torch.Tensor | None = None
+        self.token: torch.Tensor | None = None
+
+    @property
+    def scores(self) -> torch.Tensor:
+        if self._sorted is not None:
+            raise NotImplementedError("an in-graph sampling step needs the scores in vocabulary order after a "
+                                      "step sorted them: keep vocabulary-order steps before top-k")
+        return self._scores
+
+    @scores.setter
+    def scores(self, value: torch.Tensor) -> None:
+        _ = self.scores  # same check
+        self._scores = value
+
+    def draw_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sorted scores and their ids, descending, ties by lower id (the host's draw order)."""
+        if self._sorted is None:
+            self._sorted = torch.topk(self._scores, self.vocab, dim=-1, largest=True, sorted=True)
+        return self._sorted
+
+    def probabilities(self) -> torch.Tensor:
+        if self.probs is None:
+            vals = self.draw_order()[0]
+            self.probs = exp_f32(vals - vals[:, :1])
+        return self.probs
+
+
+def _repetition_penalty(rows: Rows, inp: GraphInputs) -> None:
+    x, zero = rows.scores, _const(0.0)
+    rp = inp.params["repetition_penalty"].unsqueeze(-1)
+    rows.scores = torch.where(inp.seen, torch.where(x < zero, x * rp, x / rp), x)
+
+
+def _temperature(rows: Rows, inp: GraphInputs) -> None:
+    t = inp.params["temperature"].unsqueeze(-1)
+    t = torch.where(t > _const(0.0), t, torch.ones_like(t))  # greedy rows ignore it; avoid x / 0
+    rows.scores = torch.minimum(rows.scores / t, _const(FLT_MAX))
+
+
+def _top_k(rows: Rows, inp: GraphInputs) -> None:
+    vals, v = rows.draw_order()[0], rows.vocab
+    k = inp.params["top_k"].unsqueeze(-1)
+    k = torch.where((k > 0) & (k < v), k, torch.full_like(k, v))
+    keep = vals >= torch.gather(vals, 1, k - 1)  # a prefix of the draw order
+    rows.probs = torch.where(keep, rows.probabilities(), torch.zeros_like(vals))
+
+
+def _top_p(rows: Rows, inp: GraphInputs) -> None:
+    # running sum in ascending order (reversed draw order), smallest first
+    e = rows.probabilities()
+    asc_cum = torch.flip(torch.cumsum(torch.flip(e, [-1]), dim=-1), [-1])
+    tp = inp.params["top_p"].unsqueeze(-1)
+    not_top = torch.arange(rows.vocab).unsqueeze(0) > 0
+    remove = (asc_cum <= (_const(1.0) - tp) * asc_cum[:, :1]) & (tp < _const(1.0)) & not_top
+    rows.probs = torch.where(remove, torch.zeros_like(e), e)  # removes a suffix of the draw order
+
+
+def _draw(rows: Rows, inp: GraphInputs) -> None:
+    e = rows.probabilities()
+    cum = torch.cumsum(e, dim=-1)
+    n = (cum <= inp.u.unsqueeze(-1) * cum[:, -1:]).to(torch.int64).sum(-1)
+    last = (e > _const(0.0)).to(torch.int64).sum(-1) - 1
+    pos = torch.clamp(torch.minimum(n, last), min=0)
+    rows.token = torch.gather(rows.draw_order()[1], 1, pos.unsqueeze(-1)).squeeze(-1)
+
+
+# One torch implementation per step name of the Code Predictor's chain (kztts.sampling_chain);
+# each updates the Rows in place and "draw" sets its token.
+GRAPH_STEPS: dict[str, Callable[[Rows, GraphInputs], None]] = {
+    "repetition_penalty": _repetition_penalty,
+    "temperature": _temperature,
+    "top_k": _top_k,
+    "top_p": _top_p,
+    "draw": _draw,
+}
+_GRAPH_SIDE = "in-graph (kztts.export.code_predictor_graph.GRAPH_STEPS)"
+# a step of the chain without a graph implementation fails the import
+sampling_chain.implementations(sampling_chain.chain("code_predictor"), GRAPH_STEPS, _GRAPH_SIDE)
+
+
+def sample_chain(logits: torch.Tensor, inputs: GraphInputs) -> torch.Tensor:
+    """Tokens int64 [B] from ``logits`` f32 [B, V] by the Code Predictor's chain, step by step
+    as ``kztts.sampling_chain`` lists it; the greedy rows take the argmax of the scores after
+    the processors (``temperature <= 0`` or ``top_k == 1``)."""
+    steps = sampling_chain.chain("code_predictor")
+    rows, greedy_token = Rows(logits), None
+    for step, build in zip(steps, sampling_chain.implementations(steps, GRAPH_STEPS, _GRAPH_SIDE)):
+        if step.kind != PROCESSOR and greedy_token is None:
+            greedy_token = torch.argmax(rows.scores, dim=-1)
+        build(rows, inputs)
+    p = inputs.params
+    greedy = (p["temperature"] <= _const(0.0)) | (p["top_k"] == 1)
+    return torch.where(greedy, greedy_token, rows.token)
+
+
 def sample_rows(logits: torch.Tensor, seen: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                 top_p: torch.Tensor, repetition_penalty: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row with the chain of ``kztts.sampling`` (see its determinism contract):
     repetition penalty on ``seen`` ids -> temperature -> top-k -> top-p -> inverse-CDF draw,
-    or argmax when ``temperature <= 0`` or ``top_k == 1``.
+    or argmax when ``temperature <= 0`` or ``top_k == 1``; built by ``sample_chain`` from
+    ``kztts.sampling_chain``.
 
     logits f32 [B, V]; seen bool [B, V]; temperature, top_p, repetition_penalty, u f32 [B];
     top_k int64 [B] -> tokens int64 [B]. ONNX: TopK (full sort, descending, ties by lower
@@ -101,37 +221,8 @@ def sample_rows(logits: torch.Tensor, seen: torch.Tensor, temperature: torch.Ten
     ReduceSum, elementwise ops; no ScatterND / Loop / If. (In eager torch, cumsum accumulates
     in double on the CPU, so eager results may differ from the graph's at rounding boundaries.)
     """
-    v = logits.shape[-1]
-    zero = _const(0.0)
-    rp = repetition_penalty.unsqueeze(-1)
-    x = torch.where(seen, torch.where(logits < zero, logits * rp, logits / rp), logits)
-    greedy_token = torch.argmax(x, dim=-1)
-
-    t = temperature.unsqueeze(-1)
-    t = torch.where(t > zero, t, torch.ones_like(t))  # greedy rows ignore it; avoid x / 0
-    s = torch.minimum(x / t, _const(FLT_MAX))
-    vals, order = torch.topk(s, v, dim=-1, largest=True, sorted=True)  # draw order
-
-    k = top_k.unsqueeze(-1)
-    k = torch.where((k > 0) & (k < v), k, torch.full_like(k, v))
-    keep = vals >= torch.gather(vals, 1, k - 1)  # a prefix of the draw order
-    e = torch.where(keep, exp_f32(vals - vals[:, :1]), torch.zeros_like(vals))
-
-    # top-p: running sum in ascending order (reversed draw order), smallest first
-    asc_cum = torch.flip(torch.cumsum(torch.flip(e, [-1]), dim=-1), [-1])
-    tp = top_p.unsqueeze(-1)
-    not_top = torch.arange(v).unsqueeze(0) > 0
-    remove = (asc_cum <= (_const(1.0) - tp) * asc_cum[:, :1]) & (tp < _const(1.0)) & not_top
-    e = torch.where(remove, torch.zeros_like(e), e)  # removes a suffix of the draw order
-
-    cum = torch.cumsum(e, dim=-1)
-    n = (cum <= u.unsqueeze(-1) * cum[:, -1:]).to(torch.int64).sum(-1)
-    last = (e > zero).to(torch.int64).sum(-1) - 1
-    pos = torch.clamp(torch.minimum(n, last), min=0)
-    token = torch.gather(order, 1, pos.unsqueeze(-1)).squeeze(-1)
-
-    greedy = (temperature <= zero) | (top_k == 1)
-    return torch.where(greedy, greedy_token, token)
+    params = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
+    return sample_chain(logits, GraphInputs(seen, params, u))
 
 
 class SamplerGraph(nn.Module):

@@ -21,7 +21,7 @@ from kztts.errors import BundleError, KzttsError
 from kztts.graphs import DYNAMIC_KV
 from kztts.kv_cache import KVCache, kv_dtype
 from kztts.rope import rope_tables
-from kztts.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
+from kztts.sampling import ChainInputs, SamplingParams, XorShift32, choose
 
 MODES = ("frame", "step")
 STEP_GRAPH = "cp_step"
@@ -157,8 +157,7 @@ class CodePredictor:
         total = None
         for g in range(self.num_groups):
             logits = self._step(x, g)
-            scores = repetition_penalty(logits, codes[:g], sampling.repetition_penalty)
-            codes[g] = sample_token(scores, sampling, float(uniforms[g]))
+            codes[g] = choose("code_predictor", logits, sampling, ChainInputs(u=float(uniforms[g]), history=codes[:g]))
             e = np.asarray(self.embeddings.cp_codec(g, codes[g:g + 1]), dtype=np.float32)  # [1, H]
             total = e[0] if total is None else total + e[0]
             x = e

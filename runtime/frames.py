@@ -55,13 +55,13 @@ class FrameLoop:
         return ids[ids != self.eos_id]
 
     def choose_cb0(self, logits: np.ndarray, history: list[int], step: int) -> int:
-        """The reference processor order: repetition penalty -> min_new_tokens -> suppress -> sample."""
-        p = self.settings.talker
-        s = sampling.repetition_penalty(logits, history, p.repetition_penalty,
-                                        self.settings.talker_repetition_window)
-        s = sampling.min_new_tokens(s, step, self.settings.min_new_tokens, self.eos_id)
-        s = sampling.suppress_tokens(s, self._suppress)
-        return sampling.sample_token(s, p, self.rng.uniform())
+        """CB0 with the Talker's chain (``kztts.sampling_chain``): repetition penalty ->
+        min_new_tokens -> suppress -> sample; takes one uniform from ``rng``, even when greedy."""
+        s = self.settings
+        inputs = sampling.ChainInputs(u=self.rng.uniform(), history=history, window=s.talker_repetition_window,
+                                      step=step, min_new_tokens=s.min_new_tokens, eos_id=self.eos_id,
+                                      suppress=self._suppress)
+        return sampling.choose("talker", logits, s.talker, inputs)
 
     def frames(self, prompt: Prompt) -> Iterator[np.ndarray]:
         """Yield int64 [16] frames until EOS or ``settings.max_frames``."""

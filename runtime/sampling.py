@@ -11,9 +11,12 @@ Processors (each equals its transformers counterpart, see tests/test_sampling.py
 - ``top_k(scores, k)``                                            TopKLogitsWarper
 - ``top_p(scores, p)``                                            TopPLogitsWarper
 
-``sample_token(scores, params, u)`` runs temperature -> top_k -> top_p -> ``draw`` (or an
-exact argmax when the params are greedy). The repetition penalty, min-new-tokens and
-suppression are applied by the caller before it, in that order, as in transformers.
+The order they run in is data, ``kztts.sampling_chain.STEPS``; ``HOST_STEPS`` holds one
+implementation per step name and ``choose(generator, scores, params, inputs)`` runs a
+generator's whole chain: the processors (repetition penalty [-> min_new_tokens -> suppress
+for the Talker]), then an exact argmax when the params are greedy, else the warpers
+(temperature -> top_k -> top_p) and ``draw``. ``sample_token(scores, params, u)`` is the part
+after the processors.
 
 Determinism contract (shared with the in-graph sampler of the ``cp_frame`` graph,
 ``kztts.export.code_predictor_graph.sample_rows``; both pick the same token bit for bit):
@@ -44,13 +47,14 @@ float32 value in [0, 1).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from kztts import sampling_chain
 from kztts.errors import KzttsError
+from kztts.sampling_chain import PROCESSOR
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _NEG_INF = np.float32(-np.inf)
@@ -116,34 +120,13 @@ class SamplingParams:
         return bool(self.greedy) or float(self.temperature) == 0.0 or int(self.top_k) == 1
 
     def validate(self, name_prefix: str = "") -> "SamplingParams":
-        """Raise KzttsError naming the first invalid parameter and its accepted range."""
-        p = name_prefix
-
-        def number(name, value, kind):
-            if isinstance(value, bool) or not isinstance(value, kind):
-                what = "an integer" if kind is _INT else "a number"
-                raise KzttsError(f"{p}{name} must be {what}, got {value!r}")
-            return value
-
-        t = number("temperature", self.temperature, _REAL)
-        if not math.isfinite(float(t)) or t < 0:
-            raise KzttsError(f"{p}temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        k = number("top_k", self.top_k, _INT)
-        if k < 0:
-            raise KzttsError(f"{p}top_k must be an integer >= 0 (0 = disabled, 1 = greedy), got {k!r}")
-        tp = number("top_p", self.top_p, _REAL)
-        if not (0.0 < float(tp) <= 1.0):
-            raise KzttsError(f"{p}top_p must be in (0, 1] (1 = disabled), got {tp!r}")
-        rp = number("repetition_penalty", self.repetition_penalty, _REAL)
-        if not math.isfinite(float(rp)) or rp <= 0:
-            raise KzttsError(f"{p}repetition_penalty must be a finite number > 0 (1 = off), got {rp!r}")
+        """Raise KzttsError naming the first invalid parameter and its accepted range
+        (the ranges are ``kztts.sampling_chain.RANGES``)."""
+        for r in sampling_chain.RANGES:
+            r.check(getattr(self, r.name), name_prefix)
         if not isinstance(self.greedy, (bool, np.bool_)):
-            raise KzttsError(f"{p}greedy must be true or false, got {self.greedy!r}")
+            raise KzttsError(f"{name_prefix}greedy must be true or false, got {self.greedy!r}")
         return self
-
-
-_INT = (int, np.integer)
-_REAL = (int, float, np.integer, np.floating)
 
 
 def _scores(scores) -> np.ndarray:
@@ -285,12 +268,66 @@ def argmax(scores) -> int:
     return int(np.argmax(np.asarray(scores, dtype=np.float32)))
 
 
-def sample_token(scores, params: SamplingParams, u: float) -> int:
-    """temperature -> top_k -> top_p -> draw on ``u`` (or argmax when greedy)."""
-    if params.is_greedy:
-        return argmax(scores)
+def _clipped_temperature(scores, t: float) -> np.ndarray:
     with np.errstate(over="ignore"):  # x / tiny t -> inf, clipped just below
-        s = np.minimum(temperature(scores, params.temperature), FLT_MAX)
-    s = top_k(s, params.top_k)
-    s = top_p(s, params.top_p)
-    return draw(s, u)
+        return np.minimum(temperature(scores, t), FLT_MAX)
+
+
+# ---------------------------------------------------------------- the chain
+@dataclass(frozen=True)
+class ChainInputs:
+    """The per-call values the steps read besides the ``SamplingParams`` (a step's ``context``).
+
+    ``u``: the uniform of the draw; ``history``: ids drawn before (the Talker's CB0s, or the
+    frame's codes so far); ``window``: only the last ``window`` of them count (None = all);
+    ``step``: tokens generated so far; ``min_new_tokens``/``eos_id``: EOS is blocked while
+    ``step < min_new_tokens``; ``suppress``: ids never drawn."""
+
+    u: float
+    history: Sequence[int] | np.ndarray = ()
+    window: Optional[int] = None
+    step: int = 0
+    min_new_tokens: int = 0
+    eos_id: int | Sequence[int] = ()
+    suppress: Sequence[int] | np.ndarray = ()
+
+
+HostStep = Callable[[np.ndarray, SamplingParams, ChainInputs], "np.ndarray | int"]
+
+# One numpy implementation per step name of kztts.sampling_chain.STEPS; "draw" returns the token.
+HOST_STEPS: dict[str, HostStep] = {
+    "repetition_penalty": lambda s, p, c: repetition_penalty(s, c.history, p.repetition_penalty, c.window),
+    "min_new_tokens": lambda s, p, c: min_new_tokens(s, c.step, c.min_new_tokens, c.eos_id),
+    "suppress": lambda s, p, c: suppress_tokens(s, c.suppress),
+    "temperature": lambda s, p, c: _clipped_temperature(s, p.temperature),
+    "top_k": lambda s, p, c: top_k(s, p.top_k),
+    "top_p": lambda s, p, c: top_p(s, p.top_p),
+    "draw": lambda s, p, c: draw(s, c.u),
+}
+_HOST_SIDE = "host (kztts.sampling.HOST_STEPS)"
+for _generator in sampling_chain.GENERATORS:  # a step without a host implementation fails the import
+    sampling_chain.implementations(sampling_chain.chain(_generator), HOST_STEPS, _HOST_SIDE)
+
+
+def run_steps(steps: Sequence[sampling_chain.Step], scores, params: SamplingParams, inputs: ChainInputs) -> int:
+    """Run ``steps`` (a chain or its tail, ending with the draw) on ``scores``; greedy params
+    stop at the first step that is not a processor and take the argmax there."""
+    s = scores
+    for step, run in zip(steps, sampling_chain.implementations(steps, HOST_STEPS, _HOST_SIDE)):
+        if step.kind != PROCESSOR and params.is_greedy:
+            return argmax(s)
+        s = run(s, params, inputs)
+    return int(s)
+
+
+def choose(generator: str, scores, params: SamplingParams, inputs: ChainInputs) -> int:
+    """One token from ``scores`` [V] with the chain of ``generator`` ("talker" or "code_predictor")."""
+    return run_steps(sampling_chain.chain(generator), scores, params, inputs)
+
+
+def sample_token(scores, params: SamplingParams, u: float) -> int:
+    """The Code Predictor chain after its processors: temperature -> top_k -> top_p -> draw on
+    ``u`` (or argmax when greedy). The caller applies the processors before it."""
+    steps = sampling_chain.chain("code_predictor")
+    first = next(i for i, step in enumerate(steps) if step.kind != PROCESSOR)
+    return run_steps(steps[first:], scores, params, ChainInputs(u=u))

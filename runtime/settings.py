@@ -1,13 +1,13 @@
 """Generation settings: reference defaults, named presets, flag and environment overrides."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, replace
 from typing import Mapping
 
 from kztts.errors import KzttsError
 from kztts.sampling import SamplingParams
+from kztts.sampling_chain import RANGES, setting_range
 
 # qwen-tts's hard defaults (Qwen3TTSModel._merge_generate_kwargs); a checkpoint's
 # generation_config.json overrides them key by key, as in the reference.
@@ -63,28 +63,10 @@ def seed_preset(generation_config: Mapping | None = None) -> GenerationSettings:
 
 PRESETS = {"reference": reference_settings, "seed": seed_preset}
 
-# Environment variable -> (generator, field, parser, accepted range text)
-_ENV = {
-    "KZTTS_TEMP": ("talker", "temperature"), "KZTTS_TOPK": ("talker", "top_k"),
-    "KZTTS_TOPP": ("talker", "top_p"), "KZTTS_REPP": ("talker", "repetition_penalty"),
-    "KZTTS_CP_TEMP": ("code_predictor", "temperature"), "KZTTS_CP_TOPK": ("code_predictor", "top_k"),
-    "KZTTS_CP_TOPP": ("code_predictor", "top_p"), "KZTTS_CP_REPP": ("code_predictor", "repetition_penalty"),
-}
-_RANGES = {"temperature": "a number >= 0 (0 = greedy)", "top_k": "an integer >= 0 (0 = off)",
-           "top_p": "a number in (0, 1]", "repetition_penalty": "a number > 0 (1 = off)"}
-
-
-def _parse(source: str, field: str, raw) -> float | int:
-    """Parse and range-check one value; ``source`` names the flag or variable for the error."""
-    try:
-        value = int(raw) if field == "top_k" else float(raw)
-    except (TypeError, ValueError):
-        raise KzttsError(f"{source}={raw!r} is not valid: expected {_RANGES[field]}") from None
-    ok = {"temperature": lambda v: math.isfinite(v) and v >= 0, "top_k": lambda v: v >= 0,
-          "top_p": lambda v: 0 < v <= 1, "repetition_penalty": lambda v: math.isfinite(v) and v > 0}[field]
-    if not ok(value):
-        raise KzttsError(f"{source}={raw!r} is out of range: expected {_RANGES[field]}")
-    return value
+# Override key (the environment variable) -> (generator, SamplingParams field): KZTTS_TEMP...
+# for the Talker, KZTTS_CP_TEMP... for the Code Predictor, one per kztts.sampling_chain.RANGES.
+_ENV = {f"KZTTS_{prefix}{r.env}": (which, r.name)
+        for which, prefix in (("talker", ""), ("code_predictor", "CP_")) for r in RANGES}
 
 
 def with_overrides(settings: GenerationSettings, values: Mapping[str, object],
@@ -97,7 +79,7 @@ def with_overrides(settings: GenerationSettings, values: Mapping[str, object],
         if key not in _ENV:
             raise KzttsError(f"unknown sampling override {key!r}")
         which, field = _ENV[key]
-        value = _parse((source_names or {}).get(key, key), field, raw)
+        value = setting_range(field).parse((source_names or {}).get(key, key), raw)
         if which == "talker":
             talker = replace(talker, **{field: value})
         else:
