@@ -44,7 +44,7 @@ from torch import nn
 from kztts.errors import KzttsError
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack
-from kztts.graphs import HTP_PRECISIONS
+from kztts import graphs as G
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
 from kztts.manifest import GraphSpec
 from kztts.targets import Target, load_target
@@ -204,8 +204,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     """
     target = load_target(target)
     precision = precision or target.precision
-    if precision not in HTP_PRECISIONS:
-        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(HTP_PRECISIONS)}")
+    if precision not in G.HTP_PRECISIONS:
+        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
     if precision not in TALKER_PRECISION_BUILDERS:
         raise KzttsError(f"HTP precision {precision!r} is listed in kztts.graphs.HTP_PRECISIONS but "
                          "kztts.export.htp_export has no builder for it (TALKER_PRECISION_BUILDERS)")
