@@ -48,3 +48,34 @@ def test_no_generic_top_level_names_installed(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
+
+
+# Tooling that must stay at the edge: `import kztts` and a synthesis never load it.
+TOOLING = ("kztts.bench", "kztts.calibrate", "kztts.cli", "kztts.export", "kztts.validation", "kztts.worker_process",
+           "kztts.build_cache", "kztts.qnn")
+
+
+def test_import_and_synthesis_load_no_tooling_and_no_torch(tmp_path):
+    """`import kztts` and one CPU `TTS(...).synthesize` import neither the bench, calibration,
+    validation, CLI or export modules, nor torch (nor onnx / matplotlib)."""
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+
+    bundle = cached_bundle(cached_tiny("equal"))
+    code = (
+        "import sys, numpy as np\n"
+        "import kztts\n"
+        "after_import = set(sys.modules)\n"
+        "from kztts.tts import TTS, Voice\n"
+        f"t = TTS({str(bundle)!r})\n"
+        "r = t.synthesize('Hi there.', Voice(np.zeros(t.speaker_size, np.float32)), greedy=True, max_frames=3)\n"
+        "assert r.frames == 3 and r.samples.size == 3 * 1920\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({TOOLING!r}) or m.split('.')[0] in "
+        "('torch', 'transformers', 'qwen_tts', 'onnx', 'matplotlib'))\n"
+        "print('import:', sorted(m for m in after_import if m.startswith('kztts')))\n"
+        "print('BAD', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "BAD []" in out.stdout, out.stdout
+    assert "import: ['kztts', 'kztts.errors']" in out.stdout, out.stdout
