@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from kztts.export.qwen3_stack import Qwen3Stack, rotate_half
+from kztts.graphs import FUSED_KV
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,7 @@ def half_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def gqa_io_names(num_layers: int) -> tuple[list[str], list[str]]:
     """KV inputs past_{key,value}_{l} and outputs present_{key,value}_{l}."""
-    kv_in = [f"past_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
-    kv_out = [f"present_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
+    kv_in, kv_out = FUSED_KV.past_names(num_layers), FUSED_KV.new_names(num_layers)
     return kv_in, kv_out
 
 

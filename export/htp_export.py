@@ -130,8 +130,8 @@ class TalkerStaticGraph(nn.Module):
 
     def io_names(self) -> tuple[list[str], list[str]]:
         layers = range(self.shape.num_layers)
-        kv_in = [f"past_{kind}_{i}_in" for i in layers for kind in ("key", "value")]
-        kv_out = [f"new_{kind}_{i}" for i in layers for kind in ("key", "value")]
+        kv_in = [G.STATIC_KV.past_name(kind, i) for i in layers for kind in ("key", "value")]
+        kv_out = [G.STATIC_KV.new_name(kind, i) for i in layers for kind in ("key", "value")]
         return ["inputs_embeds", "attention_mask", "rope_cos", "rope_sin", *kv_in], ["logits", "hidden", *kv_out]
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:

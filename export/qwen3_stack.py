@@ -23,6 +23,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from kztts.graphs import DYNAMIC_KV
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -120,8 +122,7 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 def kv_io_names(num_layers: int) -> tuple[list[str], list[str]]:
     """Graph input/output names of the KV cache: past_{key,value}_{l} in, new_{key,value}_{l} out."""
-    kv_in = [f"past_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
-    kv_out = [f"new_{kind}_{i}" for i in range(num_layers) for kind in ("key", "value")]
+    kv_in, kv_out = DYNAMIC_KV.past_names(num_layers), DYNAMIC_KV.new_names(num_layers)
     return kv_in, kv_out
 
 

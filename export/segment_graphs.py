@@ -31,6 +31,7 @@ from torch import nn
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
+from kztts.graphs import SEGMENT_KV
 from kztts.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
 
 
@@ -104,8 +105,9 @@ class HeadStaticGraph(nn.Module):
         return (torch.randn(1, self.seq, self.hidden, generator=torch.Generator().manual_seed(0)),)
 
 
-LAYER_IO = (["hidden_in", "attention_mask", "rope_cos", "rope_sin", "past_key_in", "past_value_in"],
-            ["hidden_out", "new_key", "new_value", "stats"])
+LAYER_IO = (["hidden_in", "attention_mask", "rope_cos", "rope_sin", SEGMENT_KV.past_name("key"),
+             SEGMENT_KV.past_name("value")],
+            ["hidden_out", SEGMENT_KV.new_name("key"), SEGMENT_KV.new_name("value"), "stats"])
 HEAD_IO = (["hidden_in"], ["logits", "hidden", "stats"])
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kztts.build_cache import build_once, code_key, staged_dir
 from kztts import graphs as G
+from kztts.graphs import DYNAMIC_KV, FUSED_KV
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,8 @@ def _rename_uses(graph, old: str, new: str) -> None:
             vi.name = new
 
 
-def fp16_kv_io(model, prefixes: tuple[str, ...] = ("past_key_", "past_value_"),
-               out_prefixes: tuple[str, ...] = ("new_key_", "new_value_")):
+def fp16_kv_io(model, prefixes: tuple[str, ...] = (DYNAMIC_KV.past_name("key", ""), DYNAMIC_KV.past_name("value", "")),
+               out_prefixes: tuple[str, ...] = (DYNAMIC_KV.new_name("key", ""), DYNAMIC_KV.new_name("value", ""))):
     """Make the KV graph inputs/outputs float16: Cast to float32 after each input, Cast to
     float16 before each output. The arithmetic in between is unchanged."""
     from onnx import TensorProto, helper
@@ -186,8 +187,10 @@ def fp16_gqa(model):
     from onnx import TensorProto, helper
 
     g = model.graph
-    fp16_inputs = [i for i in g.input if i.name.startswith("past_") or i.name in ("cos_cache", "sin_cache")]
-    fp16_outputs = [o for o in g.output if o.name.startswith("present_")]
+    kv_in = tuple(FUSED_KV.past_name(k, "") for k in ("key", "value"))
+    kv_out = tuple(FUSED_KV.new_name(k, "") for k in ("key", "value"))
+    fp16_inputs = [i for i in g.input if i.name.startswith(kv_in) or i.name in ("cos_cache", "sin_cache")]
+    fp16_outputs = [o for o in g.output if o.name.startswith(kv_out)]
     if not fp16_inputs or not any(n.op_type == "GroupQueryAttention" for n in g.node):
         raise ValueError("not a GroupQueryAttention graph with KV inputs")
     for vi in fp16_inputs + fp16_outputs:
