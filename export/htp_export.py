@@ -171,8 +171,8 @@ def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, t
     from kztts.export.bundle_writer import graph_spec
 
     spec = graph_spec(work_dir, name, rel, "static", precision, export_id)
-    return replace(spec, extra={**spec.extra, "target": target.name, "soc_model": target.soc_model,
-                                "htp_arch": target.htp_arch, **extra})
+    return replace(spec, extra={**spec.extra, "target": target.name, "soc_model": target.soc.soc_model,
+                                "htp_arch": target.soc.htp_arch, **extra})
 
 
 def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:

@@ -266,44 +266,29 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
     )
     cfg.architectures = ["Qwen3TTSForConditionalGeneration"]
 
+    # the speech tokenizer: shared structure, then each size's widths and depths
+    enc = dict(sampling_rate=24000, frame_rate=12.5, audio_channels=1, num_residual_layers=1,
+               upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3, residual_kernel_size=3,
+               dilation_growth_rate=2, use_causal_conv=True, pad_mode="constant", compress=2, codebook_size=2048,
+               num_semantic_quantizers=1, sliding_window=250, max_position_embeddings=8000)
+    dec = dict(codebook_size=2048, max_position_embeddings=8000, rope_theta=10000, attention_bias=False,
+               sliding_window=72, hidden_act="silu", layer_scale_initial_scale=0.01, rms_norm_eps=1e-5,
+               num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], attention_dropout=0.0)
     if size == "tiny":
-        enc = dict(
-            sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=32, num_filters=8,
-            num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
-            residual_kernel_size=3, dilation_growth_rate=2, use_causal_conv=True, pad_mode="constant",
-            compress=2, codebook_size=2048, codebook_dim=16, num_quantizers=16,
-            vector_quantization_hidden_dimension=16, num_semantic_quantizers=1, upsample_groups=32,
-            num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
-            head_dim=16, sliding_window=250, max_position_embeddings=8000,
-        )
-        dec = dict(
-            codebook_size=2048, codebook_dim=16,  # codebook_dim: kwargs; RVQ dim = codebook_dim // 2
-            hidden_size=32, head_dim=8, latent_dim=32, max_position_embeddings=8000, rope_theta=10000,
-            num_attention_heads=4, num_key_value_heads=4, attention_bias=False, sliding_window=72,
-            intermediate_size=64, hidden_act="silu", layer_scale_initial_scale=0.01, rms_norm_eps=1e-5,
-            num_hidden_layers=2, num_quantizers=16, upsample_rates=[8, 5, 4, 3],
-            upsampling_ratios=[2, 2], decoder_dim=64, attention_dropout=0.0,
-        )
+        enc.update(hidden_size=32, num_filters=8, codebook_dim=16, num_quantizers=16,
+                   vector_quantization_hidden_dimension=16, upsample_groups=32, num_hidden_layers=1,
+                   intermediate_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+        dec.update(codebook_dim=16,  # codebook_dim: kwargs; RVQ dim = codebook_dim // 2
+                   hidden_size=32, head_dim=8, latent_dim=32, num_attention_heads=4, num_key_value_heads=4,
+                   intermediate_size=64, num_hidden_layers=2, decoder_dim=64)
     else:
-        enc = dict(
-            sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=512, num_filters=64,
-            num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
-            residual_kernel_size=3, dilation_growth_rate=2, use_causal_conv=True, pad_mode="constant",
-            compress=2, codebook_size=2048, codebook_dim=256, num_quantizers=32,
-            vector_quantization_hidden_dimension=256, num_semantic_quantizers=1, upsample_groups=512,
-            num_hidden_layers=8, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
-            head_dim=64, hidden_act="gelu", norm_eps=1e-5, layer_scale_initial_scale=0.01,
-            rope_theta=10000.0, sliding_window=250, max_position_embeddings=8000,
-            use_conv_shortcut=False, trim_right_ratio=1.0,
-        )
-        dec = dict(
-            codebook_size=2048, codebook_dim=512, hidden_size=512, head_dim=64, latent_dim=1024,
-            max_position_embeddings=8000, rope_theta=10000, num_attention_heads=16,
-            num_key_value_heads=16, attention_bias=False, sliding_window=72, intermediate_size=1024,
-            hidden_act="silu", layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_hidden_layers=8,
-            num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=1536,
-            attention_dropout=0.0,
-        )
+        enc.update(hidden_size=512, num_filters=64, codebook_dim=256, num_quantizers=32,
+                   vector_quantization_hidden_dimension=256, upsample_groups=512, num_hidden_layers=8,
+                   intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8, head_dim=64,
+                   hidden_act="gelu", norm_eps=1e-5, layer_scale_initial_scale=0.01, rope_theta=10000.0,
+                   use_conv_shortcut=False, trim_right_ratio=1.0)
+        dec.update(codebook_dim=512, hidden_size=512, head_dim=64, latent_dim=1024, num_attention_heads=16,
+                   num_key_value_heads=16, intermediate_size=1024, num_hidden_layers=8, decoder_dim=1536)
     st_cfg = Qwen3TTSTokenizerV2Config(
         encoder_config=MimiConfig(**enc).to_dict(), decoder_config=dec,
         encoder_valid_num_quantizers=16, input_sample_rate=24000, output_sample_rate=24000,

@@ -20,6 +20,13 @@ INITIAL_CAPACITY = 256
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
+def check_room(used: int, n: int, context: int, remedy: str) -> None:
+    """Raise ContextOverflowError when ``n`` new positions do not fit after ``used`` of ``context``."""
+    if used + n > context:
+        raise ContextOverflowError(f"context overflow: {used} positions used + {n} new > context {context}; "
+                                   f"shorten the text, lower --max-frames, or {remedy}")
+
+
 def kv_dtype(session, input_name: str = DYNAMIC_KV.past_name("key", 0)) -> np.dtype:
     """The KV element type a graph takes (float32, or float16 for ``kv-fp16`` bundle variants);
     float32 for session stand-ins that do not describe their inputs."""
@@ -61,10 +68,7 @@ class KVCache:
         self.length = 0
 
     def check_room(self, n: int) -> None:
-        if self.length + n > self.context:
-            raise ContextOverflowError(
-                f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
-                "shorten the text, lower --max-frames, or raise the context length")
+        check_room(self.length, n, self.context, "raise the context length")
 
     def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Views of the filled part of one layer's buffers."""

@@ -111,12 +111,11 @@ def qnn_unavailable_reason() -> str | None:
 
 
 def _warn_fallback() -> None:
-    st = _STATE
-    with st.lock:
-        if st.warned:
-            return
-        st.warned = True
-    log.warning("QNN execution provider unavailable: %s; running on the CPU execution provider instead", st.error)
+    with _STATE.lock:
+        first, _STATE.warned = not _STATE.warned, True
+    if first:
+        log.warning("QNN execution provider unavailable: %s; running on the CPU execution provider instead",
+                    _STATE.error)
 
 
 @contextlib.contextmanager

@@ -19,8 +19,9 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from kztts.errors import BundleError, ContextOverflowError, KzttsError
+from kztts.errors import BundleError, KzttsError
 from kztts.graphs import STATIC_KV
+from kztts.kv_cache import check_room
 from kztts.rope import rope_tables
 
 PREFILL = "talker_prefill"
@@ -71,10 +72,7 @@ class ChunkedTalker:
         self.length = 0
 
     def _check_room(self, n: int) -> None:
-        if self.length + n > self.context:
-            raise ContextOverflowError(
-                f"context overflow: {self.length} positions used + {n} new > context {self.context}; "
-                "shorten the text, lower --max-frames, or export with a larger static context")
+        check_room(self.length, n, self.context, "export with a larger static context")
 
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError

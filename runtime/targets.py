@@ -150,20 +150,13 @@ class Target:
     layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
-    @property
-    def soc_model(self) -> int:
-        return self.soc.soc_model
-
-    @property
-    def htp_arch(self) -> int:
-        return self.soc.htp_arch
-
     def qnn_options(self, backend_path: str) -> dict[str, str]:
         """Provider options for ``add_provider_for_devices``: the file's, plus backend and SoC.
 
         With ``soc_model`` set the HTP computes in fp16 (QAIRT >= 2.35 has no fp32 HTP math);
         quantized (QDQ) graphs run in their integer types."""
-        opts = {"backend_path": backend_path, "soc_model": str(self.soc_model), "htp_arch": str(self.htp_arch)}
+        opts = {"backend_path": backend_path, "soc_model": str(self.soc.soc_model),
+                "htp_arch": str(self.soc.htp_arch)}
         opts.update(self.provider_options)
         return opts
 
@@ -178,7 +171,8 @@ class Target:
 
     def to_json(self) -> dict:
         """What a bundle records about the target it was exported for."""
-        return {"name": self.name, "soc": self.soc.name, "soc_model": self.soc_model, "htp_arch": self.htp_arch,
+        return {"name": self.name, "soc": self.soc.name, "soc_model": self.soc.soc_model,
+                "htp_arch": self.soc.htp_arch,
                 "runs_on": self.runs_on, "precision": self.precision,
                 "shapes": {"prefill_chunk": self.shapes.prefill_chunk, "context": self.shapes.context,
                            "decoder_chunk": self.shapes.decoder_chunk},

@@ -31,7 +31,7 @@ def test_shipped_targets_load_and_name_their_soc():
         t = load_target(name)
         assert t.name == name and t.precision in ("fp16", "w8a16")
         if name in expect:
-            assert (t.soc.name, t.soc_model, t.htp_arch) == expect[name]
+            assert (t.soc.name, t.soc.soc_model, t.soc.htp_arch) == expect[name]
         assert t.shapes.prefill_chunk < t.shapes.context
         assert set(t.placement) == {"talker_prefill", "talker_decode", "cp_frame", "decoder"}
     assert load_target("simulator").runs_on == "simulator"
