@@ -94,7 +94,7 @@ def main(argv=None) -> int:
 
     from kztts.cache import cache_dir
     from kztts.code_predictor import CodePredictor
-    from kztts.export.bundle_writer import model_config
+    from kztts.export.graph_parts import model_config
     from kztts.export.checkpoint import load_reference
     from kztts.export.reference import reference_run, teacher_forced_talker
     from kztts.sampling import SamplingParams, XorShift32

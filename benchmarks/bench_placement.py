@@ -43,11 +43,12 @@ def bench_target(path: Path, chunk: int, context: int) -> Path:
 
 def cp_ms_per_frame(bundle_dir: Path, frames: int = 8) -> float:
     from kztts.bundle import Bundle
-    from kztts.code_predictor import CodePredictor
+    from kztts.embeddings import EmbeddingTables
+    from kztts.plan import resolve_plan
     from kztts.sampling import SamplingParams, XorShift32
 
     b = Bundle.open(bundle_dir)
-    cp = CodePredictor.from_bundle(b, mode="frame")
+    cp = resolve_plan(b).open_code_predictor(EmbeddingTables.from_bundle(b))
     rng = np.random.default_rng(0)
     h = rng.standard_normal((frames + 2, int(b.manifest.talker["hidden"]))).astype(np.float32)
     times = []
@@ -76,7 +77,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from kztts.calibrate import calibrate
     from kztts.export.checkpoint import load_reference
-    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.bundle_writer import cached_target_bundle
     from kztts.export.tiny import cached_tiny
     from kztts.export.validate_placement import validate_placement
     from kztts.placement import LayerPlacement, PhasePlacement, builtin, write_placement

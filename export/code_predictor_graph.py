@@ -55,7 +55,7 @@ from torch import nn
 
 from kztts import sampling as S
 from kztts import sampling_chain
-from kztts.export.bundle_writer import graph_spec
+from kztts.export.graph_parts import graph_spec
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
 from kztts.manifest import GraphSpec
@@ -428,25 +428,6 @@ class CodePredictorFrame(nn.Module):
         return (torch.randn(1, s.talker_hidden, generator=g), torch.randn(1, s.talker_hidden, generator=g),
                 torch.tensor([0.9]), torch.tensor([50], dtype=torch.int64), torch.tensor([1.0]),
                 torch.tensor([1.0]), torch.rand(s.num_groups, generator=g))
-
-
-class CodePredictorFrameGqa(CodePredictorFrame):
-    """``cp_frame`` over ``kztts.export.gqa_graphs.GqaStack``: same inputs, outputs and sampler
-    (the CPU graph; the HTP keeps the plain one)."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        from kztts.export.gqa_graphs import GqaStack, half_tables
-
-        self.gqa = GqaStack(self.stack)
-        cos, sin = half_tables(self.rope_cos[0], self.rope_sin[0])
-        self.register_buffer("cos_cache", cos, persistent=False)
-        self.register_buffer("sin_cache", sin, persistent=False)
-
-    def _layers(self, x, pos: int, keys, values):
-        total = pos + x.shape[1]
-        return self.gqa(x, keys, values, torch.tensor([total - 1], dtype=torch.int32),
-                        torch.tensor(total, dtype=torch.int32), self.cos_cache, self.sin_cache)
 
 
 def export_cp_frame(model, path: Path) -> Path:

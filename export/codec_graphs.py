@@ -423,7 +423,7 @@ def export_stream_graph(step: DecoderStep, path: Path) -> Path:
 
 def export_decoder(model, bundle_dir: Path, export_id: str, options: DecoderOptions = DEFAULT_OPTIONS) -> dict:
     """Export graphs ``decoder`` (full) and ``decoder_stream`` (stateful chunk) into ``bundle_dir/graphs``."""
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
 
     bundle_dir = Path(bundle_dir)
     st = _decoder_of(model)
@@ -573,7 +573,7 @@ class EncoderGraph(nn.Module):
 
 def export_encoder(model, bundle_dir: Path, export_id: str) -> dict:
     """Export graph ``encoder`` (wav [1, L] f32 24 kHz -> codes [1, F, 16] int64)."""
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
 
     bundle_dir = Path(bundle_dir)
     st = _decoder_of(model)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kztts.export.code_predictor_graph import FRAME_INPUTS, FRAME_OUTPUTS, CodePredictorFrame, code_predictor_shape
 from kztts.export.qwen3_stack import Qwen3Stack, rotate_half
 from kztts.graphs import FUSED_KV
 
@@ -197,7 +198,7 @@ class TalkerGqaGraph(nn.Module):
 
 def export_talker_gqa(model, bundle_dir: Path, export_id: str):
     """``graphs/talker_gqa.onnx`` and its manifest spec, or None when head_dim does not allow it."""
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
     from kztts.export.onnx_export import export_onnx
 
     from kztts.export.talker_graph import talker_shape
@@ -214,11 +215,26 @@ def export_talker_gqa(model, bundle_dir: Path, export_id: str):
     return graph_spec(Path(bundle_dir), "talker_gqa", TALKER_FILE, "dynamic", "fp32", export_id)
 
 
+class CodePredictorFrameGqa(CodePredictorFrame):
+    """``cp_frame`` over ``GqaStack``: same inputs, outputs and sampler
+    (the CPU graph; the HTP keeps the plain one)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.gqa = GqaStack(self.stack)
+        cos, sin = half_tables(self.rope_cos[0], self.rope_sin[0])
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def _layers(self, x, pos: int, keys, values):
+        total = pos + x.shape[1]
+        return self.gqa(x, keys, values, torch.tensor([total - 1], dtype=torch.int32),
+                        torch.tensor(total, dtype=torch.int32), self.cos_cache, self.sin_cache)
+
+
 def export_cp_frame_gqa(model, bundle_dir: Path, export_id: str):
     """``graphs/cp_frame_gqa.onnx`` and its manifest spec, or None when head_dim does not allow it."""
-    from kztts.export.bundle_writer import graph_spec
-    from kztts.export.code_predictor_graph import FRAME_INPUTS, FRAME_OUTPUTS, CodePredictorFrameGqa, \
-        code_predictor_shape
+    from kztts.export.graph_parts import graph_spec
     from kztts.export.onnx_export import export_onnx
 
     if not gqa_supported(code_predictor_shape(model).head_dim):

@@ -43,6 +43,7 @@ from torch import nn
 
 from kztts.errors import KzttsError
 from kztts.export.onnx_export import export_onnx
+from kztts.export.static_layers import SafeRMSNorm, StaticLayer, check_static
 from kztts.export.qwen3_stack import Qwen3Stack
 from kztts import graphs as G
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
@@ -56,43 +57,6 @@ DECODE = "talker_decode"
 DECODER_CHUNK = "decoder_chunk"
 
 
-class SafeRMSNorm(nn.Module):
-    """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow."""
-
-    def __init__(self, norm: nn.Module):
-        super().__init__()
-        self.weight = norm.weight
-        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = torch.clamp(x.abs().amax(-1, keepdim=True), min=1.0)
-        xs = x / s
-        var = xs.pow(2).mean(-1, keepdim=True)
-        return self.weight * (xs * torch.rsqrt(var + self.eps / (s * s)))
-
-
-class _Attn(nn.Module):
-    """The attention module's projections, with fp16-safe q/k norms."""
-
-    def __init__(self, attn: nn.Module, safe: bool):
-        super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.q_norm = SafeRMSNorm(attn.q_norm) if safe else attn.q_norm
-        self.k_norm = SafeRMSNorm(attn.k_norm) if safe else attn.k_norm
-
-
-class _Layer(nn.Module):
-    """A decoder layer seen through the attributes Qwen3Stack uses (weights shared, not copied)."""
-
-    def __init__(self, layer: nn.Module, safe: bool):
-        super().__init__()
-        self.self_attn = _Attn(layer.self_attn, safe)
-        self.mlp = layer.mlp
-        norm = SafeRMSNorm if safe else (lambda m: m)
-        self.input_layernorm = norm(layer.input_layernorm)
-        self.post_attention_layernorm = norm(layer.post_attention_layernorm)
-
-
 class TalkerStaticGraph(nn.Module):
     """forward(inputs_embeds, attention_mask, rope_cos, rope_sin, past_key_0_in, past_value_0_in, ...)
     -> (logits [1,S,V], hidden [1,S,H], new_key_0, new_value_0, ...), shapes in the module docstring."""
@@ -104,7 +68,7 @@ class TalkerStaticGraph(nn.Module):
             raise ValueError(f"static talker: need 0 < seq ({seq}) < context ({context})")
         s = talker_shape(talker)
         self.shape, self.seq, self.context = s, seq, context
-        layers = nn.ModuleList(_Layer(layer, safe_norm) for layer in talker.model.layers)
+        layers = nn.ModuleList(StaticLayer(layer, safe_norm) for layer in talker.model.layers)
         norm = SafeRMSNorm(talker.model.norm) if safe_norm else talker.model.norm
         self.stack = Qwen3Stack(layers, norm, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                 head_dim=s.head_dim)
@@ -151,24 +115,13 @@ def export_static_talker(talker, path: Path, seq: int, context: int, safe_norm: 
     graph = TalkerStaticGraph(talker, seq, context, safe_norm).eval()
     ins, outs = graph.io_names()
     export_onnx(graph, graph.example_inputs(), path, ins, outs, None)
-    _check_static(path)
+    check_static(path)
     return path
-
-
-def _check_static(path: Path) -> None:
-    """Every graph input and output has a fixed shape (the HTP needs static shapes)."""
-    import onnx
-
-    m = onnx.load(str(path), load_external_data=False)
-    for v in list(m.graph.input) + list(m.graph.output):
-        dims = v.type.tensor_type.shape.dim
-        if any(not d.HasField("dim_value") for d in dims):
-            raise RuntimeError(f"{path.name}: {v.name} has a dynamic shape; static HTP graphs need fixed shapes")
 
 
 def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, target: Target,
           **extra) -> GraphSpec:
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
 
     spec = graph_spec(work_dir, name, rel, "static", precision, export_id)
     return replace(spec, extra={**spec.extra, "target": target.name, "soc_model": target.soc.soc_model,
@@ -294,7 +247,7 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
     rel = f"graphs/{DECODER_CHUNK}.onnx"
     example = (_example_codes(frames, step.bins), torch.tensor([0], dtype=torch.int64), *step.zero_state())
     export_onnx(step, example, work_dir / rel, ins, outs, None)
-    _check_static(work_dir / rel)
+    check_static(work_dir / rel)
     return _spec(work_dir, DECODER_CHUNK, rel, "fp16", export_id, target, frames=frames,
                  samples_per_frame=step.samples_per_frame,
                  state=[{"name": n, "shape": list(sh)} for n, sh in step.state_specs])
@@ -371,7 +324,7 @@ def add_context_binaries(bundle_dir: str | Path, target=None, on_session=None,
 
 def _with_context_binaries(work_dir: Path, specs: dict[str, GraphSpec], target: Target, export_id: str,
                            on_session=None) -> dict[str, GraphSpec]:
-    from kztts.export.bundle_writer import stamp_graph
+    from kztts.export.graph_parts import stamp_graph
 
     # one context per sharing group: the two Talker graphs share their weights, the others stand alone
     groups = [[n for n in (PREFILL, DECODE) if n in specs]] + [[n] for n in specs if n not in (PREFILL, DECODE)]
@@ -386,22 +339,3 @@ def _with_context_binaries(work_dir: Path, specs: dict[str, GraphSpec], target: 
                  "context_bytes": sum((work_dir / b).stat().st_size for b in d["binaries"])}
         out[name] = replace(specs[name], extra=extra)
     return out
-
-
-def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision: str | None = None,
-                         context_binary: bool = False, segments: bool = False, tag: str = "") -> Path:
-    """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
-    checkpoint, the exporter code, the target file and the options."""
-    from kztts.build_cache import build_once, code_key
-    from kztts.cache import cache_dir
-    from kztts.export.bundle_writer import export_bundle, exporter_code_key
-    from kztts.targets import target_path
-
-    model_dir = Path(model_dir)
-    tfile = target_path(target)
-    opts = f"{precision}|{context_binary}|{tag}" + ("|segments" if segments else "")
-    h = code_key(tfile, extra=opts.encode(), length=8)
-    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{tfile.stem}-{h}"
-    return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True, target=str(tfile),
-                                                      precision=precision, context_binary=context_binary,
-                                                      segments=segments))

@@ -83,7 +83,7 @@ def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph:
     import onnxruntime as ort
 
     from kztts.embeddings import EmbeddingTables
-    from kztts.export.bundle_writer import model_config, special_ids
+    from kztts.export.graph_parts import model_config, special_ids
     from kztts.export.reference import synthetic_voice
     from kztts.prompt import build_prompt, language_id
     from kztts.talker_static import DECODE, PREFILL, StaticTalker

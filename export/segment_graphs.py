@@ -30,6 +30,7 @@ from torch import nn
 
 from kztts.export.onnx_export import export_onnx
 from kztts.export.qwen3_stack import Qwen3Stack
+from kztts.export.static_layers import SafeRMSNorm, StaticLayer, check_static
 from kztts.export.talker_graph import check_rope_is_1d, talker_shape
 from kztts.graphs import SEGMENT_KV
 from kztts.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
@@ -44,9 +45,8 @@ class LayerStaticGraph(nn.Module):
 
     def __init__(self, layer: nn.Module, shape, seq: int, context: int):
         super().__init__()
-        from kztts.export.htp_export import _Layer
 
-        self.layer = _Layer(layer, safe=True)
+        self.layer = StaticLayer(layer, safe=True)
         # the attention is the Talker stack's own (keys transposed, additive mask), with probes
         self.stack = Qwen3Stack(nn.ModuleList([self.layer]), nn.Identity(), num_heads=shape.num_heads,
                                 num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
@@ -90,7 +90,6 @@ class HeadStaticGraph(nn.Module):
 
     def __init__(self, talker, seq: int):
         super().__init__()
-        from kztts.export.htp_export import SafeRMSNorm
 
         self.norm = SafeRMSNorm(talker.model.norm)
         self.codec_head = talker.codec_head
@@ -115,7 +114,6 @@ def export_talker_segments(model, work_dir: Path, *, export_id: str, target, spe
     """Every layer and the head, prefill and decode, into ``work_dir/graphs/segments``.
 
     ``spec_fn(name, rel, **extra)`` makes the manifest entry (``htp_export._spec``)."""
-    from kztts.export.htp_export import _check_static
 
     talker = model.talker
     check_rope_is_1d(talker)
@@ -131,7 +129,7 @@ def export_talker_segments(model, work_dir: Path, *, export_id: str, target, spe
             rel = f"graphs/segments/{name}.onnx"
             (work_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             export_onnx(graph, graph.example_inputs(), work_dir / rel, ins, outs, None)
-            _check_static(work_dir / rel)
+            check_static(work_dir / rel)
             specs[name] = spec_fn(name, rel, seq=seq, context=C, phase=phase,
                                   unit=unit, stats=list(LAYER_STATS if unit != "head" else HEAD_STATS))
     return specs

@@ -53,7 +53,7 @@ def min_frames(speaker_encoder: nn.Module) -> int:
 
 def export_speaker_encoder(model, bundle_dir: Path, export_id: str) -> dict:
     """Export ``model.speaker_encoder`` (a Qwen3TTSForConditionalGeneration's) as graph ``speaker_encoder``."""
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
 
     bundle_dir = Path(bundle_dir)
     enc = model.speaker_encoder

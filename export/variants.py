@@ -229,7 +229,8 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
     import onnx
 
-    from kztts.export.bundle_writer import graph_spec, link_tree
+    from kztts.export.bundle_writer import link_tree
+    from kztts.export.graph_parts import graph_spec
     from kztts.manifest import read_manifest, write_manifest
 
     _check(weights, kv, decoder)

@@ -171,7 +171,7 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     ``bundle_dir`` and record the magnitudes (module docstring)."""
     from kztts.audio import synthetic_voice
     from kztts.bundle import Bundle
-    from kztts.talker_segmented import SegmentedTalker
+    from kztts.plan import resolve_plan
     from kztts.tts import TTS
 
     if not threshold > 0:
@@ -180,7 +180,7 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     bundle = Bundle.open(bundle_dir, load_graphs=False)  # the graphs used are opened (and checked) below
     m = bundle.manifest
     L = int(m.talker["num_layers"])
-    talker = SegmentedTalker.from_bundle(bundle, builtin("all-cpu", L))
+    talker = resolve_plan(bundle, placement=builtin("all-cpu", L), segments=True).open_talker()
     tts = TTS(bundle, talker=talker)
     layers = {ph: np.zeros((L, len(LAYER_STATS))) for ph in PHASES}
     head = {ph: np.zeros(len(HEAD_STATS)) for ph in PHASES}

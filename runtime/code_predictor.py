@@ -77,17 +77,6 @@ class CodePredictor:
         dtype = kv_dtype(session) if mode == "step" else np.float32
         self._kv = KVCache(self.num_layers, self.num_kv_heads, self.head_dim, positions, dtype)
 
-    @classmethod
-    def from_bundle(cls, bundle, mode: str = "frame", embeddings: CodecLookup | None = None) -> "CodePredictor":
-        """From an opened ``kztts.bundle.Bundle`` (tables from ``EmbeddingTables`` unless given)."""
-        if embeddings is None:
-            from kztts.embeddings import EmbeddingTables
-
-            embeddings = EmbeddingTables.from_bundle(bundle)
-        from kztts.plan import resolve_plan
-
-        return resolve_plan(bundle, cp_mode=mode).open_code_predictor(embeddings)
-
     def _session(self, name: str):
         s = self._sessions
         return s(name) if callable(s) else s[name]

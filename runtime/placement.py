@@ -212,41 +212,6 @@ def parse_placement(data: Any, where: str, num_layers: int) -> LayerPlacement:
     return LayerPlacement(mode, prefill, decode, where, info)
 
 
-def resolve_placement(spec: "str | Path | LayerPlacement", num_layers: int) -> LayerPlacement:
-    """A mode name, a placement file, or a qnn_configs target (name or file) with ``layer_placement``."""
-    if isinstance(spec, LayerPlacement):
-        if spec.num_layers != num_layers:
-            raise PlacementError(f"placement {spec.source or spec.mode} is for {spec.num_layers} layers, "
-                                 f"the Talker has {num_layers}")
-        return spec
-    s = str(spec)
-    if s in MODES:
-        return builtin(s, num_layers)
-    path = Path(s)
-    if not path.is_file():
-        from kztts.targets import TargetError, target_path
-
-        try:
-            path = target_path(s)
-        except TargetError:
-            raise PlacementError(f"placement {s!r}: not a mode ({', '.join(BUILTIN_MODES)}), a placement file, "
-                                 "or a qnn_configs target") from None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise PlacementError(f"{path}: not a readable JSON file ({exc})") from exc
-    if isinstance(data, dict) and data.get("schema") == "kztts-qnn-target/1":
-        from kztts.targets import parse_target
-
-        target = parse_target(data, path)
-        if target.layer_placement is None:
-            raise PlacementError(f"{path}: the target has no 'layer_placement' (per-layer devices); add one, "
-                                 "or give a placement mode or file")
-        prefill, decode = parse_phases(target.layer_placement, str(path), num_layers, "layer_placement.")
-        return LayerPlacement("explicit", prefill, decode, str(path))
-    return parse_placement(data, str(path), num_layers)
-
-
 def write_placement(placement: LayerPlacement, path: str | Path) -> Path:
     path = Path(path)
     try:

@@ -16,15 +16,19 @@ bench open their sessions through the plan it returns. Rules, in order:
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kztts import graphs as G
 from kztts.errors import BundleError, KzttsError
-from kztts.placement import LayerPlacement, resolve_placement
+from kztts.placement import (BUILTIN_MODES, MODES, LayerPlacement, PlacementError, builtin, parse_phases,
+                             parse_placement)
 from kztts.segments import segment_graph_name
+from kztts.targets import TargetError, parse_target, target_path
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +204,37 @@ class ExecutionPlan:
 
 
 # ---------------------------------------------------------------- resolution
+def resolve_placement(spec: "str | Path | LayerPlacement", num_layers: int) -> LayerPlacement:
+    """A mode name, a placement file, or a qnn_configs target (name or file) with ``layer_placement``."""
+    if isinstance(spec, LayerPlacement):
+        if spec.num_layers != num_layers:
+            raise PlacementError(f"placement {spec.source or spec.mode} is for {spec.num_layers} layers, "
+                                 f"the Talker has {num_layers}")
+        return spec
+    s = str(spec)
+    if s in MODES:
+        return builtin(s, num_layers)
+    path = Path(s)
+    if not path.is_file():
+        try:
+            path = target_path(s)
+        except TargetError:
+            raise PlacementError(f"placement {s!r}: not a mode ({', '.join(BUILTIN_MODES)}), a placement file, "
+                                 "or a qnn_configs target") from None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PlacementError(f"{path}: not a readable JSON file ({exc})") from exc
+    if isinstance(data, dict) and data.get("schema") == "kztts-qnn-target/1":
+        target = parse_target(data, path)
+        if target.layer_placement is None:
+            raise PlacementError(f"{path}: the target has no 'layer_placement' (per-layer devices); add one, "
+                                 "or give a placement mode or file")
+        prefill, decode = parse_phases(target.layer_placement, str(path), num_layers, "layer_placement.")
+        return LayerPlacement("explicit", prefill, decode, str(path))
+    return parse_placement(data, str(path), num_layers)
+
+
 class _Resolver:
     def __init__(self, bundle, target, placement, strict: bool, cp_mode: str, attention: str, segments: bool):
         self.bundle, self.m = bundle, bundle.manifest

@@ -30,13 +30,6 @@ class HandoverTalker:
         self.keep_handover = keep_handover
         self.handed_over: list[tuple[np.ndarray, np.ndarray]] | None = None
 
-    @classmethod
-    def from_bundle(cls, bundle, target=None, strict: bool = False) -> "HandoverTalker":
-        """Prefill on ``target``'s HTP, decode on the CPU (``kztts.plan``)."""
-        from kztts.plan import resolve_plan
-
-        return resolve_plan(bundle, target=target, placement="prefill-htp-decode-cpu", strict=strict).open_talker()
-
     @property
     def position(self) -> int:
         return self.decode_talker.position

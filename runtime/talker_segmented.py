@@ -76,14 +76,6 @@ class SegmentedTalker(ChunkedTalker):
         self.seconds: dict[str, float] = {}  # "phase/device" -> wall time in that device's graphs
         self.steps: dict[str, int] = {ph: 0 for ph in PHASES}  # graph passes per phase (chunks, decode steps)
 
-    @classmethod
-    def from_bundle(cls, bundle, placement: "str | LayerPlacement", target=None,
-                    strict: bool = False) -> "SegmentedTalker":
-        """The layer graphs ``placement`` needs, each on its device (``kztts.plan``)."""
-        from kztts.plan import resolve_plan
-
-        return resolve_plan(bundle, target=target, placement=placement, strict=strict, segments=True).open_talker()
-
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         p, C = self.length, self.graph_context
         P = C - seq

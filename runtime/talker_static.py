@@ -142,14 +142,6 @@ class StaticTalker(ChunkedTalker):
         self._past_names = STATIC_KV.past_names(self.num_layers)
         self.on_feed: Callable[[str, dict], None] | None = None  # calibration hook: (graph name, feed)
 
-    @classmethod
-    def from_bundle(cls, bundle, target=None, strict: bool = False) -> "StaticTalker":
-        """``talker_prefill``/``talker_decode`` of ``bundle`` on ``target``'s HTP (``kztts.plan``;
-        CPU fallback with one warning unless strict)."""
-        from kztts.plan import resolve_plan
-
-        return resolve_plan(bundle, target=target, placement="all-htp", strict=strict).open_talker()
-
     def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
         p, C = self.length, self.graph_context
         P = C - seq

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kztts.errors import KzttsError
+from kztts.placement import PlacementError, parse_phases
 from kztts import graphs as G
 
 SCHEMA = "kztts-qnn-target/1"
@@ -325,8 +326,6 @@ def parse_target(data: Any, path: Path) -> Target:
 
     layers = top.get("layer_placement")
     if layers is not None:  # the layer count is the model's: check everything but that now
-        from kztts.placement import PlacementError, parse_phases
-
         try:
             parse_phases(layers, str(path), None, "layer_placement.")
         except PlacementError as exc:

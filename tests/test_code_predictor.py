@@ -31,7 +31,7 @@ def cosine_rows(a, b):
 @pytest.fixture(scope="module")
 def exported(reference, variant, tmp_path_factory):
     """cp_step / cp_frame graphs and the embedding tables of one tiny variant, in a module tmp dir."""
-    from kztts.export.bundle_writer import model_config, special_ids
+    from kztts.export.graph_parts import model_config, special_ids
     from kztts.export.code_predictor_graph import export_code_predictor
     from kztts.export.embeddings import export_embeddings
 

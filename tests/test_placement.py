@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from kztts.errors import KzttsError
-from kztts.placement import PlacementError, builtin, parse_placement, resolve_placement
+from kztts.placement import PlacementError, builtin, parse_placement
+from kztts.plan import resolve_placement
 
 MASSIVE_LAYER = 1
 
@@ -28,7 +29,7 @@ def massive_model():
 @pytest.fixture(scope="module")
 def massive_bundle(massive_model, small_target):
     """CPU graphs + static HTP graphs + per-layer segments (export needs no QNN)."""
-    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(massive_model, small_target, segments=True)
 
@@ -171,12 +172,12 @@ def test_segment_graphs_on_the_cpu_equal_the_talker_graph(massive_bundle):
     from kztts.bundle import Bundle
     from kztts.export.validate_htp import bundle_sequences, cosine_rows, replay
     from kztts.talker import Talker
-    from kztts.talker_segmented import SegmentedTalker
+    from kztts.plan import resolve_plan
 
     seqs = bundle_sequences(massive_bundle, frames=10)
     b = Bundle.open(massive_bundle)
     dyn = Talker(b.session("talker"), b.manifest.talker, context=64)
-    seg = SegmentedTalker.from_bundle(b, builtin("all-cpu", 4))
+    seg = resolve_plan(b, placement=builtin("all-cpu", 4), segments=True).open_talker()
     for s in seqs:
         assert s["prefill"].shape[0] > 16  # two prefill chunks
         dl, dh = replay(dyn, s["prefill"], s["decodes"])
@@ -277,11 +278,11 @@ def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_m
 def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
     from kztts.audio import synthetic_voice
     from kztts.bundle import Bundle
-    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.bundle_writer import cached_target_bundle
     from kztts.export.tiny import cached_tiny
     from kztts.talker import Talker
     from kztts.talker_handover import HandoverTalker
-    from kztts.talker_static import StaticTalker
+    from kztts.plan import resolve_plan
     from kztts.tts import TTS
 
     bundle = Bundle.open(cached_target_bundle(cached_tiny("proj"), small_target))
@@ -297,7 +298,7 @@ def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
 
     # the KV the CPU decoded from is the HTP prefill's own, not a CPU recomputation
     prompt = cpu._prompt(text, voice, "english", False).embeds
-    ref = StaticTalker.from_bundle(bundle, small_target, strict=True)
+    ref = resolve_plan(bundle, target=small_target, placement="all-htp", strict=True).open_talker()
     ref.prefill(prompt)
     cpu_talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=64)
     cpu_talker.prefill(prompt)

@@ -24,7 +24,7 @@ def plain_bundle():
 
 @pytest.fixture(scope="module")
 def htp_bundle(small_target):
-    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.bundle_writer import cached_target_bundle
     from kztts.export.tiny import cached_tiny
 
     return cached_target_bundle(cached_tiny("proj"), small_target)

@@ -49,7 +49,7 @@ def ref_model(reference):
 @pytest.fixture(scope="module")
 def exported(ref_model, tiny_model_dir, tmp_path_factory):
     """Embedding tables + tokenizer.json exported into a temp bundle dir."""
-    from kztts.export.bundle_writer import special_ids
+    from kztts.export.graph_parts import special_ids
     from kztts.export.embeddings import export_embeddings
     from kztts.export.tokenizer import export_tokenizer
 

@@ -44,7 +44,7 @@ def reference_tts(tiny_dir):
 
 @pytest.fixture(scope="module")
 def htp_bundle(tiny_dir, small_target) -> Path:
-    from kztts.export.htp_export import cached_target_bundle
+    from kztts.export.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(tiny_dir, small_target)
 
@@ -278,7 +278,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     import shutil
 
     from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import graph_spec
+    from kztts.export.graph_parts import graph_spec
     from kztts.export.quantize import CALIBRATION_PROMPTS, quantize_talker_graphs
     from kztts.export.validate_htp import htp_talker_run, replay
     from kztts.manifest import read_manifest, write_manifest

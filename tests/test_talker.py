@@ -23,14 +23,14 @@ def opened(tiny_bundle_dir):
 def test_teacher_forced_talker_matches_reference(reference, opened, graph, mode):
     """Both CPU Talker graphs (plain, and fused attention with the KV bound in place) and
     both Code Predictor modes (``frame`` = ``cp_frame_gqa`` here) against qwen-tts."""
-    from kztts.code_predictor import CodePredictor
+    from kztts.plan import resolve_plan
     from kztts.export.validate import validate_mode
 
     bundle, tables = opened
     assert {"talker_gqa", "cp_frame_gqa"} <= set(bundle.manifest.graphs), "tiny head_dim 16 allows the fused graphs"
     talker = Talker(bundle.session(graph), bundle.manifest.talker, context=512)
     assert talker.fused == (graph == "talker_gqa")
-    predictors = {m: CodePredictor.from_bundle(bundle, mode=m, embeddings=tables) for m in ("frame", "step")}
+    predictors = {m: resolve_plan(bundle, cp_mode=m).open_code_predictor(tables) for m in ("frame", "step")}
     m = validate_mode(reference, bundle, tables, talker, predictors, mode, FRAMES, "English")
     assert m.frames >= 24
     assert m.prompt_max_abs <= 1e-5, m

@@ -6,7 +6,7 @@ import pytest
 
 from kztts.bench.metrics import cosine_rows
 from kztts.bundle import Bundle
-from kztts.code_predictor import CodePredictor
+from kztts.plan import resolve_plan
 from kztts.embeddings import EmbeddingTables
 from kztts.sampling import SamplingParams, XorShift32
 from kztts.talker import Talker
@@ -34,7 +34,7 @@ def run(bundle_dir, frames: int = FRAMES, codes=None, talker_graph: str = "talke
     b = Bundle.open(bundle_dir, load_graphs=False)
     tables = EmbeddingTables.from_bundle(b)
     talker = Talker(b.session(talker_graph), b.manifest.talker, context=64)
-    cp = CodePredictor.from_bundle(b, mode="step", embeddings=tables)
+    cp = resolve_plan(b, cp_mode="step").open_code_predictor(tables)
     rng = np.random.default_rng(0)
     prompt = rng.standard_normal((7, talker.hidden_size)).astype(np.float32) * 0.5
     logits, hidden = talker.prefill(prompt)

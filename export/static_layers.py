@@ -1,0 +1,56 @@
+"""Building blocks of the static (HTP) Talker graphs, whole or per layer: fp16-safe norms and a
+decoder layer seen through the attributes ``Qwen3Stack`` uses, and the static-shape check."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class SafeRMSNorm(nn.Module):
+    """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.clamp(x.abs().amax(-1, keepdim=True), min=1.0)
+        xs = x / s
+        var = xs.pow(2).mean(-1, keepdim=True)
+        return self.weight * (xs * torch.rsqrt(var + self.eps / (s * s)))
+
+
+class StaticAttn(nn.Module):
+    """The attention module's projections, with fp16-safe q/k norms."""
+
+    def __init__(self, attn: nn.Module, safe: bool):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.q_norm = SafeRMSNorm(attn.q_norm) if safe else attn.q_norm
+        self.k_norm = SafeRMSNorm(attn.k_norm) if safe else attn.k_norm
+
+
+class StaticLayer(nn.Module):
+    """A decoder layer seen through the attributes Qwen3Stack uses (weights shared, not copied)."""
+
+    def __init__(self, layer: nn.Module, safe: bool):
+        super().__init__()
+        self.self_attn = StaticAttn(layer.self_attn, safe)
+        self.mlp = layer.mlp
+        norm = SafeRMSNorm if safe else (lambda m: m)
+        self.input_layernorm = norm(layer.input_layernorm)
+        self.post_attention_layernorm = norm(layer.post_attention_layernorm)
+
+
+def check_static(path: Path) -> None:
+    """Every graph input and output has a fixed shape (the HTP needs static shapes)."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    for v in list(m.graph.input) + list(m.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") for d in dims):
+            raise RuntimeError(f"{path.name}: {v.name} has a dynamic shape; static HTP graphs need fixed shapes")
