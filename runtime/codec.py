@@ -27,13 +27,14 @@ import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import BundleError, KzttsError
+from kztts.graphs import DECODER_LEFT_CONTEXT, DECODER_SEGMENT
 
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
 NUM_QUANTIZERS = 16
 CODEBOOK_SIZE = 2048
-REFERENCE_CHUNK = 300
-REFERENCE_LEFT_CONTEXT = 25
+REFERENCE_CHUNK = DECODER_SEGMENT
+REFERENCE_LEFT_CONTEXT = DECODER_LEFT_CONTEXT
 
 
 def check_codes(codes, codebook_size: int = CODEBOOK_SIZE, num_quantizers: int = NUM_QUANTIZERS) -> np.ndarray:

@@ -22,6 +22,11 @@ ATTENTIONS = ("fused", "plain")  # CPU attention: ORT GroupQueryAttention graphs
 CP_MODES = ("frame", "step")  # Code Predictor: one graph per frame, or one run per codebook
 DEVICES = ("cpu", "htp")
 
+# The speech decoder's segmentation (qwen-tts ``chunked_decode``): segments of 300 frames, each after
+# 25 frames of left context; a static decoder chunk must not straddle a boundary.
+DECODER_SEGMENT = 300
+DECODER_LEFT_CONTEXT = 25
+
 # A plot colour per weight precision (bench Pareto plot), so a new precision is one entry here.
 PRECISION_COLOURS = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:green", "fp16": "tab:purple",
                      "w8a16": "tab:red"}

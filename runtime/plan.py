@@ -82,8 +82,13 @@ class ExecutionPlan:
         return "cpu"
 
     def session(self, graph: str, device: str | None = None):
-        """The session of ``graph`` on its planned device (opened once)."""
+        """The session of ``graph`` on its planned device (opened once). A bundle whose graph lacks an
+        input the runtime feeds (an older export) is refused first, naming the re-export command."""
         device = device or self.device_of(graph)
+        if graph in G.GRAPHS:
+            role = next((s.role for s in self.steps.values() if graph in s.graphs), G.GRAPHS[graph].role)
+            G.require(self.bundle.manifest, graph, feature=f"the {role.replace('_', ' ')}",
+                      inputs=G.GRAPHS[graph].inputs)
         if device == "htp":
             if graph not in self._htp_sessions:
                 from kztts.qnn import open_target_session

@@ -253,6 +253,11 @@ def _check_shapes(path: Path, s: Shapes) -> None:
         v = getattr(s, k)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise _err(path, f"shapes.{k}", f"must be a positive integer, got {v!r}")
+    if G.DECODER_LEFT_CONTEXT % s.decoder_chunk:
+        raise _err(path, "shapes.decoder_chunk",
+                   f"{s.decoder_chunk} must divide {G.DECODER_LEFT_CONTEXT}: the speech decoder runs segments of "
+                   f"{G.DECODER_SEGMENT} frames after {G.DECODER_LEFT_CONTEXT} frames of left context, and a static "
+                   "chunk may not straddle a boundary (use 1, 5 or 25)")
     if s.context > 32768:
         raise _err(path, "shapes.context", f"{s.context} exceeds 32768 positions")
     if s.prefill_chunk >= s.context:

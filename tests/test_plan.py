@@ -202,3 +202,26 @@ def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch,
     with pytest.raises(KzttsError, match="no builder for it"):
         htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, precision="w4a16")
     assert set(htp_export.TALKER_PRECISION_BUILDERS) == set(G.HTP_PRECISIONS) - {"w4a16"}
+
+
+def test_an_older_bundle_without_a_fed_input_is_refused_before_running(tmp_path):
+    """A bundle whose cp_frame lacks an input the runtime now feeds (here: ``uniforms`` removed from
+    the manifest, as an older export would be) is refused in one line naming the re-export."""
+    import shutil
+
+    from kztts.bundle import Bundle
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+    from kztts.tts import TTS
+
+    src = cached_bundle(cached_tiny("equal"))
+    dst = tmp_path / "old"
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "kztts.json").read_text())
+    for name in ("cp_frame", "cp_frame_gqa"):
+        m["graphs"][name]["inputs"] = [t for t in m["graphs"][name]["inputs"] if t["name"] != "uniforms"]
+    (dst / "kztts.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError) as info:
+        TTS(Bundle.open(dst, load_graphs=False))
+    msg = str(info.value)
+    assert "\n" not in msg and "the code predictor needs input 'uniforms'" in msg and "kztts export" in msg

@@ -73,6 +73,7 @@ def test_load_by_path_and_with_shapes(tmp_path, good):
     (lambda d: d.update(precision="int4"), "precision", "not one of fp16, w8a16"),
     (lambda d: d["shapes"].update(context="2048"), "shapes.context", "expected int"),
     (lambda d: d["shapes"].update(prefill_chunk=4096), "shapes.prefill_chunk", "smaller than"),
+    (lambda d: d["shapes"].update(decoder_chunk=12), "shapes.decoder_chunk", "must divide 25"),
     (lambda d: d.update(attention_mask_value=-1e9), "attention_mask_value", "fp16"),
     (lambda d: d.update(schema="other/2"), "schema", SCHEMA),
 ])
