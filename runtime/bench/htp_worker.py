@@ -24,7 +24,8 @@ from dataclasses import replace
 import numpy as np
 
 from kztts.bench import metrics
-from kztts.bench.worker import _teacher_forced, spec_main
+from kztts.bench.worker import teacher_forced
+from kztts.worker_process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def run(spec: dict) -> dict:
     g = base["codes"]
 
     prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
-    tf_talker, _ = _teacher_forced(tts, prompt, g)
+    tf_talker, _ = teacher_forced(tts, prompt, g)
     settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
     codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings)
 
@@ -111,7 +112,7 @@ def run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return spec_main(run, argv)
+    return worker_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,17 @@ another configuration in memory. numpy + ONNX Runtime only.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from kztts.bench import metrics
+from kztts.replay import decode_inputs, teacher_forced_talker
+from kztts.worker_process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +71,10 @@ def graphs_used(bundle, cp_mode: str) -> list[str]:
     return [talker, cp, "decoder_stream"]
 
 
-def _teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Talker logits [F, V] and hidden [F, H]: after the prefill, then after feeding frames 0..F-2."""
-    logits, hidden = tts.talker.prefill(prompt.embeds)
-    out_l, out_h = [logits], [hidden]
-    for k in range(codes.shape[0] - 1):
-        text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-        logits, hidden = tts.talker.decode((tts.tables.codec_sum(codes[k]) + text).astype(np.float32))
-        out_l.append(logits)
-        out_h.append(hidden)
-    return np.stack(out_l), np.stack(out_h)
+def teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Talker logits [F, V] and hidden [F, H] of ``tts``: after the prefill, then after feeding
+    frames 0..F-2 of ``codes`` (the last frame is never fed back)."""
+    return teacher_forced_talker(tts.talker, prompt.embeds, decode_inputs(tts.tables, prompt, codes[:-1]))
 
 
 def run(spec: dict) -> dict:
@@ -185,7 +179,7 @@ def run(spec: dict) -> dict:
     base = dict(np.load(base_path)) if base_path else None
     codes = result.codes
     g = base["codes"] if base is not None else codes
-    tf_talker, tf_hidden = _teacher_forced(tts, prompt, g)
+    tf_talker, tf_hidden = teacher_forced(tts, prompt, g)
     step = CodePredictor({"cp_step": bundle.session("cp_step")}, bundle.manifest.code_predictor,
                          bundle.manifest.talker, tts.tables, mode="step")
     hidden_for_cp = base["talker_hidden"] if base is not None else tf_hidden
@@ -202,19 +196,8 @@ def run(spec: dict) -> dict:
     return row
 
 
-def spec_main(run_spec, argv: list[str] | None = None) -> int:
-    """``python -m <worker> SPEC.json``: run ``run_spec`` on the spec, write its row to ``spec["out"]``
-    (the protocol of every bench worker, kztts's and the reference's)."""
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    spec = json.loads(Path(argv[0]).read_text())
-    row = run_spec(spec)
-    Path(spec["out"]).write_text(json.dumps(row) + "\n")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    return spec_main(run, argv)
+    return worker_main(run, argv)
 
 
 if __name__ == "__main__":
