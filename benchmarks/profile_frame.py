@@ -37,12 +37,12 @@ def main(argv=None) -> int:
     import onnxruntime as ort
 
     from kztts.bundle import Bundle
-    from kztts.bench.worker import graphs_used
+    from kztts.plan import resolve_plan
     from kztts.sessions import SessionConfig, _session_options
     from kztts.tts import TTS, Voice
 
     bundle = Bundle.open(args.bundle, SessionConfig(threads=args.threads), load_graphs=False)
-    names = graphs_used(bundle, args.cp_mode)
+    names = resolve_plan(bundle, cp_mode=args.cp_mode).graphs(("talker_decode", "code_predictor", "decoder"))
     walls: dict[str, list[float]] = collections.defaultdict(list)
     profiles = {}
     for name in names:

@@ -121,9 +121,9 @@ def run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kztts.bench.worker import spec_main
+    from kztts.worker_process import worker_main
 
-    return spec_main(run, argv)
+    return worker_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -125,10 +125,11 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     return out_dir
 
 
-# Modules that build bundles derived from an exported one (quantized variants) or run the
-# reference for benchmarks: they do not shape the base export, so editing them must not
+# Modules that build bundles derived from an exported one (quantized variants), run the reference
+# for benchmarks or validate a bundle: they do not shape the base export, so editing them must not
 # re-export every cached bundle (the variants carry their own code key).
-_DERIVED_ONLY = frozenset({"variants.py", "bench_reference.py"})
+_DERIVED_ONLY = frozenset({"variants.py", "bench_reference.py", "validate.py", "validate_htp.py",
+                           "validate_placement.py"})
 
 
 def exporter_code_key() -> str:

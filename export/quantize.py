@@ -35,6 +35,7 @@ CALIBRATION_PROMPTS = (  # (text, language, non_streaming)
     ("Numbers like 1, 2, 3 and 2048 should be read clearly.", "auto", True),
 )
 CALIBRATION_FRAMES = 24
+REPETITION_PENALTY = 1.05  # the released checkpoints' Talker setting
 
 
 def _tables_spec(work_dir: Path) -> dict:
@@ -86,6 +87,7 @@ def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph:
     from kztts.export.graph_parts import model_config, special_ids
     from kztts.export.reference import synthetic_voice
     from kztts.prompt import build_prompt, language_id
+    from kztts.replay import decode_input, greedy_cb0
     from kztts.talker_static import DECODE, PREFILL, StaticTalker
     from kztts.text import TextTokenizer
 
@@ -111,7 +113,6 @@ def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph:
     talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
         if name == graph else None
     cp = _Frames(model)
-    vocab = cfg["talker"]["vocab"]
     for text, lang, non_streaming in prompts:
         lid = None if lang == "auto" else language_id(languages, lang)
         prompt = build_prompt(tables, tok.assistant_ids(text), special_ids=sid, language_id=lid, speaker=speaker,
@@ -125,16 +126,11 @@ def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph:
         pending.clear()
         history: list[int] = []
         for k in range(min(frames, room)):
-            s = np.array(logits, dtype=np.float64)
-            if history:  # the reference's repetition penalty keeps greedy decoding from looping
-                idx = np.unique(history)
-                s[idx] = np.where(s[idx] > 0, s[idx] / 1.05, s[idx] * 1.05)
-            s[vocab - 1024:] = -np.inf
-            c0 = int(np.argmax(s))
+            # the reference's repetition penalty keeps greedy decoding from looping; EOS suppressed
+            c0 = greedy_cb0(logits, sid["codec_eos"], history=history, repetition_penalty=REPETITION_PENALTY)
             history.append(c0)
             frame = np.concatenate([[c0], cp.codes(hidden, c0)])
-            text_part = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-            logits, hidden = talker.decode((tables.codec_sum(frame) + text_part).astype(np.float32))
+            logits, hidden = talker.decode(decode_input(tables, prompt, frame, k))
             yield from pending
             pending.clear()
 

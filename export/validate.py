@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts import replay
+from kztts.bench.metrics import cosine_rows
 from kztts.bundle import Bundle
 from kztts.embeddings import EmbeddingTables
 from kztts.export.checkpoint import load_reference
@@ -22,14 +24,10 @@ from kztts.export.reference import (MODES, ReferenceRun, reference_run, teacher_
                                     teacher_forced_talker)
 from kztts.prompt import build_prompt
 from kztts.sampling import SamplingParams, XorShift32
+from kztts.plan import resolve_plan
 from kztts.talker import Talker
 
 log = logging.getLogger(__name__)
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return (a64 * b64).sum(-1) / (np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-300)
 
 
 @dataclass
@@ -52,18 +50,6 @@ def bundle_prompt(bundle: Bundle, tables: EmbeddingTables, run: ReferenceRun):
     return build_prompt(tables, run.input_ids, special_ids=bundle.manifest.special_ids, language_id=lang,
                         speaker=run.speaker, mode="xvector" if run.xvector_mode else "icl",
                         non_streaming=run.non_streaming, ref_text_ids=run.ref_ids, ref_codes=run.ref_codes)
-
-
-def replay_talker(talker: Talker, tables: EmbeddingTables, prompt, codes: np.ndarray):
-    """Teacher-forced bundle Talker: logits [F+1, V] and hidden [F+1, H]."""
-    logits, hidden = talker.prefill(prompt.embeds)
-    out_l, out_h = [logits], [hidden]
-    for k, frame in enumerate(codes):
-        text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-        logits, hidden = talker.decode(tables.codec_sum(frame) + text)
-        out_l.append(logits)
-        out_h.append(hidden)
-    return np.stack(out_l), np.stack(out_h)
 
 
 def code_predictor_metrics(model, predictors: dict[str, CodePredictor], hidden: np.ndarray,
@@ -94,7 +80,7 @@ def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker,
                                np.abs(prompt.trailing - run.trailing).max() if run.trailing.size else 0.0,
                                np.abs(prompt.tts_pad - run.tts_pad).max()))
     ref_l, ref_h = teacher_forced_talker(tts.model, run.prefill, run.trailing, run.tts_pad, run.codes)
-    got_l, got_h = replay_talker(talker, tables, prompt, run.codes)
+    got_l, got_h = replay.teacher_forced_talker(talker, prompt.embeds, replay.decode_inputs(tables, prompt, run.codes))
     cp = code_predictor_metrics(tts.model, predictors, ref_h[:len(run.codes)], run.codes)
     return ModeMetrics(
         mode=mode, prompt_positions=int(run.prefill.shape[0]), frames=int(len(run.codes)),
@@ -111,9 +97,8 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
     """Run every mode (and language setting) and aggregate: worst case over all of them."""
     bundle = Bundle.open(bundle_dir)
     tables = EmbeddingTables.from_bundle(bundle)
-    talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=min(
-        4096, int(bundle.manifest.talker["max_positions"])))
-    predictors = {m: CodePredictor.from_bundle(bundle, mode=m, embeddings=tables) for m in ("frame", "step")}
+    talker = resolve_plan(bundle, attention="plain").open_talker(4096)  # the plain graph, as the reference
+    predictors = {m: resolve_plan(bundle, cp_mode=m).open_code_predictor(tables) for m in ("frame", "step")}
     tts = load_reference(Path(reference_dir))
     per_mode = []
     for language in languages:

@@ -1,9 +1,9 @@
 """The static HTP graphs of a bundle against the CPU fp32 graphs (and qwen-tts).
 
-The HTP side always runs in a child process (``python -m kztts.export.validate_htp
-talker-worker ...``): once a process has opened a QNN session with ``soc_model``
-(fp16), later QNN sessions in it are fp16 too (QNN.md), so fp32 and fp16 results
-must never come from one process. The parent builds the inputs, runs the CPU fp32
+The HTP side always runs in a child process (``kztts.worker_process`` runs this module's
+``main``): once a process has opened a QNN session with ``soc_model`` (fp16), later QNN
+sessions in it are fp16 too (QNN.md), so fp32 and fp16 results must never come from one
+process. The parent builds the inputs, runs the CPU fp32
 side, and compares.
 
 Teacher forcing: both sides get the very same input embeddings (a real prompt, then
@@ -11,36 +11,21 @@ the embeddings of given codes), so the logits are comparable step by step.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from kztts.bench.metrics import cosine_rows
+from kztts.plan import resolve_plan
+from kztts.replay import decode_input, decode_inputs, greedy_cb0, teacher_forced_talker
+from kztts.worker_process import run_worker, worker_main
 
 DEFAULT_TEXTS = ("Hello world, this is a tiny test.",
                  "The quick brown fox jumps over the lazy dog, twice.")
 
 
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return (a64 * b64).sum(-1) / (np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-300)
-
-
 # ------------------------------------------------------------------ sequences
-def replay(talker, prefill: np.ndarray, decodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Teacher-forced run: logits [F+1, V] and hidden [F+1, H] (step 0 = after the prefill)."""
-    lg, hd = talker.prefill(prefill)
-    logits, hidden = [lg], [hd]
-    for e in decodes:
-        lg, hd = talker.decode(e)
-        logits.append(lg)
-        hidden.append(hd)
-    return np.stack(logits), np.stack(hidden)
-
-
 def _fixed_speaker(hidden: int) -> np.ndarray:
     """A deterministic x-vector stand-in (as the tiny model's own calibration prompt uses)."""
     return (np.ones(hidden, np.float32) / np.sqrt(hidden) * 4.0).astype(np.float32)
@@ -57,24 +42,20 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
     from kztts.bundle import Bundle
     from kztts.embeddings import EmbeddingTables
     from kztts.prompt import build_prompt, language_id
-    from kztts.talker import Talker
     from kztts.text import TextTokenizer
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     m = bundle.manifest
     tables = EmbeddingTables.from_bundle(bundle)
     tok = TextTokenizer(Path(bundle_dir) / "tokenizer.json")
-    talker = Talker(bundle.session("talker"), m.talker, context=context or 512)
+    talker = resolve_plan(bundle, attention="plain").open_talker(context or 512)
     cp = None
     if "cp_frame" in m.graphs or "cp_step" in m.graphs:
         try:
-            from kztts.code_predictor import CodePredictor
-
-            cp = CodePredictor.from_bundle(bundle, mode="frame" if "cp_frame" in m.graphs else "step",
-                                           embeddings=tables)
+            cp = resolve_plan(bundle, cp_mode="frame" if "cp_frame" in m.graphs else "step").open_code_predictor(tables)
         except Exception:  # the Code Predictor is optional here: seeded codes still teacher-force
             cp = None
-    vocab, eos = int(m.talker["vocab"]), int(m.special_ids["codec_eos"])
+    eos = int(m.special_ids["codec_eos"])
     groups = tables.num_cp_groups
     rng = np.random.default_rng(seed)
     out = []
@@ -85,9 +66,7 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
         logits, hidden = talker.prefill(prompt.embeds)
         decodes, codes = [], []
         for k in range(frames):
-            s = np.array(logits, dtype=np.float64)
-            s[vocab - 1024:] = -np.inf  # control ids and EOS: keep the sequence going
-            c0 = int(np.argmax(s))
+            c0 = greedy_cb0(logits, eos)  # EOS suppressed: keep the sequence going
             if cp is not None:
                 from kztts.sampling import SamplingParams, XorShift32
 
@@ -95,8 +74,7 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
             else:
                 rest = rng.integers(0, tables.cp_vocab, groups)
             frame = np.concatenate([[c0], rest]).astype(np.int64)
-            text_part = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-            e = (tables.codec_sum(frame) + text_part).astype(np.float32)
+            e = decode_input(tables, prompt, frame, k)
             decodes.append(e)
             codes.append(frame)
             logits, hidden = talker.decode(e)
@@ -104,64 +82,60 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
     return out
 
 
-def _save_sequences(path: Path, seqs: list[dict]) -> None:
-    arrays = {}
+def sequences_spec(seqs: list[dict]) -> dict:
+    """The teacher-forcing inputs of ``seqs`` as a worker spec's entries (``kztts.worker_process``)."""
+    spec: dict = {"sequences": len(seqs)}
     for i, s in enumerate(seqs):
-        arrays[f"prefill_{i}"] = s["prefill"]
-        arrays[f"decodes_{i}"] = s["decodes"]
-    np.savez(path, n=np.array(len(seqs)), **arrays)
+        spec[f"prefill_{i}"], spec[f"decodes_{i}"] = s["prefill"], s["decodes"]
+    return spec
+
+
+def spec_sequences(spec: dict) -> list[dict]:
+    """The inverse of ``sequences_spec``."""
+    return [{"prefill": spec[f"prefill_{i}"], "decodes": spec[f"decodes_{i}"]} for i in range(spec["sequences"])]
+
+
+def replay_sequences(talker, seqs: list[dict]) -> dict[str, np.ndarray]:
+    """Teacher-forced ``talker`` over ``seqs``: ``logits_i`` and ``hidden_i`` per sequence."""
+    out = {}
+    for i, s in enumerate(seqs):
+        out[f"logits_{i}"], out[f"hidden_{i}"] = teacher_forced_talker(talker, s["prefill"], s["decodes"])
+    return out
 
 
 # ------------------------------------------------------------------ the HTP side (child process)
-def _talker_worker(bundle_dir: str, target: str, strict: bool, in_npz: str, out_npz: str,
-                   cpu_static: bool = False) -> None:
-    import onnxruntime as ort
-
+def _talker_worker(spec: dict) -> dict:
     from kztts.bundle import Bundle
     from kztts.qnn import Placement, session_precision
     from kztts.talker_static import DECODE, PREFILL, StaticTalker
 
+    bundle_dir, target, strict = spec["bundle"], spec["target"], spec["strict"]
     bundle = Bundle.open(bundle_dir, load_graphs=False)
-    if cpu_static:  # the static graphs on the CPU EP (fp32): checks the graphs, not the HTP
-        def cpu(name):
-            return ort.InferenceSession(str(Path(bundle_dir) / bundle.manifest.graphs[name].file),
-                                        providers=["CPUExecutionProvider"])
-
-        spec = bundle.manifest.graphs[PREFILL]
-        talker = StaticTalker(cpu(PREFILL), cpu(DECODE), bundle.manifest.talker, spec.extra.get("mask_value", -50.0))
+    plan = resolve_plan(bundle, target=target, placement="all-htp", strict=strict)
+    if spec["cpu_static"]:  # the static graphs on the CPU EP (fp32): checks the graphs, not the HTP
+        mask_value = bundle.manifest.graphs[PREFILL].extra.get("mask_value", -50.0)
+        talker = StaticTalker(plan.session(PREFILL, "cpu"), plan.session(DECODE, "cpu"), bundle.manifest.talker,
+                              mask_value)
     else:
-        talker = StaticTalker.from_bundle(bundle, target, strict=strict)
-    data = np.load(in_npz)
-    arrays = {}
-    for i in range(int(data["n"])):
-        lg, hd = replay(talker, data[f"prefill_{i}"], data[f"decodes_{i}"])
-        arrays[f"logits_{i}"], arrays[f"hidden_{i}"] = lg, hd
+        talker = plan.open_talker()
+    arrays = replay_sequences(talker, spec_sequences(spec))
     info = {}
     for name, sess in ((PREFILL, talker.prefill_session), (DECODE, talker.decode_session)):
         pl = Placement.of(sess)
         info[name] = {"qnn_nodes": pl.qnn_nodes, "cpu_nodes": pl.cpu_nodes, "cpu_op_types": pl.cpu_op_types,
                       "precision": session_precision(bundle.manifest.graphs[name].precision, sess)}
-    np.savez(out_npz, info=np.array(json.dumps(info)), **arrays)
+    return {"info": info, **arrays}
 
 
 def htp_talker_run(bundle_dir: str | Path, target: str | Path | None, seqs: list[dict], *, strict: bool = True,
                    cpu_static: bool = False, timeout: float = 1800) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
     """Run the bundle's static Talker on ``target`` in a child process over ``seqs``
     (teacher forcing); returns [(logits, hidden)] per sequence and the placement info."""
-    with tempfile.TemporaryDirectory(prefix="kztts-htp-") as tmp:
-        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        _save_sequences(src, seqs)
-        cmd = [sys.executable, "-m", "kztts.export.validate_htp", "talker-worker", str(bundle_dir),
-               str(target or ""), "1" if strict else "0", str(src), str(dst), "1" if cpu_static else "0"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
-            from kztts.errors import KzttsError
-
-            raise KzttsError(f"the HTP worker failed (exit {proc.returncode}):\n{tail}")
-        res = np.load(dst)
-        runs = [(res[f"logits_{i}"], res[f"hidden_{i}"]) for i in range(len(seqs))]
-        return runs, json.loads(str(res["info"]))
+    spec = {"job": "talker", "bundle": str(bundle_dir), "target": str(target) if target else None, "strict": strict,
+            "cpu_static": cpu_static, **sequences_spec(seqs)}
+    res = run_worker("kztts.export.validate_htp", spec, None, "htp-talker", timeout=timeout)
+    runs = [(res[f"logits_{i}"], res[f"hidden_{i}"]) for i in range(len(seqs))]
+    return runs, res["info"]
 
 
 # ------------------------------------------------------------------ fp16 headroom
@@ -232,10 +206,7 @@ def reference_sequences(bundle, tts, modes, frames: int, language: str) -> list[
     for mode in modes:
         run = reference_run(tts, mode, frames=frames, language=language)
         prompt = bundle_prompt(bundle, tables, run)
-        dec = [tables.codec_sum(f) + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad)
-               for k, f in enumerate(run.codes)]
-        seqs.append({"prefill": prompt.embeds, "decodes": np.asarray(dec, np.float32).reshape(-1, tables.hidden),
-                     "codes": run.codes})
+        seqs.append({"prefill": prompt.embeds, "decodes": decode_inputs(tables, prompt, run.codes), "codes": run.codes})
     return seqs
 
 
@@ -259,7 +230,6 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     from kztts.errors import KzttsError
     from kztts.export.checkpoint import load_reference
     from kztts.qnn import bundle_target
-    from kztts.talker import Talker
     from kztts.targets import load_target
 
     bundle = Bundle.open(bundle_dir)
@@ -277,8 +247,8 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     seqs = reference_sequences(bundle, tts, modes, frames, language)
     names = list(modes)
     ctx = max(s["prefill"].shape[0] + len(s["decodes"]) + 1 for s in seqs)
-    cpu = Talker(bundle.session("talker"), m.talker, context=max(ctx, 16))
-    cpu_runs = [replay(cpu, s["prefill"], s["decodes"]) for s in seqs]
+    cpu = resolve_plan(bundle, attention="plain").open_talker(max(ctx, 16))
+    cpu_runs = [teacher_forced_talker(cpu, s["prefill"], s["decodes"]) for s in seqs]
     htp_runs, info = htp_talker_run(bundle_dir, tname, seqs, strict=strict)
     per_mode, cos_all, match_all = [], [], []
     for name, (cl, ch), (hl, hh), s in zip(names, cpu_runs, htp_runs, seqs):
@@ -290,8 +260,8 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
                          "logits_cos_min": float(c.min()), "hidden_cos_min": float(cosine_rows(hh, ch).min()),
                          "argmax_match": float(match.mean()), "max_abs_cpu_logit": float(np.abs(cl).max())})
     headroom = talker_fp16_headroom(bundle_dir, seqs)
-    cp_match = _cp_codes_match(bundle_dir, tname, bundle, cpu_runs, seqs, strict) if (
-        "cp_frame" in m.graphs and m.graphs["cp_frame"].variant == "static" and tcfg.on_htp("cp_frame")) else None
+    cp_on_htp = resolve_plan(bundle, target=tcfg).steps["code_predictor"].device == "htp"
+    cp_match = _cp_codes_match(bundle_dir, tname, bundle, cpu_runs, seqs, strict) if cp_on_htp else None
     return {
         "bundle": str(bundle_dir), "reference": str(reference_dir), "target": tcfg.name, "soc": tcfg.soc.name,
         "precision": sorted(have)[0] if len(have) == 1 else sorted(have),
@@ -314,57 +284,32 @@ def _cp_codes_match(bundle_dir, target, bundle, cpu_runs, seqs, strict) -> float
     if len(h) == 0:
         return None
     cpu_codes = _cp_codes(bundle_dir, None, h, c0, strict=False)
-    with tempfile.TemporaryDirectory(prefix="kztts-cp-") as tmp:
-        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        np.savez(src, hidden=h, c0=c0)
-        cmd = [sys.executable, "-m", "kztts.export.validate_htp", "cp-worker", str(bundle_dir), str(target),
-               "1" if strict else "0", str(src), str(dst)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            from kztts.errors import KzttsError
-
-            raise KzttsError("the HTP code-predictor worker failed:\n" + "\n".join(proc.stderr.splitlines()[-12:]))
-        htp_codes = np.load(dst)["codes"]
+    spec = {"job": "cp", "bundle": str(bundle_dir), "target": str(target), "strict": strict, "hidden": h, "c0": c0}
+    htp_codes = run_worker("kztts.export.validate_htp", spec, None, "htp-code-predictor", timeout=1800)["codes"]
     return float((htp_codes == cpu_codes).mean())
 
 
 def _cp_codes(bundle_dir, target, hidden: np.ndarray, c0: np.ndarray, strict: bool) -> np.ndarray:
     from kztts.bundle import Bundle
-    from kztts.code_predictor import CodePredictor
     from kztts.embeddings import EmbeddingTables
     from kztts.sampling import SamplingParams, XorShift32
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)
-    m = bundle.manifest
-    if target is None:
-        sessions = bundle.session
-    else:
-        from kztts.qnn import open_target_session
-
-        sess = open_target_session(bundle, "cp_frame", target, strict)
-        sessions = {"cp_frame": sess}
-    cp = CodePredictor(sessions, m.code_predictor, m.talker, EmbeddingTables.from_bundle(bundle), mode="frame")
+    # the plain cp_frame: on the CPU (target None) or where the target places it
+    plan = resolve_plan(bundle, target=target, strict=strict, attention="plain")
+    cp = plan.open_code_predictor(EmbeddingTables.from_bundle(bundle))
     greedy = SamplingParams.greedy_params()
     return np.stack([cp.predict(h, int(c), greedy, XorShift32(1))[0] for h, c in zip(hidden, c0)])
 
 
-def _cp_worker(bundle_dir: str, target: str, strict: bool, in_npz: str, out_npz: str) -> None:
-    d = np.load(in_npz)
-    np.savez(out_npz, codes=_cp_codes(bundle_dir, target, d["hidden"], d["c0"], strict))
+def _cp_worker(spec: dict) -> dict:
+    return {"codes": _cp_codes(spec["bundle"], spec["target"], spec["hidden"], spec["c0"], spec["strict"])}
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] == "talker-worker":
-        _, bundle_dir, target, strict, src, dst, cpu_static = argv
-        _talker_worker(bundle_dir, target or None, strict == "1", src, dst, cpu_static == "1")
-        return 0
-    if argv and argv[0] == "cp-worker":
-        _, bundle_dir, target, strict, src, dst = argv
-        _cp_worker(bundle_dir, target, strict == "1", src, dst)
-        return 0
-    print("usage: python -m kztts.export.validate_htp talker-worker|cp-worker ...", file=sys.stderr)
-    return 2
+def main(argv: list[str] | None = None) -> int:
+    """The HTP side's child process (``kztts.worker_process``): ``job`` talker or cp."""
+    return worker_main(lambda spec: {"talker": _talker_worker, "cp": _cp_worker}[spec["job"]](spec), argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

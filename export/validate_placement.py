@@ -11,16 +11,16 @@ the Talker placement alone decides) against the all-CPU codes, and, when the tar
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from kztts.export.validate_htp import _save_sequences, cosine_rows, replay
+from kztts.bench.metrics import cosine_rows
+from kztts.export.validate_htp import replay_sequences, sequences_spec, spec_sequences
+from kztts.replay import greedy_cb0
+from kztts.worker_process import run_worker, worker_main
 
 GREEDY_TEXTS = ("Hello world, this is a tiny test.", "The quick brown fox jumps over the lazy dog.")
 
@@ -54,19 +54,13 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
     """Teacher-forced replays, per-unit hiddens and greedy codes with ``placement`` (on the runner
     the runtime would pick, or on the layer graphs whatever the placement with ``layer_graphs``)."""
     from kztts.bundle import Bundle
-    from kztts.talkers import open_talker
+    from kztts.plan import resolve_plan
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)  # only the graphs this run needs
-    if layer_graphs:
-        from kztts.talker_segmented import SegmentedTalker
-
-        talker = SegmentedTalker.from_bundle(bundle, placement, target, strict)
-    else:
-        talker = open_talker(bundle, target=target, placement=placement, strict=strict)
+    talker = resolve_plan(bundle, target=target, placement=placement, strict=strict,
+                          segments=layer_graphs).open_talker()
     rec = _recorder(talker)
-    arrays: dict[str, np.ndarray] = {}
-    for i, s in enumerate(seqs):
-        arrays[f"logits_{i}"], arrays[f"hidden_{i}"] = replay(talker, s["prefill"], s["decodes"])
+    arrays: dict = replay_sequences(talker, seqs)
     for key, rows in rec.items():
         arrays[f"unit:{key}"] = np.concatenate(rows)
     info = {"runner": type(talker).__name__}
@@ -82,34 +76,22 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
 
         info["graphs"] = {n: {"qnn_nodes": Placement.of(s).qnn_nodes, "cpu_nodes": Placement.of(s).cpu_nodes}
                           for n, s in sessions.items()}
-    arrays["info"] = np.array(json.dumps(info))
+    arrays["info"] = info
     return arrays
 
 
-def _worker(bundle_dir: str, placement: str, target: str, strict: str, src: str, dst: str, greedy: str,
-            layer_graphs: str = "0", greedy_texts: str = str(len(GREEDY_TEXTS))) -> None:
-    data = np.load(src)
-    seqs = [{"prefill": data[f"prefill_{i}"], "decodes": data[f"decodes_{i}"]} for i in range(int(data["n"]))]
-    np.savez(dst, **_run_side(bundle_dir, placement, target or None, strict == "1", seqs, int(greedy),
-                              layer_graphs == "1", int(greedy_texts)))
+def _worker(spec: dict) -> dict:
+    return _run_side(spec["bundle"], spec["placement"], spec["target"], spec["strict"], spec_sequences(spec),
+                     spec["greedy_frames"], spec["layer_graphs"], spec["greedy_texts"])
 
 
 def _child_run(bundle_dir, placement_arg: str, target, strict: bool, seqs, greedy_frames: int,
                layer_graphs: bool = False, greedy_texts: int = len(GREEDY_TEXTS), timeout: float = 3 * 3600) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kztts-place-") as tmp:
-        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        _save_sequences(src, seqs)
-        cmd = [sys.executable, "-m", "kztts.export.validate_placement", "worker", str(bundle_dir), placement_arg,
-               str(target or ""), "1" if strict else "0", str(src), str(dst), str(greedy_frames),
-               "1" if layer_graphs else "0", str(greedy_texts)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-        if proc.returncode != 0:
-            from kztts.errors import KzttsError
-
-            tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
-            raise KzttsError(f"the placement worker failed (exit {proc.returncode}):\n{tail}")
-        res = np.load(dst)
-        return {k: res[k] for k in res.files}
+    """``_run_side`` in a child process (HTP fp16 is per process)."""
+    spec = {"bundle": str(bundle_dir), "placement": placement_arg, "target": str(target) if target else None,
+            "strict": strict, "greedy_frames": greedy_frames, "layer_graphs": layer_graphs,
+            "greedy_texts": greedy_texts, **sequences_spec(seqs)}
+    return run_worker("kztts.export.validate_placement", spec, None, "placement", timeout=timeout)
 
 
 def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placement, target=None, *,
@@ -134,7 +116,8 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
     from kztts.bundle import Bundle
     from kztts.export.checkpoint import load_reference
     from kztts.export.validate_htp import reference_sequences
-    from kztts.placement import builtin, resolve_placement, write_placement
+    from kztts.placement import builtin, write_placement
+    from kztts.plan import resolve_placement, resolve_plan
     from kztts.qnn import bundle_target
     from kztts.segments import segment_graph_name
 
@@ -160,13 +143,10 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
                 fp32_cache[key] = ref
         got = _child_run(bundle_dir, str(pfile), target, strict, seqs, greedy_frames, layer_graphs, greedy_texts)
 
-    vocab, eos = int(m.talker["vocab"]), int(m.special_ids["codec_eos"])
-    allowed = np.zeros(vocab, bool)  # what greedy CB0 can pick: the codec ids and EOS (control ids suppressed)
-    allowed[:vocab - 1024] = True
-    allowed[eos] = True
+    eos = int(m.special_ids["codec_eos"])
 
-    def cb0(logits: np.ndarray) -> np.ndarray:
-        return np.where(allowed, logits, -np.inf).argmax(-1)
+    def cb0(logits: np.ndarray) -> np.ndarray:  # what greedy CB0 picks: a codec id or EOS
+        return np.array([greedy_cb0(row, eos, allow_eos=True) for row in logits])
 
     per_mode, cos_all, match_all = [], [], []
     for i, (name, s) in enumerate(zip(modes, seqs)):
@@ -198,7 +178,7 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         "bundle": str(bundle_dir), "reference": str(reference_dir), "target": target,
         "placement": {"mode": placement.mode, "source": placement.source, "describe": placement.describe(),
                       **placement.to_json()},
-        "runner": json.loads(str(got["info"]))["runner"],
+        "runner": got["info"]["runner"],
         "talker_logits_cos_min": float(np.concatenate(cos_all).min()),
         "talker_logits_cos_mean": float(np.concatenate(cos_all).mean()),
         "talker_argmax_match": float(np.concatenate(match_all).mean()),
@@ -206,14 +186,12 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
         "segments": segments,
         "cpu_layer_fraction": {ph: len(placement.cpu_layers(ph)) / L for ph in ("prefill", "decode")},
         "frames": min(p["frames"] for p in per_mode), "modes": per_mode,
-        "graphs": json.loads(str(got["info"])).get("graphs", {}),
-        "seconds": json.loads(str(got["info"])).get("seconds"), "steps": json.loads(str(got["info"])).get("steps"),
+        "graphs": got["info"].get("graphs", {}),
+        "seconds": got["info"].get("seconds"), "steps": got["info"].get("steps"),
     }
     from kztts.export.validate_htp import _cp_codes_match, talker_fp16_headroom
-    from kztts.targets import load_target
 
-    cp = m.graphs.get("cp_frame")
-    if cp is not None and cp.variant == "static" and load_target(target).on_htp("cp_frame"):
+    if resolve_plan(bundle, target=target).steps["code_predictor"].device == "htp":
         fp32_runs = [(ref[f"logits_{i}"], ref[f"hidden_{i}"]) for i in range(len(seqs))]
         report["cp_codes_match"] = _cp_codes_match(bundle_dir, target, bundle, fp32_runs, seqs, strict)
     if headroom:
@@ -227,13 +205,10 @@ def validate_placement(bundle_dir: str | Path, reference_dir: str | Path, placem
     return report
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] == "worker":
-        _worker(*argv[1:])
-        return 0
-    print("usage: python -m kztts.export.validate_placement worker ...", file=sys.stderr)
-    return 2
+def main(argv: list[str] | None = None) -> int:
+    """The placement side's child process (``kztts.worker_process``)."""
+    return worker_main(_worker, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

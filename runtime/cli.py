@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -10,17 +9,10 @@ from pathlib import Path
 
 from kztts.errors import KzttsError
 from kztts import graphs as G
+from kztts.extras import need_export_extra as _need_export_extra
 from kztts.settings import PRESETS
 
 log = logging.getLogger("kztts")
-
-
-def _need_export_extra() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("qwen_tts") is None:
-        raise KzttsError("this command needs the export extra (torch, transformers, qwen-tts): "
-                         "pip install -e '.[export]' && pip install --no-deps qwen-tts==0.1.1")
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -42,74 +34,6 @@ def cmd_export(args: argparse.Namespace) -> int:
                          precision=args.precision, context_binary=args.context_binary, segments=args.segments)
     print(out)
     return 0
-
-
-_BOUNDS = {  # the acceptance bounds of the foundation checks, printed next to the measured values
-    "prompt_max_abs": ("<=", 1e-5),
-    "talker_logits_cos_min": (">=", 0.99999),
-    "talker_hidden_cos_min": (">=", 0.99999),
-    "talker_argmax_match": (">=", 1.0),
-    "cp_codes_match": (">=", 1.0),
-    "cp_logits_cos_min": (">=", 0.99999),
-}
-
-
-def _within(value: float, op: str, bound: float) -> bool:
-    return value <= bound if op == "<=" else value >= bound
-
-
-_HTP_BOUNDS = {"talker_logits_cos_min": (">=", 0.999)}  # fp16 on the HTP; w8a16 is reported, not bounded
-
-
-def cmd_validate_target(args: argparse.Namespace) -> int:
-    from kztts.export.validate_htp import validate_target
-
-    report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
-                             args.frames, strict=not args.lenient)
-    bounds = _HTP_BOUNDS if report["precision"] == "fp16" else {}
-    ok = all(_within(report[k], op, b) for k, (op, b) in bounds.items())
-    report["pass"] = ok
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
-        for k in ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "cp_codes_match",
-                  "fp16_max_abs_activation"):
-            if report.get(k) is not None:
-                bound = bounds.get(k)
-                note = f"  ({bound[0]} {bound[1]:g}: {'ok' if _within(report[k], *bound) else 'FAIL'})" if bound else ""
-                print(f"{k:<26}{report[k]:.7g}{note}")
-        print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    _need_export_extra()
-    if args.placement:
-        from kztts.cli_placement import cmd_validate_placement
-
-        return cmd_validate_placement(args)
-    if args.target:
-        return cmd_validate_target(args)
-    from kztts.export.validate import validate
-
-    report = validate(Path(args.bundle), Path(args.reference), frames=args.frames)
-    ok = all(_within(report[k], op, b) for k, (op, b) in _BOUNDS.items())
-    report["pass"] = ok
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(f"{'mode':<16}{'language':<10}{'prompt':>6}{'frames':>7}{'prompt max|d|':>15}"
-              f"{'logits cos':>12}{'hidden cos':>12}{'argmax':>8}{'cp frame':>9}{'cp step':>8}{'cp cos':>11}")
-        for m in report["modes"]:
-            print(f"{m['mode']:<16}{m['language']:<10}{m['prompt_positions']:>6}{m['frames']:>7}"
-                  f"{m['prompt_max_abs']:>15.2e}{m['talker_logits_cos_min']:>12.7f}"
-                  f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}"
-                  f"{m['cp_codes_match_frame']:>9.3f}{m['cp_codes_match_step']:>8.3f}{m['cp_logits_cos_min']:>11.7f}")
-        for k, (op, b) in _BOUNDS.items():
-            print(f"{k:<24}{report[k]:.7g}  ({op} {b:g}: {'ok' if _within(report[k], op, b) else 'FAIL'})")
-        print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
 
 
 _SAMPLING_FLAGS = {  # flag dest -> environment-style override key
@@ -261,18 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
-    s.add_argument("bundle")
-    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from")
-    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
-                                    "and compare them with the CPU/reference")
-    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="with --target: which exported precision")
-    s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
-                                       "a placement file (kztts calibrate), or a target with layer_placement")
-    s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
-    s.set_defaults(func=cmd_validate)
+    from kztts import cli_validate
+
+    cli_validate.add_commands(sub)
     s = sub.add_parser("synth", help="text -> speech (WAV)")
     s.add_argument("text")
     s.add_argument("-o", "--output", required=True, help="WAV file to write")

@@ -16,11 +16,9 @@ Workers run one at a time, never concurrently (2 cores); the load average is rec
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -45,19 +43,14 @@ def _default_out() -> Path:
 
 def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict:
     """Run ``python -m module SPEC`` and return its JSON row (an ``error`` row if it failed)."""
-    spec_path, out = work / f"{tag}.spec.json", work / f"{tag}.row.json"
-    spec = {**spec, "out": str(out)}
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "KZTTS_THREADS": str(threads)}
+    from kztts.worker_process import WorkerError, run_worker
+
     load = os.getloadavg()[0]
-    proc = subprocess.run([sys.executable, "-m", module, str(spec_path)], capture_output=True, text=True, env=env)
-    if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        if proc.returncode < 0:  # no traceback: say which signal ended it (SIGKILL: the OOM killer, usually)
-            tail.append(f"killed by signal {-proc.returncode}" + (" (out of memory?)" if proc.returncode == -9 else ""))
-        log.error("%s failed: %s", tag, " | ".join(tail))
-        return {"error": " | ".join(tail)[-400:], "load_avg_before": load}
-    row = json.loads(out.read_text())
+    try:
+        row = run_worker(module, spec, work, tag, env={"OMP_NUM_THREADS": str(threads), "KZTTS_THREADS": str(threads)})
+    except WorkerError as e:
+        log.error("%s failed: %s", tag, e.brief())
+        return {"error": e.brief()[-400:], "load_avg_before": load}
     row["load_avg_before"] = round(load, 2)
     return row
 

@@ -1,11 +1,9 @@
-"""CLI: ``kztts calibrate`` and ``kztts validate --placement``."""
+"""CLI: ``kztts calibrate`` (``kztts validate --placement`` is in ``kztts.cli_validate``)."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-
-_PLACEMENT_BOUNDS = {"talker_logits_cos_min": (">=", 0.999)}
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -40,34 +38,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"guarded placement: {placement.describe()}")
     print(f"wrote {out}, {report_path}" + (f", {plotted}" if plotted else ""))
     return 0
-
-
-def cmd_validate_placement(args: argparse.Namespace) -> int:
-    from kztts.cli import _within
-    from kztts.export.validate_placement import validate_placement
-
-    report = validate_placement(Path(args.bundle), Path(args.reference), args.placement, args.target,
-                                frames=args.frames, strict=not args.lenient)
-    ok = all(_within(report[k], op, b) for k, (op, b) in _PLACEMENT_BOUNDS.items())
-    report["pass"] = ok
-    if args.json:
-        print(json.dumps(report))
-        return 0 if ok else 1
-    print(f"placement {report['placement']['describe']}  [runner {report['runner']}, target {report['target']}]")
-    for k in ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "greedy_codes_match",
-              "cp_codes_match", "fp16_max_abs_activation"):
-        if report.get(k) is not None:
-            bound = _PLACEMENT_BOUNDS.get(k)
-            note = f"  ({bound[0]} {bound[1]:g}: {'ok' if _within(report[k], *bound) else 'FAIL'})" if bound else ""
-            print(f"{k:<26}{report[k]:.7g}{note}")
-    if "greedy_frames_equal" in report:
-        print(f"{'greedy_frames_equal':<26}{report['greedy_frames_equal']} of {report['greedy_frames']}")
-    print(f"{'phase':<8}{'device':<7}{'segment':<22}{'hidden cos vs fp32':>20}")
-    for s in report["segments"]:
-        c = s.get("hidden_cos_min")
-        print(f"{s['phase']:<8}{s['device']:<7}{s['layers']:<22}{'' if c is None else f'{c:.7f}':>20}")
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
 
 
 def add_commands(sub) -> None:

@@ -170,7 +170,9 @@ def test_injected_activation_lives_inside_one_layer_of_the_reference(massive_ref
 
 def test_segment_graphs_on_the_cpu_equal_the_talker_graph(massive_bundle):
     from kztts.bundle import Bundle
-    from kztts.export.validate_htp import bundle_sequences, cosine_rows, replay
+    from kztts.bench.metrics import cosine_rows
+    from kztts.export.validate_htp import bundle_sequences
+    from kztts.replay import teacher_forced_talker as replay
     from kztts.talker import Talker
     from kztts.plan import resolve_plan
 

@@ -58,7 +58,7 @@ def sequences(htp_bundle):
 
 
 def _cos(a, b):
-    from kztts.export.validate_htp import cosine_rows
+    from kztts.bench.metrics import cosine_rows
 
     return cosine_rows(a, b)
 
@@ -158,7 +158,7 @@ def test_static_and_dynamic_cpu_graphs_agree(htp_bundle, sequences):
     import onnxruntime as ort
 
     from kztts.bundle import Bundle
-    from kztts.export.validate_htp import replay
+    from kztts.replay import teacher_forced_talker as replay
     from kztts.talker import Talker
     from kztts.talker_static import StaticTalker
 
@@ -193,7 +193,8 @@ def test_static_and_dynamic_cpu_graphs_agree(htp_bundle, sequences):
 
 def test_teacher_forced_htp_fp16_matches_cpu_fp32(qnn, htp_bundle, small_target, sequences):
     from kztts.bundle import Bundle
-    from kztts.export.validate_htp import htp_talker_run, replay
+    from kztts.export.validate_htp import htp_talker_run
+    from kztts.replay import teacher_forced_talker as replay
     from kztts.talker import Talker
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
@@ -280,8 +281,9 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     from kztts.bundle import Bundle
     from kztts.export.graph_parts import graph_spec
     from kztts.export.quantize import CALIBRATION_PROMPTS, quantize_talker_graphs
-    from kztts.export.validate_htp import htp_talker_run, replay
+    from kztts.export.validate_htp import htp_talker_run
     from kztts.manifest import read_manifest, write_manifest
+    from kztts.replay import teacher_forced_talker as replay
     from kztts.talker import Talker
     from kztts.targets import load_target
 

@@ -12,8 +12,8 @@ Against the fp32 baseline (``kztts.bench.worker``'s ``baseline.npz``, codes G):
   Talker hidden states and G's CB0, against G's CB1..15 (``validate_htp._cp_codes``; the graph
   chains its 15 steps internally and returns codes, not logits, so there is no CP cosine);
 - the free-running greedy codes (EOS blocked) against G;
-- the decoder on G: ``decoder_chunk`` on the HTP when the target places it there (whole chunks
-  of G), else the CPU fp32 decoder; and the row's own codes decoded on the CPU.
+- the decoder on G: the plan's (``decoder_chunk`` on the HTP when the target places it there,
+  the last partial chunk padded), else the CPU fp32 decoder; and the row's own codes decoded on the CPU.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from dataclasses import replace
 import numpy as np
 
 from kztts.bench import metrics
-from kztts.bench.worker import _teacher_forced, spec_main
+from kztts.bench.worker import teacher_forced
+from kztts.worker_process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -32,36 +33,20 @@ UNTIMED = "untimed: the HTP simulator computes the HTP's numerics on the x86 CPU
 
 
 def _placement(tts) -> dict:
-    """Per HTP session: nodes on QNN and on the CPU, and the arithmetic in force."""
+    """Per graph the plan puts on the HTP: nodes on QNN and on the CPU, and the arithmetic in force."""
     from kztts.qnn import Placement, session_precision
 
     graphs = tts.bundle.manifest.graphs
-    sessions = {"talker_prefill": getattr(tts.talker, "prefill_session", None),
-                "talker_decode": getattr(tts.talker, "decode_session", None),
-                "cp_frame": tts.code_predictor._sessions.get("cp_frame") if tts.target.on_htp("cp_frame") else None}
     out = {}
-    for name, sess in sessions.items():
-        if sess is not None:
+    for step in tts.plan.steps.values():
+        if step.device != "htp":
+            continue
+        for name in step.graphs:
+            sess = tts.plan.session(name)
             pl = Placement.of(sess)
             out[name] = {"qnn_nodes": pl.qnn_nodes, "cpu_nodes": pl.cpu_nodes,
                          "precision": session_precision(graphs[name].precision, sess)}
     return out
-
-
-def _htp_decoder_snr(bundle, target, g: np.ndarray, base_wav: np.ndarray, chunk_size, left_context) -> float | None:
-    """SNR of ``decoder_chunk`` on the HTP over the whole static chunks of G against the fp32
-    decoder's samples of those frames (None when G is shorter than one chunk)."""
-    from kztts.codec import SAMPLES_PER_FRAME, StreamingDecoder
-    from kztts.qnn import open_target_session
-
-    frames = int(bundle.manifest.graphs["decoder_chunk"].extra["frames"])
-    n = len(g) // frames * frames
-    if n == 0:
-        return None
-    sess = open_target_session(bundle, "decoder_chunk", target, strict=True)
-    dec = StreamingDecoder(sess, chunk_size=chunk_size, left_context=left_context, max_frames_per_run=frames)
-    wav = dec.push(g[:n])
-    return metrics.snr_db(wav, base_wav[:n * SAMPLES_PER_FRAME])
 
 
 def run(spec: dict) -> dict:
@@ -82,36 +67,33 @@ def run(spec: dict) -> dict:
     g = base["codes"]
 
     prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
-    tf_talker, _ = _teacher_forced(tts, prompt, g)
+    tf_talker, _ = teacher_forced(tts, prompt, g)
     settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
     codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings)
 
     cp_match = None
-    if target.on_htp("cp_frame"):
+    cp_device, decoder_device = tts.plan.steps["code_predictor"].device, tts.plan.steps["decoder"].device
+    if cp_device == "htp":
         cp = _cp_codes(spec["bundle"], target, base["talker_hidden"][:len(g)].astype(np.float32), g[:, 0], True)
         cp_match = float((cp == g[:, 1:]).mean())
     stream = tts._streaming_decoder()
-    cpu_decoder = Decoder(bundle.session("decoder_stream"), chunk_size=stream.chunk_size,
+    cpu_decoder = Decoder(tts.plan.session("decoder_stream", "cpu"), chunk_size=stream.chunk_size,
                           left_context=stream.left_context)
     wav_own = cpu_decoder.decode(codes)
-    decoder_on_htp = target.on_htp("decoder") and "decoder_chunk" in bundle.manifest.graphs
     row = {"kind": "htp-sim", "timed": False, "untimed_reason": UNTIMED, "frames": frames,
            "prefill_positions": int(prompt.embeds.shape[0]), "context": target.shapes.context,
            "prefill_chunk": target.shapes.prefill_chunk, "soc": target.soc.name,
-           "cp_device": "htp" if target.on_htp("cp_frame") else "cpu",
-           "decoder_device": "htp" if decoder_on_htp else "cpu", "placement": _placement(tts)}
+           "cp_device": cp_device, "decoder_device": decoder_device, "placement": _placement(tts)}
     row.update(metrics.accuracy(codes, tf_talker, None, None, wav_own, base))
     row["cp_codes_match"] = cp_match
-    if decoder_on_htp:
-        row["snr_db"] = _htp_decoder_snr(bundle, target, g, base["wav"], stream.chunk_size, stream.left_context)
-    else:
-        row["snr_db"] = metrics.snr_db(cpu_decoder.decode(g), base["wav"])
+    # the decoder of the plan (decoder_chunk on the HTP when the target puts it there) on G
+    row["snr_db"] = metrics.snr_db(tts._full_decoder().decode(g), base["wav"])
     row["peak_rss_mb"] = metrics.peak_rss_mb()
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    return spec_main(run, argv)
+    return worker_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,16 @@ another configuration in memory. numpy + ONNX Runtime only.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from kztts.bench import metrics
+from kztts.replay import decode_inputs, teacher_forced_talker
+from kztts.worker_process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -62,49 +61,34 @@ def _timed(obj, name: str, sink: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
-def graphs_used(bundle, cp_mode: str) -> list[str]:
-    """The graphs a CPU run of ``cp_mode`` uses (the fused-attention ones when the bundle has them)."""
-    from kztts.talker import prefer_fused
-
-    talker = "talker_gqa" if prefer_fused(bundle, "talker_gqa") else "talker"
-    cp = "cp_step" if cp_mode == "step" else "cp_frame_gqa" if prefer_fused(bundle, "cp_frame_gqa") else "cp_frame"
-    return [talker, cp, "decoder_stream"]
-
-
-def _teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Talker logits [F, V] and hidden [F, H]: after the prefill, then after feeding frames 0..F-2."""
-    logits, hidden = tts.talker.prefill(prompt.embeds)
-    out_l, out_h = [logits], [hidden]
-    for k in range(codes.shape[0] - 1):
-        text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-        logits, hidden = tts.talker.decode((tts.tables.codec_sum(codes[k]) + text).astype(np.float32))
-        out_l.append(logits)
-        out_h.append(hidden)
-    return np.stack(out_l), np.stack(out_h)
+def teacher_forced(tts, prompt, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Talker logits [F, V] and hidden [F, H] of ``tts``: after the prefill, then after feeding
+    frames 0..F-2 of ``codes`` (the last frame is never fed back)."""
+    return teacher_forced_talker(tts.talker, prompt.embeds, decode_inputs(tts.tables, prompt, codes[:-1]))
 
 
 def run(spec: dict) -> dict:
     """Run one configuration; return its result row (see module docstring)."""
     from kztts.bundle import Bundle
-    from kztts.code_predictor import CodePredictor
     from kztts.codec import Decoder
     from kztts.sessions import SessionConfig
     from kztts.tts import TTS, Voice
 
-    from kztts.talker import ATTENTION_ENV
+    from kztts.plan import resolve_plan
 
     t_open = time.perf_counter()
-    os.environ[ATTENTION_ENV] = spec.get("attention", "fused")  # before any graph is chosen
+    attention = spec.get("attention", "fused")
     pipeline = bool(spec.get("pipeline", False))
     # pipelined: the decoder gets one core of its own next to the Talker and Code Predictor
     cfg = SessionConfig(threads=int(spec["threads"]), spinning=bool(spec.get("spin", False)),
                         decoder_threads=1 if pipeline else None)
     bundle = Bundle.open(spec["bundle"], cfg, load_graphs=False)
     counters = {}
-    for name in graphs_used(bundle, spec["cp_mode"]):
-        counters[name] = CountingSession(bundle.session(name))
+    plan = resolve_plan(bundle, cp_mode=spec["cp_mode"], attention=attention)
+    for name in plan.graphs(("talker_decode", "code_predictor", "decoder")):
+        counters[name] = CountingSession(plan.session(name))
         bundle._sessions[name] = counters[name]
-    tts = TTS(bundle, cp_mode=spec["cp_mode"], pipeline=pipeline)
+    tts = TTS(bundle, cp_mode=spec["cp_mode"], pipeline=pipeline, attention=attention)
     open_s = time.perf_counter() - t_open
     voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
     frames, warmup, chunk = int(spec["frames"]), int(spec["warmup"]), int(spec["chunk"])
@@ -185,12 +169,11 @@ def run(spec: dict) -> dict:
     base = dict(np.load(base_path)) if base_path else None
     codes = result.codes
     g = base["codes"] if base is not None else codes
-    tf_talker, tf_hidden = _teacher_forced(tts, prompt, g)
-    step = CodePredictor({"cp_step": bundle.session("cp_step")}, bundle.manifest.code_predictor,
-                         bundle.manifest.talker, tts.tables, mode="step")
+    tf_talker, tf_hidden = teacher_forced(tts, prompt, g)
+    step = resolve_plan(bundle, cp_mode="step").open_code_predictor(tts.tables)  # logits: the step graph
     hidden_for_cp = base["talker_hidden"] if base is not None else tf_hidden
     tf_cp = np.stack([step.teacher_forced_logits(hidden_for_cp[k], int(g[k, 0]), g[k, 1:]) for k in range(len(g))])
-    wav_on_g = Decoder(bundle.session("decoder_stream"), chunk_size=dec.chunk_size,
+    wav_on_g = Decoder(tts.plan.session("decoder_stream", "cpu"), chunk_size=dec.chunk_size,
                        left_context=dec.left_context).decode(g)
     if base is None:
         np.savez(spec["save_baseline"], codes=codes, talker_logits=tf_talker, talker_hidden=tf_hidden,
@@ -202,19 +185,8 @@ def run(spec: dict) -> dict:
     return row
 
 
-def spec_main(run_spec, argv: list[str] | None = None) -> int:
-    """``python -m <worker> SPEC.json``: run ``run_spec`` on the spec, write its row to ``spec["out"]``
-    (the protocol of every bench worker, kztts's and the reference's)."""
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    spec = json.loads(Path(argv[0]).read_text())
-    row = run_spec(spec)
-    Path(spec["out"]).write_text(json.dumps(row) + "\n")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    return spec_main(run, argv)
+    return worker_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""CLI: ``kztts validate``: a bundle against qwen-tts (CPU), its static graphs on an HTP target
+(``--target``), or a Talker layer placement (``--placement``)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+from kztts import graphs as G
+from kztts.validation import BOUNDS, judge, metric_lines
+
+
+def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Callable[[], None]) -> int:
+    """Judge ``report`` against ``bounds``, print it (JSON, or the text and PASS/FAIL), and
+    return the exit code: 0 pass, 1 fail."""
+    ok = judge(report, bounds)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_text()
+        print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def cmd_validate_cpu(args: argparse.Namespace) -> int:
+    from kztts.export.validate import validate
+
+    report = validate(Path(args.bundle), Path(args.reference), frames=args.frames)
+    bounds = BOUNDS["cpu"]
+
+    def text() -> None:
+        print(f"{'mode':<16}{'language':<10}{'prompt':>6}{'frames':>7}{'prompt max|d|':>15}"
+              f"{'logits cos':>12}{'hidden cos':>12}{'argmax':>8}{'cp frame':>9}{'cp step':>8}{'cp cos':>11}")
+        for m in report["modes"]:
+            print(f"{m['mode']:<16}{m['language']:<10}{m['prompt_positions']:>6}{m['frames']:>7}"
+                  f"{m['prompt_max_abs']:>15.2e}{m['talker_logits_cos_min']:>12.7f}"
+                  f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}"
+                  f"{m['cp_codes_match_frame']:>9.3f}{m['cp_codes_match_step']:>8.3f}{m['cp_logits_cos_min']:>11.7f}")
+        print("\n".join(metric_lines(report, bounds, bounds, width=24)))
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_target(args: argparse.Namespace) -> int:
+    from kztts.export.validate_htp import validate_target
+
+    report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
+                             args.frames, strict=not args.lenient)
+    bounds = BOUNDS["htp-fp16"] if report["precision"] == "fp16" else {}
+
+    def text() -> None:
+        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
+        for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
+                                          "cp_codes_match", "fp16_max_abs_activation"), bounds):
+            print(line)
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_placement(args: argparse.Namespace) -> int:
+    from kztts.export.validate_placement import validate_placement
+
+    report = validate_placement(Path(args.bundle), Path(args.reference), args.placement, args.target,
+                                frames=args.frames, strict=not args.lenient)
+    bounds = BOUNDS["placement"]
+
+    def text() -> None:
+        print(f"placement {report['placement']['describe']}  [runner {report['runner']}, target {report['target']}]")
+        for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
+                                          "greedy_codes_match", "cp_codes_match", "fp16_max_abs_activation"), bounds):
+            print(line)
+        if "greedy_frames_equal" in report:
+            print(f"{'greedy_frames_equal':<26}{report['greedy_frames_equal']} of {report['greedy_frames']}")
+        print(f"{'phase':<8}{'device':<7}{'segment':<22}{'hidden cos vs fp32':>20}")
+        for s in report["segments"]:
+            c = s.get("hidden_cos_min")
+            print(f"{s['phase']:<8}{s['device']:<7}{s['layers']:<22}{'' if c is None else f'{c:.7f}':>20}")
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from kztts.extras import need_export_extra
+
+    need_export_extra()
+    if args.placement:
+        return cmd_validate_placement(args)
+    if args.target:
+        return cmd_validate_target(args)
+    return cmd_validate_cpu(args)
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
+    s.add_argument("bundle")
+    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from")
+    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
+                                    "and compare them with the CPU/reference")
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="with --target: which exported precision")
+    s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
+                                       "a placement file (kztts calibrate), or a target with layer_placement")
+    s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
+    s.set_defaults(func=cmd_validate)
