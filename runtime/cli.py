@@ -10,7 +10,7 @@ from pathlib import Path
 from kztts.errors import KzttsError
 from kztts import graphs as G
 from kztts.extras import need_export_extra as _need_export_extra
-from kztts.settings import PRESETS
+from kztts.settings import PRESETS, SAMPLING_FLAGS
 
 log = logging.getLogger("kztts")
 
@@ -36,11 +36,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-_SAMPLING_FLAGS = {  # flag dest -> environment-style override key
-    "temperature": "KZTTS_TEMP", "top_k": "KZTTS_TOPK", "top_p": "KZTTS_TOPP",
-    "repetition_penalty": "KZTTS_REPP", "cp_temperature": "KZTTS_CP_TEMP", "cp_top_k": "KZTTS_CP_TOPK",
-    "cp_top_p": "KZTTS_CP_TOPP", "cp_repetition_penalty": "KZTTS_CP_REPP",
-}
 
 
 def _check_writable(path: Path, what: str) -> None:
@@ -107,8 +102,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.explain:
         print(tts.plan.table())
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
-    flags = {key: getattr(args, dest) for dest, key in _SAMPLING_FLAGS.items()}
-    names = {key: "--" + dest.replace("_", "-") for dest, key in _SAMPLING_FLAGS.items()}
+    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
+    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
     settings = with_overrides(settings, flags, names)
     if args.xvector:
         voice = tts.voice_from_xvector(args.xvector)
@@ -207,9 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-frames", type=int, help="stop after N frames (12.5 frames per second)")
     s.add_argument("--preset", choices=sorted(PRESETS), default="reference",
                    help="sampling preset: the checkpoint's settings (reference) or the C++ port's (seed)")
-    for dest in _SAMPLING_FLAGS:
+    for dest in SAMPLING_FLAGS:
         s.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None,
-                       help=f"override (also ${_SAMPLING_FLAGS[dest]})")
+                       help=f"override (also ${SAMPLING_FLAGS[dest]})")
     s.add_argument("--cp-mode", choices=G.CP_MODES, default="frame",
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")

@@ -67,6 +67,8 @@ PRESETS = {"reference": reference_settings, "seed": seed_preset}
 # for the Talker, KZTTS_CP_TEMP... for the Code Predictor, one per kztts.sampling_chain.RANGES.
 _ENV = {f"KZTTS_{prefix}{r.env}": (which, r.name)
         for which, prefix in (("talker", ""), ("code_predictor", "CP_")) for r in RANGES}
+# ``kztts synth`` flags: --temperature ... for the Talker, --cp-temperature ... for the Code Predictor
+SAMPLING_FLAGS = {("cp_" if which == "code_predictor" else "") + field: key for key, (which, field) in _ENV.items()}
 
 
 def with_overrides(settings: GenerationSettings, values: Mapping[str, object],
