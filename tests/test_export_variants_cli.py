@@ -62,6 +62,7 @@ def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir)
     assert json.loads((out / "kztts.json").read_text())["variant"]["kv"] == "fp32"
 
 
+@pytest.mark.slow  # a second full export (~30 s); the variant paths are covered by test_variants
 def test_export_overwrite_replaces_a_bundle_with_a_variant(tmp_path, model_dir):
     out = tmp_path / "b"
     out.mkdir()

@@ -50,10 +50,11 @@ def guarded_file(report, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def talker_only_target(small_target, tmp_path_factory):
-    """The small simulator target with the Code Predictor on the CPU: the Talker placement alone
-    decides the codes (the HTP Code Predictor's own fp16 checks are in test_qnn)."""
+    """The small simulator target with the Code Predictor and the decoder on the CPU: the Talker
+    placement alone is on the HTP (the HTP Code Predictor's and decoder's checks are in test_qnn
+    and test_plan)."""
     data = json.loads(small_target.read_text())
-    data["placement"]["cp_frame"] = "cpu"
+    data["placement"].update(cp_frame="cpu", decoder="cpu")
     p = tmp_path_factory.mktemp("targets") / small_target.name  # same name: the bundle's graphs were made for it
     p.write_text(json.dumps(data))
     return p

@@ -30,6 +30,14 @@ def htp_bundle(small_target):
     return cached_target_bundle(cached_tiny("proj"), small_target)
 
 
+@pytest.fixture(scope="module")
+def decoder_target(small_target, tmp_path_factory):
+    """The test target with only the speech decoder on the HTP (the Talker and the Code Predictor
+    on the CPU: the simulator's cost is then the decoder's alone)."""
+    return _target_file(tmp_path_factory.mktemp("decoder_target"), small_target, talker_prefill="cpu",
+                        talker_decode="cpu", cp_frame="cpu", decoder="htp")
+
+
 def _target_file(tmp_path, small_target, **placement):
     data = json.loads(small_target.read_text())
     data["placement"].update(placement)
@@ -97,7 +105,7 @@ def test_speaker_encoder_key_is_honoured_or_refused(plain_bundle, small_target, 
         resolve_plan(plain_bundle, target=t, placement="all-cpu", strict=True)
 
 
-def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, small_target):
+def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, decoder_target):
     """A target with ``decoder: htp``: ``decoder_chunk`` runs wholly on the HTP simulator (strict),
     for ``synthesize`` and ``stream`` alike; its audio is compared with the CPU decoder's."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
@@ -107,7 +115,8 @@ def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, small_targe
     from kztts.qnn import Placement
     from kztts.tts import TTS
 
-    tts = TTS(htp_bundle, target=small_target, strict=True)
+    tts = TTS(htp_bundle, target=decoder_target, strict=True)
+    assert tts.plan.runner == "cpu" and tts.plan.steps["code_predictor"].device == "cpu"
     step = tts.plan.steps["decoder"]
     assert step.device == "htp" and step.graphs == ("decoder_chunk",)
     assert "decoder_chunk" in tts.plan.table() and "placement.decoder=htp" in tts.plan.table()
@@ -115,36 +124,51 @@ def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, small_targe
     assert pl.cpu_nodes == 0 and pl.qnn_nodes > 0
     voice = tts.voice_from_wav(synthetic_voice(), 24000)
     res = tts.synthesize("Hello.", voice, greedy=True, max_frames=7)  # 7 frames: one run of 5 and a padded one
-    assert isinstance(tts._full_decoder(), StaticChunkDecoder)
+    assert isinstance(tts._full_decoder(), StaticChunkDecoder) and res.frames == 7
     assert res.samples.shape == (res.frames * 1920,) and np.isfinite(res.samples).all()
     cpu = Decoder(tts.bundle.session("decoder_stream")).decode(res.codes)
     snr = snr_db(res.samples, cpu)
     print(f"\ndecoder_chunk on the HTP simulator: SNR {snr:.1f} dB against the CPU decoder")
     assert snr > 10.0  # fp16 on the HTP: ~20 dB measured (htp_export.export_decoder_chunk)
-    streamed = np.concatenate(list(tts.stream("Hello.", voice, greedy=True, max_frames=7, chunk_frames=3)))
-    np.testing.assert_allclose(streamed, res.samples, atol=1e-6)
     with pytest.raises(KzttsError, match="without --pipeline"):
         list(tts.stream("Hello.", voice, greedy=True, max_frames=2, pipeline=True))
 
 
-def test_synth_explain_prints_the_plan(htp_bundle, small_target, tmp_path):
-    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+def test_static_chunk_decoder_pads_without_changing_the_real_samples(htp_bundle):
+    """``decoder_chunk`` (5 frames per run) on the CPU EP: decoding 13 frames (two whole runs and a
+    padded one, pushed in uneven pieces) gives the samples of the dynamic CPU decoder."""
+    from kztts.bundle import Bundle
+    from kztts.codec import Decoder, StaticChunkDecoder
+
+    bundle = Bundle.open(htp_bundle, load_graphs=False)
+    codes = np.random.default_rng(0).integers(0, 2048, size=(13, 16))
+    ref = Decoder(bundle.session("decoder_stream")).decode(codes)
+    dec = StaticChunkDecoder(bundle.session("decoder_chunk"))
+    whole = dec.decode(codes)
+    dec.reset()
+    pieces = [dec.push(codes[i:i + 3]) for i in range(0, 13, 3)] + [dec.flush()]
+    assert [p.shape[0] // 1920 for p in pieces] == [0, 5, 0, 5, 0, 3]
+    np.testing.assert_allclose(whole, ref, atol=1e-4)
+    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+
+
+def test_synth_explain_and_inspect_plan_print_the_plan(htp_bundle, small_target, tmp_path):
     from kztts.audio import synthetic_voice, write_wav
 
     voice = tmp_path / "v.wav"
     write_wav(voice, synthetic_voice(), 24000)
     out = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hi.", "-o", str(tmp_path / "o.wav"),
-                          "--bundle", str(htp_bundle), "--speaker-wav", str(voice), "--target", str(small_target),
-                          "--strict", "--explain", "--greedy", "--max-frames", "3"], capture_output=True, text=True)
+                          "--bundle", str(htp_bundle), "--speaker-wav", str(voice), "--explain", "--greedy",
+                          "--max-frames", "3"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.split()}
-    assert rows["decoder"][1:3] == ["decoder_chunk", "htp"]
-    assert rows["talker_prefill"][1:3] == ["talker_prefill", "htp"] and rows["code_predictor"][1:3] == ["cp_frame", "htp"]
+    assert rows["decoder"][1:3] == ["decoder_stream", "cpu"] and rows["talker_prefill"][1:3] == ["talker_gqa", "cpu"]
     plan = subprocess.run([sys.executable, "-m", "kztts.cli", "inspect", str(htp_bundle), "--plan", "--json",
                            "--target", str(small_target)], capture_output=True, text=True)
     assert plan.returncode == 0, plan.stderr
     steps = {s["role"]: s for s in json.loads(plan.stdout)["steps"]}
     assert steps["decoder"]["device"] == "htp" and steps["speech_encoder"]["device"] == "cpu"
+    assert steps["talker_prefill"]["graphs"] == ["talker_prefill"] and steps["code_predictor"]["device"] == "htp"
 
 
 def test_static_chunk_decoder_refuses_a_run_that_splits_a_segment(htp_bundle):
