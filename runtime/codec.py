@@ -345,9 +345,10 @@ class Encoder:
         self.sample_rate = int(sample_rate)
 
     @classmethod
-    def from_bundle(cls, bundle) -> "Encoder":
+    def from_bundle(cls, bundle, session=None) -> "Encoder":
+        """The bundle's ``encoder`` (``session``: one already opened for it, e.g. by the plan)."""
         extra = _graph_extra(bundle, "encoder")
-        return cls(bundle.session("encoder"), int(extra.get("sample_rate", SAMPLE_RATE)))
+        return cls(session or bundle.session("encoder"), int(extra.get("sample_rate", SAMPLE_RATE)))
 
     def encode(self, wav, sr: int = SAMPLE_RATE) -> np.ndarray:
         """Codes of mono ``wav`` sampled at ``sr`` Hz (resampled to 24 kHz first, as qwen-tts does)."""

@@ -72,7 +72,7 @@ class ExecutionPlan:
     attention: str
     runner: str  # Talker runner: "cpu", "static", "handover" or "segments"
     steps: dict[str, Step]
-    _htp_sessions: dict = field(default_factory=dict, repr=False)
+    _sessions: dict = field(default_factory=dict, repr=False)  # (graph, device) -> session
 
     # ------------------------------------------------------------ sessions
     def device_of(self, graph: str) -> str:
@@ -84,18 +84,21 @@ class ExecutionPlan:
     def session(self, graph: str, device: str | None = None):
         """The session of ``graph`` on its planned device (opened once). A bundle whose graph lacks an
         input the runtime feeds (an older export) is refused first, naming the re-export command."""
-        device = device or self.device_of(graph)
-        if graph in G.GRAPHS:
-            role = next((s.role for s in self.steps.values() if graph in s.graphs), G.GRAPHS[graph].role)
-            G.require(self.bundle.manifest, graph, feature=f"the {role.replace('_', ' ')}",
-                      inputs=G.GRAPHS[graph].inputs)
-        if device == "htp":
-            if graph not in self._htp_sessions:
+        key = (graph, device or self.device_of(graph))
+        sess = self._sessions.get(key)  # runners ask per run: the checks below happen once
+        if sess is None:
+            if graph in G.GRAPHS:
+                role = next((s.role for s in self.steps.values() if graph in s.graphs), G.GRAPHS[graph].role)
+                G.require(self.bundle.manifest, graph, feature=f"the {role.replace('_', ' ')}",
+                          inputs=G.GRAPHS[graph].inputs)
+            if key[1] == "htp":
                 from kztts.qnn import open_target_session
 
-                self._htp_sessions[graph] = open_target_session(self.bundle, graph, self.target, self.strict)
-            return self._htp_sessions[graph]
-        return self.bundle.session(graph)
+                sess = open_target_session(self.bundle, graph, self.target, self.strict)
+            else:
+                sess = self.bundle.session(graph)
+            self._sessions[key] = sess
+        return sess
 
     # ------------------------------------------------------------ runners
     def open_talker(self, context: int | None = None):
@@ -144,40 +147,41 @@ class ExecutionPlan:
     def decoder_graph(self) -> str:
         return self.steps["decoder"].graphs[0]
 
+    def _decoder(self, cpu_class):
+        """``cpu_class`` (Decoder / StreamingDecoder) on the planned decoder graph; the static
+        ``decoder_chunk`` gets the ``StaticChunkDecoder``, which serves both APIs."""
+        from kztts.codec import StaticChunkDecoder, decoder_kwargs
+
+        name = self.decoder_graph()
+        cls = StaticChunkDecoder if name == "decoder_chunk" else cpu_class
+        return cls(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+
     def open_decoder(self):
         """The whole-utterance decoder, on the graph the stream uses (one copy of the weights)."""
-        from kztts.codec import Decoder, StaticChunkDecoder, decoder_kwargs
+        from kztts.codec import Decoder
 
-        name = self.decoder_graph()
-        if name == "decoder_chunk":
-            return StaticChunkDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
-        return Decoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+        return self._decoder(Decoder)
 
     def open_streaming_decoder(self):
-        from kztts.codec import StaticChunkDecoder, StreamingDecoder, decoder_kwargs
+        from kztts.codec import StreamingDecoder
 
-        name = self.decoder_graph()
-        if name == "decoder_chunk":
-            return StaticChunkDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
-        if name == "decoder":
+        if self.decoder_graph() == "decoder":
             raise BundleError(f"{self.bundle.manifest.path}: streaming needs graph 'decoder_stream', which this "
                               f"bundle lacks; re-export it with `{G.GRAPHS['decoder_stream'].exported_by}`")
-        return StreamingDecoder(self.session(name), **decoder_kwargs(self.bundle, name, {}))
+        return self._decoder(StreamingDecoder)
 
     def open_speaker_encoder(self):
         from kztts.speaker import SpeakerEncoder
 
         name = self.steps["speaker_encoder"].graphs[0]
         G.require(self.bundle.manifest, name, feature="a voice from a recording")
-        spec = self.bundle.manifest.graphs[name]
-        return SpeakerEncoder(self.session(name), int(spec.extra.get("min_frames", 5)))
+        return SpeakerEncoder.from_bundle(self.bundle, self.session(name))
 
     def open_speech_encoder(self):
         from kztts.codec import Encoder
 
         G.require(self.bundle.manifest, "encoder", feature="an ICL voice (--ref-audio)")
-        extra = self.bundle.manifest.graphs["encoder"].extra
-        return Encoder(self.session("encoder"), int(extra.get("sample_rate", 24000)))
+        return Encoder.from_bundle(self.bundle, self.session("encoder"))
 
     # ------------------------------------------------------------ reporting
     def graphs(self, roles: tuple[str, ...] = ROLES) -> list[str]:
@@ -278,7 +282,7 @@ class _Resolver:
             return "cpu"
         return self.target.placement.get(key, "cpu")
 
-    def htp_or_fallback(self, role: str, graph: str, key: str, cpu_graphs: list[str], cpu_why: str) -> Step:
+    def htp_or_fallback(self, role: str, graph: str, key: str, cpu_graphs: list[str]) -> Step:
         """``graph`` on the HTP when the bundle has it; else strict: an error, else the CPU graphs."""
         where = f"target {self.target.name}: placement.{key}=htp"
         if self.has(graph):
@@ -342,9 +346,9 @@ class _Resolver:
                              "is not supported (the HTP decode graph needs the prompt's KV in its own layout); "
                              "put talker_prefill on the HTP too, or decode on the CPU")
         fallback = [cpu_graph]
-        p = self.htp_or_fallback("talker_prefill", "talker_prefill", "talker_prefill", fallback, cpu_why)
+        p = self.htp_or_fallback("talker_prefill", "talker_prefill", "talker_prefill", fallback)
         if dec == "htp":
-            d = self.htp_or_fallback("talker_decode", "talker_decode", "talker_decode", fallback, cpu_why)
+            d = self.htp_or_fallback("talker_decode", "talker_decode", "talker_decode", fallback)
         else:
             d = self.step("talker_decode", [cpu_graph], "cpu",
                           f"target {self.target.name}: placement.talker_decode=cpu; {cpu_why}")
@@ -378,12 +382,8 @@ class _Resolver:
             if self.placement is not None and self.placement.uniform("decode") == "cpu":
                 return self.step("code_predictor", [cpu[0]], "cpu",
                                  f"placement decodes on the CPU, so the Code Predictor (decode work) too; {cpu[1]}")
-            spec = self.m.graphs.get("cp_frame")
-            if spec is not None and spec.variant != "static":
-                spec = None  # an unknown export: let the fallback say so
-            if spec is not None:  # cp_frame is static in every bundle: it needs no target export
-                return self.step("code_predictor", ["cp_frame"], "htp", f"target {self.target.name}: placement.cp_frame=htp")
-            return self.htp_or_fallback("code_predictor", "cp_frame", "cp_frame", [cpu[0]], cpu[1])
+            # cp_frame is a static graph in every bundle: it needs no --target export
+            return self.htp_or_fallback("code_predictor", "cp_frame", "cp_frame", [cpu[0]])
         why = cpu[1] if self.target is None else f"target {self.target.name}: placement.cp_frame=cpu; {cpu[1]}"
         return self.step("code_predictor", [cpu[0]], "cpu", why)
 
@@ -391,7 +391,7 @@ class _Resolver:
         cpu = "decoder_stream" if self.has("decoder_stream") else "decoder"
         cpu_why = "CPU" + ("" if cpu == "decoder_stream" else " (no decoder_stream graph: whole-utterance only)")
         if self.target_says("decoder") == "htp":
-            return self.htp_or_fallback("decoder", "decoder_chunk", "decoder", [cpu], cpu_why)
+            return self.htp_or_fallback("decoder", "decoder_chunk", "decoder", [cpu])
         why = cpu_why if self.target is None else f"target {self.target.name}: placement.decoder=cpu"
         return self.step("decoder", [cpu], "cpu", why)
 
@@ -399,7 +399,7 @@ class _Resolver:
         if self.target_says("speaker_encoder") == "htp":
             # kztts exports no static speaker-encoder graph (its input length varies with the recording)
             return self.htp_or_fallback("speaker_encoder", "speaker_encoder_static", "speaker_encoder",
-                                        ["speaker_encoder"], "CPU")
+                                        ["speaker_encoder"])
         return self.step("speaker_encoder", ["speaker_encoder"], "cpu", "CPU (dynamic-length input)")
 
     def speech_encoder(self) -> Step:

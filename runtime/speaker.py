@@ -114,12 +114,13 @@ class SpeakerEncoder:
         self.min_frames = int(min_frames)
 
     @classmethod
-    def from_bundle(cls, bundle) -> "SpeakerEncoder":
+    def from_bundle(cls, bundle, session=None) -> "SpeakerEncoder":
+        """The bundle's ``speaker_encoder`` (``session``: one already opened for it, e.g. by the plan)."""
         spec = bundle.manifest.graphs.get("speaker_encoder")
         if spec is None:
             from kztts.errors import BundleError
             raise BundleError(f"{bundle.path}: the bundle has no speaker_encoder graph; re-export it")
-        return cls(bundle.session("speaker_encoder"), int(spec.extra.get("min_frames", DEFAULT_MIN_FRAMES)))
+        return cls(session or bundle.session("speaker_encoder"), int(spec.extra.get("min_frames", DEFAULT_MIN_FRAMES)))
 
     def mel(self, wav: np.ndarray, sr: int) -> np.ndarray:
         """Log-mel [n_frames, 128] of ``wav`` at ``sr`` Hz (resampled to 24 kHz first)."""

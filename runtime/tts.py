@@ -117,8 +117,7 @@ class TTS:
         self.speaker_size = int(m.data["config"]["speaker_embedding_size"])
         self._decoder = None
         self._streaming = None
-        self._decoder_graph = self.plan.decoder_graph()
-        self.plan.session(self._decoder_graph)  # open (and check) it now, as the other graphs
+        self.plan.session(self.plan.decoder_graph())  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
 
