@@ -50,9 +50,7 @@ class FrameLoop:
     stopped_by_eos: bool = False
 
     def _suppressed(self) -> np.ndarray:
-        v = self.talker.vocab
-        ids = np.arange(v - 1024, v)
-        return ids[ids != self.eos_id]
+        return sampling.control_ids(self.talker.vocab, keep=self.eos_id)
 
     def choose_cb0(self, logits: np.ndarray, history: list[int], step: int) -> int:
         """CB0 with the Talker's chain (``kztts.sampling_chain``): repetition penalty ->
@@ -84,7 +82,7 @@ class FrameLoop:
             yield frame
             if step == self.settings.max_frames - 1:
                 return  # the reference never feeds the last frame back
-            text = prompt.trailing[step] if step < len(prompt.trailing) else prompt.tts_pad
+            text = prompt.text_after(step)
             t = time.perf_counter()
             logits, hidden = self.talker.decode(self.tables.codec(c0)[0] + embedding_sum + text)
             self.times.talker += time.perf_counter() - t

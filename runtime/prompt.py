@@ -39,6 +39,10 @@ class Prompt:
     trailing: np.ndarray  # f32 [K, H] added to decode inputs 0..K-1
     tts_pad: np.ndarray  # f32 [H] added to decode inputs from K on
 
+    def text_after(self, step: int) -> np.ndarray:
+        """The text row added to the decode input that follows frame ``step``."""
+        return self.trailing[step] if step < len(self.trailing) else self.tts_pad
+
 
 def supported_languages(languages: dict) -> list[str]:
     """Names a user may pass, like qwen-tts's Base wrapper: "auto" + the non-dialect languages."""

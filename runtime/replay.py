@@ -16,13 +16,9 @@ from kztts import sampling
 from kztts.embeddings import EmbeddingTables
 from kztts.prompt import Prompt
 
-CONTROL_IDS = 1024  # the Talker vocabulary's last 1024 ids are control ids (EOS among them)
-
-
 def decode_input(tables: EmbeddingTables, prompt: Prompt, frame: np.ndarray, k: int) -> np.ndarray:
     """The Talker's decode input after frame ``k`` (16 codes): f32 [H]."""
-    text = prompt.trailing[k] if k < len(prompt.trailing) else prompt.tts_pad
-    return (tables.codec_sum(frame) + text).astype(np.float32)
+    return (tables.codec_sum(frame) + prompt.text_after(k)).astype(np.float32)
 
 
 def decode_inputs(tables: EmbeddingTables, prompt: Prompt, codes: np.ndarray) -> np.ndarray:
@@ -50,6 +46,5 @@ def greedy_cb0(logits: np.ndarray, eos_id: int, *, history: Iterable[int] = (), 
     control ids suppressed (EOS too unless ``allow_eos``: the sequence keeps going), argmax."""
     vocab = int(np.shape(logits)[-1])
     s = sampling.repetition_penalty(logits, list(history), repetition_penalty)
-    control = np.arange(vocab - CONTROL_IDS, vocab)
-    s = sampling.suppress_tokens(s, control[control != eos_id] if allow_eos else control)
+    s = sampling.suppress_tokens(s, sampling.control_ids(vocab, keep=eos_id if allow_eos else None))
     return sampling.sample_token(s, sampling.SamplingParams.greedy_params(), 0.0)

@@ -164,6 +164,15 @@ def min_new_tokens(scores, step: int, min_tokens: int, eos_id) -> np.ndarray:
     return s
 
 
+CONTROL_IDS = 1024  # the Talker vocabulary's last 1024 ids are control ids (EOS among them)
+
+
+def control_ids(vocab: int, keep: int | None = None) -> np.ndarray:
+    """The Talker's control ids (suppressed when choosing CB0), less ``keep`` (EOS, when it may stop)."""
+    ids = np.arange(vocab - CONTROL_IDS, vocab)
+    return ids if keep is None else ids[ids != keep]
+
+
 def suppress_tokens(scores, ids) -> np.ndarray:
     """The given ids -> -inf."""
     s = _scores(scores)

@@ -1,10 +1,9 @@
 """kztts.replay: the teacher-forced Talker and the greedy CB0 of validation and calibration."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
+from kztts.prompt import Prompt
 from kztts.replay import decode_inputs, greedy_cb0, teacher_forced_talker
 
 H, V = 4, 2048 + 1024
@@ -34,8 +33,8 @@ class _EchoTalker:
 
 
 def test_decode_inputs_add_trailing_text_then_tts_pad():
-    prompt = SimpleNamespace(trailing=np.array([[10.0] * H, [20.0] * H], np.float32),
-                             tts_pad=np.full(H, 0.5, np.float32))
+    prompt = Prompt(np.zeros((1, H), np.float32), np.array([[10.0] * H, [20.0] * H], np.float32),
+                    np.full(H, 0.5, np.float32))
     codes = np.ones((4, 16), np.int64)
     got = decode_inputs(_Tables(), prompt, codes)
     assert got.dtype == np.float32 and got.shape == (4, H)
