@@ -59,6 +59,18 @@ def language_id(languages: dict, language: str | None) -> int | None:
     return int(languages[name])
 
 
+def prompt_length(text_tokens: int, *, language: bool, speaker: bool, mode: str, non_streaming: bool,
+                  ref_text_tokens: int = 0, ref_frames: int = 0) -> int:
+    """Positions of ``build_prompt``'s prefill for ``text_tokens`` text tokens (``ids[3:-5]``), without
+    building it: the layout in the module docstring (``tests/test_long_text.py`` checks the two agree)."""
+    n = (4 if language else 3) + (1 if speaker else 0) + 2  # codec prefix: tags, speaker, pad/bos
+    head = 3 + n - 1  # role + prefix
+    if mode == "icl":
+        text, codec = ref_text_tokens + text_tokens + 1, 1 + ref_frames
+        return head + (text + codec if non_streaming else codec)
+    return head + (text_tokens + 2 if non_streaming else 1)
+
+
 def _ids_1d(ids, what: str) -> np.ndarray:
     a = np.asarray(ids)
     if a.ndim == 2 and a.shape[0] == 1:
