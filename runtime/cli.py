@@ -132,8 +132,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
         np.save(args.codes_out, result.codes)
     summary = result.summary()
     ms = summary["ms"]
-    print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio"
-          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}")
+    # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
+    pieces = f" in {summary['pieces']} pieces" if summary["pieces"] > 1 else ""
+    print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio{pieces}"
+          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}"
+          f"{f' ({len(result.limits)} cut short by a limit: see the warnings)' if result.limits else ''}")
     print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
           f"{ms.get('first_audio', float('nan')):.0f} ms, total {summary['total_ms']:.0f} ms")
     print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))

@@ -1,7 +1,9 @@
 """``kztts.TTS``: text in, audio out, from a bundle (no torch)."""
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -9,12 +11,13 @@ from typing import Iterator
 
 import numpy as np
 
+from kztts.audio_join import PieceJoiner, join_pieces
 from kztts.bundle import Bundle
 from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.embeddings import EmbeddingTables
 from kztts.errors import ContextOverflowError, KzttsError
 from kztts.frames import FrameLoop, StageTimes
-from kztts.prompt import Prompt, build_prompt, language_id
+from kztts.prompt import Prompt, build_prompt, language_id, prompt_length
 from kztts.sampling import XorShift32
 from kztts.sessions import SessionConfig
 from kztts.settings import GenerationSettings, reference_settings, with_environment
@@ -22,7 +25,8 @@ from kztts.speaker import SpeakerEncoder, load_xvector
 from kztts.placement import LayerPlacement
 from kztts.plan import resolve_plan
 from kztts.talker import DEFAULT_CONTEXT
-from kztts.text import TextTokenizer
+from kztts.text import TextTokenizer, assistant_text
+from kztts.text_split import frames_per_token, split_text
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +44,30 @@ class Voice:
         return self.ref_codes is not None
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One utterance of a text (a long text is spoken in several): its text and how it ended."""
+
+    text: str
+    frames: int
+    stopped_by_eos: bool
+    limit: str | None = None  # the limit that stopped it before its end of speech (also logged)
+
+
 @dataclass
 class SynthesisResult:
     samples: np.ndarray  # float32 mono in [-1, 1]
     sample_rate: int
-    codes: np.ndarray  # (frames, 16) int64
+    codes: np.ndarray  # (frames, 16) int64, the pieces' frames one after the other
     times: StageTimes
     total_seconds: float
-    stopped_by_eos: bool
+    stopped_by_eos: bool  # every piece ended at its end of speech
+    pieces: list[Piece] = field(default_factory=list)
+
+    @property
+    def limits(self) -> list[str]:
+        """What stopped a piece before its end of speech (empty when nothing was cut)."""
+        return [p.limit for p in self.pieces if p.limit]
 
     @property
     def frames(self) -> int:
@@ -65,7 +85,8 @@ class SynthesisResult:
     def summary(self) -> dict:
         return {"frames": self.frames, "audio_seconds": round(self.audio_seconds, 3),
                 "real_time_factor": round(self.real_time_factor, 3), "stopped_by_eos": self.stopped_by_eos,
-                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1)}
+                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1),
+                "pieces": len(self.pieces), "truncated": bool(self.limits), "limits": self.limits}
 
 
 @dataclass
@@ -76,6 +97,9 @@ class _Run:
     prompt: Prompt
     voice: Voice
     started: float
+    text: str
+    limited_by: str  # what sets loop.settings.max_frames: "max_frames" or "context"
+    label: str = "the text"  # "piece 2/5" for a long text's pieces
     codes: list = field(default_factory=list)
     audio: list = field(default_factory=list)  # decoded chunks (pipelined stream)
 
@@ -171,13 +195,15 @@ class TTS:
             raise ContextOverflowError(
                 f"the text is too long: its prompt takes {prompt.embeds.shape[0]} positions, the context holds "
                 f"{self.talker.context}; split the text into shorter pieces")
+        limited_by = "max_frames"
         if needed > self.talker.context:
             s = replace(s, max_frames=self.talker.context - prompt.embeds.shape[0] + 1)
+            limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: _limit
             log.info("max frames lowered to %d to fit the context of %d", s.max_frames, self.talker.context)
         loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
                          int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(seed))
         loop.times.prompt = time.perf_counter() - started
-        return _Run(loop, prompt, voice, started)
+        return _Run(loop, prompt, voice, started, text, limited_by)
 
     def _streaming_decoder(self):
         if self._streaming is None:
@@ -197,10 +223,23 @@ class TTS:
         """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
         frames are produced. If ``result`` is a dict it receives the SynthesisResult at the end.
         ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
-        the next frames are generated; the samples are the same, a chunk is yielded once decoded."""
+        the next frames are generated; the samples are the same, a chunk is yielded once decoded.
+        A text longer than one context is streamed piece by piece (``pieces``)."""
         if chunk_frames < 1:
             raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        kw = dict(language=language, streaming_text=streaming_text, seed=seed, greedy=greedy,
+                  max_frames=max_frames, settings=settings)
+        texts = self.pieces(text, voice, language=language, streaming_text=streaming_text, max_frames=max_frames,
+                            settings=settings)
+        if len(texts) > 1:
+            yield from self._stream_pieces(texts, voice, kw, chunk_frames, result, pipeline)
+            return
         run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
+        yield from self._stream_run(run, chunk_frames, result, pipeline)
+
+    def _stream_run(self, run: _Run, chunk_frames: int, result: dict | None,
+                    pipeline: bool | None) -> Iterator[np.ndarray]:
+        """``stream`` of one utterance (one piece)."""
         dec = self._streaming_decoder()
         dec.reset()
         if self.pipeline if pipeline is None else pipeline:
@@ -319,8 +358,21 @@ class TTS:
         For ICL voices the reference codes are decoded in front of the new ones and
         their samples dropped, as qwen-tts does; kztts drops exactly ``ref frames * 1920``
         samples, where qwen-tts's proportional cut can keep one more sample through
-        float rounding. ``on_frame(index)`` is called after each frame (progress)."""
+        float rounding. ``on_frame(index)`` is called after each frame (progress).
+
+        A text longer than one context is spoken in pieces (``pieces``; ``result.pieces``), each
+        as its own ``synthesize`` call would, their audio joined by ``kztts.audio_join``."""
+        kw = dict(language=language, streaming_text=streaming_text, seed=seed, greedy=greedy,
+                  max_frames=max_frames, settings=settings)
+        texts = self.pieces(text, voice, language=language, streaming_text=streaming_text, max_frames=max_frames,
+                            settings=settings)
+        if len(texts) > 1:
+            return self._synthesize_pieces(texts, voice, kw, on_frame)
         run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
+        return self._synthesize_run(run, on_frame)
+
+    def _synthesize_run(self, run: _Run, on_frame) -> SynthesisResult:
+        """``synthesize`` of one utterance (one piece)."""
         for frame in run.loop.frames(run.prompt):
             run.codes.append(frame)
             if on_frame is not None:
@@ -339,5 +391,116 @@ class TTS:
 
     def _result(self, run: _Run, samples: np.ndarray) -> SynthesisResult:
         codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        piece = Piece(run.text, codes.shape[0], run.loop.stopped_by_eos, self._limit(run))
+        if piece.limit:
+            log.warning("%s", piece.limit)
         return SynthesisResult(samples.astype(np.float32, copy=False), self.sample_rate, codes, run.loop.times,
-                               time.perf_counter() - run.started, run.loop.stopped_by_eos)
+                               time.perf_counter() - run.started, run.loop.stopped_by_eos, [piece])
+
+    # ------------------------------------------------------------ long text
+    def pieces(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
+               max_frames: int | None = None, settings: GenerationSettings | None = None) -> list[str]:
+        """The utterances ``synthesize``/``stream`` speak ``text`` in: ``[text]`` itself when its
+        prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
+        at sentence, clause, word, then character boundaries (``kztts.text_split``) that each do.
+
+        Expected frames: ``kztts.text_split.frames_per_token`` (an upper estimate for the language)
+        times the text tokens, at most the utterance's ``max_frames``; the bound is
+        ``prompt + frames - 1 <= context``."""
+        if not isinstance(voice, Voice) or not isinstance(text, str) or not text.strip():
+            return [text]  # _start rejects it with its usual message
+        s = settings or self.default_settings()
+        frames_cap = int(max_frames) if max_frames is not None else s.max_frames
+        language_tag = language_id(self.bundle.manifest.languages, language) is not None
+        ref_text = len(self.tokenizer.ref_body(self.tokenizer.ref_ids(voice.ref_text))) if voice.icl else 0
+        ref_frames = voice.ref_codes.shape[0] if voice.icl else 0
+        rate = frames_per_token(language, text)
+        context = self.talker.context
+
+        def needed(tokens: int) -> int:
+            positions = prompt_length(tokens, language=language_tag, speaker=True, mode="icl" if voice.icl else
+                                      "xvector", non_streaming=not streaming_text, ref_text_tokens=ref_text,
+                                      ref_frames=ref_frames)
+            return positions + min(math.ceil(rate * tokens), frames_cap) - 1
+
+        tokens = self._text_tokens(text)
+        if needed(tokens) <= context:
+            return [text]
+        if needed(1) > context:
+            raise ContextOverflowError(
+                f"the Talker's context of {context} positions cannot hold the prompt and the frames of even one "
+                f"text token ({needed(1)} positions); use a shorter reference recording or a larger context")
+        lo, hi = 1, tokens  # the most tokens a piece may have: needed() only grows with tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needed(mid) <= context else (lo, mid - 1)
+        texts = split_text(text, lo, self._text_tokens)
+        log.info("text of %d tokens spoken in %d pieces of at most %d tokens (%.1f frames per token expected, "
+                 "context %d)", tokens, len(texts), lo, rate, context)
+        return texts
+
+    def _text_tokens(self, text: str) -> int:
+        """Text tokens of ``text`` in its prompt (``ids[3:-5]`` of the assistant template)."""
+        return len(self.tokenizer.text_body(self.tokenizer.encode(assistant_text(text)))) if text else 0
+
+    def _limit(self, run: _Run) -> str | None:
+        """What cut the utterance before its end of speech, or None. A stop at ``max_frames`` that
+        the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked for."""
+        s = run.loop.settings
+        if run.loop.stopped_by_eos or len(run.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
+            return None
+        head = f"{run.label} ({run.text[:40]!r}{'...' if len(run.text) > 40 else ''})"
+        if run.limited_by == "context":
+            return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
+                    f"{self.talker.context} positions holds its {run.prompt.embeds.shape[0]}-position prompt and no "
+                    f"more frames; the rest of its text may be unspoken")
+        return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
+
+    def _synthesize_pieces(self, texts: list[str], voice: Voice, kw: dict, on_frame) -> SynthesisResult:
+        """``synthesize`` of each piece (same voice, settings and seed), the audio joined."""
+        started = time.perf_counter()
+        results: list[SynthesisResult] = []
+        for i, text in enumerate(texts):
+            run = self._start(text, voice, **kw)
+            run.label = f"piece {i + 1}/{len(texts)}"
+            done = sum(r.frames for r in results)
+            results.append(self._synthesize_run(run, None if on_frame is None else
+                                                lambda n, done=done: on_frame(done + n)))
+        samples = join_pieces([r.samples for r in results], self.sample_rate)
+        return self._joined(results, samples, started, time.perf_counter() - started)
+
+    def _stream_pieces(self, texts: list[str], voice: Voice, kw: dict, chunk_frames: int, result: dict | None,
+                       pipeline: bool | None) -> Iterator[np.ndarray]:
+        """``stream`` of each piece in turn (same voice, settings and seed), joined as it goes."""
+        started = time.perf_counter()
+        joiner = PieceJoiner(self.sample_rate, len(texts))
+        results: list[SynthesisResult] = []
+        chunks: list[np.ndarray] = []
+        first_audio = None
+        for i, text in enumerate(texts):
+            run = self._start(text, voice, **kw)
+            run.label = f"piece {i + 1}/{len(texts)}"
+            holder: dict = {}
+            # None after the piece's chunks: its faded end and the silence
+            for chunk in itertools.chain(self._stream_run(run, chunk_frames, holder, pipeline), [None]):
+                audio = joiner.end_piece() if chunk is None else joiner.push(chunk)
+                if audio.shape[0]:
+                    if first_audio is None:
+                        first_audio = time.perf_counter() - started
+                    chunks.append(audio)
+                    yield audio
+            results.append(holder["result"])
+        if result is not None:
+            samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            result["result"] = self._joined(results, samples, started, first_audio)
+
+    def _joined(self, results: list[SynthesisResult], samples: np.ndarray, started: float,
+                first_audio: float | None) -> SynthesisResult:
+        """One result for a text spoken in pieces: their codes in order, their stage times summed."""
+        times = StageTimes(first_audio=first_audio)
+        for r in results:
+            for name in ("prompt", "talker", "code_predictor", "decoder"):
+                setattr(times, name, getattr(times, name) + getattr(r.times, name))
+        codes = np.concatenate([r.codes for r in results])
+        return SynthesisResult(samples, self.sample_rate, codes, times, time.perf_counter() - started,
+                               all(r.stopped_by_eos for r in results), [p for r in results for p in r.pieces])

@@ -210,7 +210,6 @@ def bad_inputs(tmp_path_factory, tiny_bundle_dir):
 @pytest.mark.parametrize("case, extra, message", [
     ("empty", ["", ], "the text is empty"),
     ("blank", ["   \n ", ], "the text is empty"),
-    ("overflow", ["word " * 5000, "--speaker-wav", "{d}/voice.wav"], "the text is too long: its prompt takes"),
     ("language", [TEXT, "--language", "klingon", "--speaker-wav", "{d}/voice.wav"],
      "unknown language 'klingon'; known: auto, chinese"),
     ("unreadable", [TEXT, "--speaker-wav", "{d}/garbage.wav"], "garbage.wav: cannot read audio"),
