@@ -194,6 +194,8 @@ def test_paragraphs_are_pieces_each_equal_to_its_own_synthesis(small, voice, tex
     np.testing.assert_array_equal(holder["result"].codes, result.codes)
     np.testing.assert_allclose(np.concatenate(chunks), result.samples, atol=1e-5, rtol=0)
     assert [p.text for p in holder["result"].pieces] == [p.text for p in pieces]
+    piped = list(small.stream(text, voice, chunk_frames=3, pipeline=True, **kw))  # decoded on a thread
+    np.testing.assert_array_equal(np.concatenate(piped), np.concatenate(chunks))
 
 
 def test_sampled_pieces_use_the_same_seed_each(small, voice):
@@ -245,3 +247,18 @@ def _xvector(tts, tmp_path):
     if not path.exists():
         np.save(path, np.random.default_rng(1).standard_normal(tts.speaker_size).astype(np.float32))
     return path
+
+
+def test_icl_pieces_each_equal_their_own_synthesis(bundle):
+    """An ICL voice: every piece's prompt carries the reference, and still fits."""
+    from kztts.audio import synthetic_voice
+    from kztts.tts import TTS
+
+    tts = TTS(bundle, context=48)  # the 17 reference frames and transcript take 31 positions
+    icl = tts.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
+    text = ENGLISH.split("\n\n")[0]
+    result = tts.synthesize(text, icl, greedy=True, max_frames=2)
+    assert len(result.pieces) > 1 and _same_text([p.text for p in result.pieces], text)
+    alone = [tts.synthesize(p.text, icl, greedy=True, max_frames=2) for p in result.pieces]
+    np.testing.assert_array_equal(result.codes, np.concatenate([a.codes for a in alone]))
+    np.testing.assert_array_equal(result.samples, join_pieces([a.samples for a in alone], tts.sample_rate))
