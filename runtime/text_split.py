@@ -10,8 +10,8 @@ text modulo whitespace: nothing is dropped. Boundaries are tried from the coarse
 4. characters: a run without spaces (CJK, a long URL) is cut at the longest prefix that fits.
 
 Sentences (then clauses, words) are packed greedily: a piece grows while its token count stays
-within the limit. Token counts come from the caller (the bundle's tokenizer), so the limit is in
-the Talker's own units. How large the limit may be is ``kztts.tts``'s business: the prompt plus
+within the limit, so a false sentence end ("Mr. Smith") only matters where a piece must end anyway.
+Token counts come from the caller (the bundle's tokenizer), so the limit is in the Talker's own units. How large the limit may be is ``kztts.tts``'s business: the prompt plus
 the frames a piece is expected to need (``frames_per_token``) must fit in the context.
 """
 from __future__ import annotations
@@ -28,41 +28,29 @@ WORD = re.compile(r"\s+")
 # Upper estimates of speech frames (12.5 per second) per text token of the Qwen tokenizer, from
 # speaking rates at the slow end: English ~11 characters/s at ~4.5 characters/token is ~2.5
 # tokens/s, 5 frames; Mandarin ~3 characters/s at ~1.4 characters/token is ~2.1 tokens/s, 6 frames;
-# Japanese alike; Korean ~5 syllables/s at ~1.2 syllables/token, 5 frames. Too low an estimate
+# Japanese alike; Korean ~4 syllables/s at ~1.2 syllables/token is ~3.3 tokens/s, 3.8 frames, and
+# takes the default 5 (digits and symbols, one token each, are read slower). Too low an estimate
 # makes a piece hit the context before its end of speech, which kztts.tts then reports.
 FRAMES_PER_TOKEN = {"chinese": 6.0, "japanese": 6.0, "korean": 5.0}
 DEFAULT_FRAMES_PER_TOKEN = 5.0
 
 
-def script_language(text: str) -> str | None:
-    """"chinese", "japanese" or "korean" when CJK characters make up at least a third of the
-    letters of ``text`` (kana -> japanese, hangul -> korean, else chinese); None otherwise."""
-    letters = han = kana = hangul = 0
-    for ch in text:
-        if not ch.isalpha():
-            continue
-        letters += 1
-        name = unicodedata.name(ch, "")
-        if name.startswith("CJK UNIFIED"):
-            han += 1
-        elif name.startswith(("HIRAGANA", "KATAKANA")):
-            kana += 1
-        elif name.startswith("HANGUL"):
-            hangul += 1
-    if not letters or 3 * (han + kana + hangul) < letters:
-        return None
-    if hangul >= max(han, kana):
-        return "korean"
-    return "japanese" if kana else "chinese"
+_SCRIPTS = (("CJK UNIFIED", "chinese"), ("HIRAGANA", "japanese"), ("KATAKANA", "japanese"), ("HANGUL", "korean"))
 
 
 def frames_per_token(language: str | None, text: str) -> float:
-    """The upper estimate of frames per token for ``language`` (a manifest language name), or,
-    for None/"auto", for the script ``text`` is mostly written in."""
+    """The upper estimate of frames per token for ``language`` (a manifest language name); for
+    None/"auto", the largest estimate of the scripts ``text`` contains, so that a piece of a text
+    never expects more per token than the whole (a piece that fits stays one piece alone)."""
     name = (language or "auto").lower()
-    if name == "auto":
-        name = script_language(text) or ""
-    return FRAMES_PER_TOKEN.get(name, DEFAULT_FRAMES_PER_TOKEN)
+    if name != "auto":
+        return FRAMES_PER_TOKEN.get(name, DEFAULT_FRAMES_PER_TOKEN)
+    rate = DEFAULT_FRAMES_PER_TOKEN
+    for ch in set(text):
+        if ord(ch) >= 0x3000 and ch.isalpha():
+            script = unicodedata.name(ch, "")
+            rate = max([rate] + [FRAMES_PER_TOKEN[lang] for prefix, lang in _SCRIPTS if script.startswith(prefix)])
+    return rate
 
 
 def _cuts(text: str, start: int, end: int, pattern: re.Pattern) -> list[int]:

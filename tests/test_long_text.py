@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kztts.audio_join import PieceJoiner, join_pieces
-from kztts.text_split import frames_per_token, script_language, split_text
+from kztts.text_split import frames_per_token, split_text
 
 ENGLISH = """The morning train was late again, and the platform filled with people who had somewhere else to be.
 A woman in a green coat read the timetable twice; she did not believe it either time.
@@ -103,11 +103,12 @@ def test_a_text_that_fits_is_one_piece():
         split_text("x", 0, len)
 
 
-def test_frames_per_token_follows_the_language_or_the_script():
-    assert script_language(CHINESE) == "chinese" and script_language("こんにちは、世界") == "japanese"
-    assert script_language("안녕하세요") == "korean" and script_language(ENGLISH) is None
+def test_frames_per_token_follows_the_language_or_the_scripts():
     assert frames_per_token(None, CHINESE) == frames_per_token("Chinese", "x") == 6.0
+    assert frames_per_token("auto", "こんにちは") == 6.0 and frames_per_token(None, "안녕") == 5.0
     assert frames_per_token("auto", ENGLISH) == frames_per_token("english", CHINESE) == 5.0
+    # under auto the largest of the scripts present: a piece never expects more per token than its text
+    assert frames_per_token(None, ENGLISH + " 北京") == 6.0
 
 
 # ------------------------------------------------------------------ joining (no model)
