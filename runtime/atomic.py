@@ -31,12 +31,13 @@ def _umask() -> int:
     return mask
 
 
-def replace(src: PathLike, dst: PathLike) -> None:
-    """``os.replace(src, dst)``; a destination in use (Windows) raises :class:`KzttsError` naming it."""
+def replace(src: PathLike, dst: PathLike, *, what: PathLike | None = None) -> None:
+    """``os.replace(src, dst)``; a file in use (Windows) raises :class:`KzttsError` naming ``what``
+    (default ``dst``; the folder being moved aside when that is what fails)."""
     try:
         os.replace(src, dst)
     except PermissionError as exc:
-        raise KzttsError(f"cannot replace {dst}: {exc.strerror or exc}; on Windows a file (or a folder holding "
+        raise KzttsError(f"cannot replace {what or dst}: {exc.strerror or exc}; on Windows a file (or a folder holding "
                          "one) that a program has open or memory-mapped, e.g. a bundle a TTS session is "
                          "using, cannot be replaced: close that program or session and retry") from exc
 

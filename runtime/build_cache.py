@@ -55,7 +55,7 @@ def staged_dir(out: Path) -> Iterator[Path]:
         if out.exists():
             # move the old one aside first: ``out`` is never missing while the new one has no name.
             # On Windows this fails while a file in it is open or mapped: a one-line KzttsError.
-            replace(out, stage / ".replaced")
+            replace(out, stage / ".replaced", what=out)
         replace(work, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
