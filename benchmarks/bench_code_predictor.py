@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from kztts.bench.report import cpu_name
 
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     base = results[names[0]]["ms_per_frame_median"]
     lines = [f"Code Predictor, random-weight 0.6B ({Path(model_dir).name}), {args.threads} threads, "
              f"median of {n_total - args.warmup} frames after {args.warmup} warm-up, {cpu_name()}, "
-             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", "",
+             f"load average {psutil.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", "",
              "| implementation | ms / frame (median) | min | speed-up vs PyTorch (median) | codes equal to generate() |",
              "|---|---:|---:|---:|---:|"]
     for name, r in results.items():
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({
         "benchmark": "code_predictor", "model_dir": str(model_dir), "graphs": str(graph_dir),
         "frames": n_total - args.warmup, "warmup": args.warmup, "threads": args.threads,
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
+        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "load_average": psutil.getloadavg(),
         "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__},
         "results": results, "table": table,
     }, indent=1) + "\n")

@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 log = logging.getLogger("bench_decoder")
 
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
         for t in threads:
             decs[v, t] = StreamingDecoder(open_session(paths[v], t, parse_variant(v)[1]))
     codes = np.random.default_rng(0).integers(0, 2048, (args.frames, 16), dtype=np.int64)
-    load_start = os.getloadavg()
+    load_start = psutil.getloadavg()
     times: dict[tuple, list[float]] = {}
     cpu_times: dict[tuple, list[float]] = {}
     audio: dict[tuple, np.ndarray] = {}
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
                 times.setdefault(key, []).append(wall * 1e3 / args.frames)
                 cpu_times.setdefault(key, []).append(cpu * 1e3 / args.frames)
             audio.setdefault(key, wav)
-    load_end = os.getloadavg()
+    load_end = psutil.getloadavg()
 
     print(f"\n{model_dir.name}: decoder_stream, {args.frames} frames, {args.rounds} rounds, "
           f"load average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end")
@@ -198,7 +200,7 @@ def profile(path: Path, opt: str, threads: int, chunk: int, frames: int, label: 
 
     so = _session_options(SessionConfig(threads=threads, optimization=opt, spinning=False))
     so.enable_profiling = True
-    so.profile_file_prefix = f"/tmp/kztts-bench-decoder-{os.getpid()}"
+    so.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"kztts-bench-decoder-{os.getpid()}")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     codes = np.random.default_rng(0).integers(0, 2048, (frames, 16), dtype=np.int64)
     run_once(StreamingDecoder(sess), codes, chunk)

@@ -19,12 +19,12 @@ The samples of every configuration are compared with the first one's (max |diffe
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 
 def parse_config(text: str) -> tuple[str, int, int]:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     xv = np.random.default_rng(0).standard_normal(first.speaker_size).astype(np.float32)
     voice = Voice(xv)
     settings = replace(first.default_settings().greedy(), max_frames=args.frames, min_new_tokens=args.frames)
-    load_start = os.getloadavg()
+    load_start = psutil.getloadavg()
     results: dict[tuple, list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds + 1):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
             out = run_once(ttss[t, d], voice, settings, args.text, args.chunk, mode == "pipe")
             if r:
                 results[c].append(out)
-    load_end = os.getloadavg()
+    load_end = psutil.getloadavg()
 
     print(f"\n{Path(args.bundle).name}{' + ' + args.decoder_graph if args.decoder_graph else ''}")
     print(f"{args.frames} frames, chunk {args.chunk}, cp {args.cp_mode}, {args.rounds} rounds; load average "

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 
 def bench_target(path: Path, chunk: int, context: int) -> Path:
@@ -156,11 +157,11 @@ def main() -> int:
 
 def write_table(out: Path, stem: Path, args, massive, rows: list[dict]) -> None:
     doc = {"size": args.size, "massive_layer": massive, "threads": args.threads, "frames": args.frames,
-           "chunk": args.chunk, "context": args.context, "load_average": os.getloadavg(), "rows": rows}
+           "chunk": args.chunk, "context": args.context, "load_average": psutil.getloadavg(), "rows": rows}
     (out / f"{stem.name}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"Talker placements, {args.size} random weights (massive activation in layer {massive}), "
              f"{args.threads} threads, {args.frames} frames, static context {args.context}/chunk {args.chunk}, "
-             f"load average {os.getloadavg()[0]:.1f}", "",
+             f"load average {psutil.getloadavg()[0]:.1f}", "",
              "| placement | CPU share prefill / decode | talker CPU ms/decode step | + CP CPU ms/frame "
              "| logits cos min | CB0 argmax | greedy codes equal | worst segment cos |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]

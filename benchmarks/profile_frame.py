@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 
 def main(argv=None) -> int:
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     for name in names:
         so = _session_options(bundle.session_config, name)  # per-graph threads ($KZTTS_DECODER_THREADS)
         so.enable_profiling = True
-        so.profile_file_prefix = f"/tmp/kztts-profile-{name}"
+        so.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"kztts-profile-{name}")
         sess = ort.InferenceSession(str(bundle.path / bundle.manifest.graphs[name].file), so,
                                     providers=["CPUExecutionProvider"])
 
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
     for _ in tts.stream(args.text, Voice(xv.astype(np.float32)), greedy=True, settings=s, chunk_frames=args.chunk):
         pass
     print(f"{Path(args.bundle).name}, {args.threads} threads, cp {args.cp_mode}, {args.frames} frames, "
-          f"load average {os.getloadavg()[0]:.2f}")
+          f"load average {psutil.getloadavg()[0]:.2f}")
     for name, sess in profiles.items():
         events = json.loads(Path(sess.end_profiling()).read_text())
         runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]

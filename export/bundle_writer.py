@@ -21,8 +21,11 @@ log = logging.getLogger(__name__)
 
 def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") -> None:
     """Hard-link every file of bundle ``src`` into ``dst`` except its manifest and ``skip``
-    (paths relative to ``src``). Across file systems a file is copied (``across_fs="copy"``)
-    or symbolically linked (``"symlink"``: never a copy of a base's gigabytes)."""
+    (paths relative to ``src``). Where a hard link fails (across file systems, or a file system
+    without them) a file is copied (``across_fs="copy"``) or symbolically linked (``"symlink"``:
+    avoids copying a base's gigabytes); where a symlink fails too (Windows without the
+    privilege to create one), it is copied."""
+    copied = 0
     for f in Path(src).rglob("*"):
         rel = f.relative_to(src).as_posix()
         if f.is_dir() or rel in skip or rel == "kztts.json":
@@ -31,11 +34,19 @@ def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") 
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(f, target)
+            continue
         except OSError:
-            if across_fs == "symlink":
+            pass
+        if across_fs == "symlink":
+            try:
                 target.symlink_to(f.resolve())
-            else:
-                shutil.copy2(f, target)
+                continue
+            except OSError:
+                copied += 1
+        shutil.copy2(f, target)
+    if copied:
+        log.warning("%s: %d file(s) of %s copied: neither a hard link nor a symbolic link could be made",
+                    dst, copied, src)
 
 
 def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:

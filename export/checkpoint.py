@@ -23,7 +23,7 @@ def read_config(model_dir: Path) -> dict:
     if not cfg_path.is_file():
         raise KzttsError(f"{cfg_path}: missing; {model_dir} is not a Hugging Face checkpoint")
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise KzttsError(f"{cfg_path}: not valid JSON ({exc})") from exc
     if cfg.get("model_type") != "qwen3_tts":

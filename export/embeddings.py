@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.atomic import atomic_path
 from kztts.errors import KzttsError
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def _rel(name: str) -> str:
 
 
 def _save(out_dir: Path, name: str, arr: np.ndarray, dtype: str) -> dict:
-    np.save(out_dir / _rel(name), arr)
+    with atomic_path(out_dir / _rel(name)) as tmp, open(tmp, "wb") as f:
+        np.save(f, arr)
     return {"file": _rel(name), "dtype": dtype, "shape": list(arr.shape)}
 
 
@@ -78,10 +80,11 @@ def _write_text_table(weight, out_dir: Path) -> dict:
                     "bf16): storing them as fp16, prompt accuracy is reduced (~1e-3 relative)")
     # Sequential block writes after a standard .npy header: unlike writing through
     # open_memmap (whose dirty pages count towards RSS until written back: +600 MB for
-    # the 1.7B table), this keeps the export's extra memory at one block.
+    # the 1.7B table), this keeps the export's extra memory at one block. Never written in
+    # place: a runtime may have the old table memory-mapped (see kztts.atomic).
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np_dtype)), "fortran_order": False,
               "shape": (rows, cols)}
-    with open(path, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.lib.format.write_array_header_1_0(f, header)
         for start in range(0, rows, _BLOCK_ROWS):
             block = _to_numpy_f32(weight[start:start + _BLOCK_ROWS])

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from kztts.atomic import atomic_path
 from kztts.errors import KzttsError
 
 # Below one 16-bit LSB everywhere: nothing for a speaker encoder or codec to hear.
@@ -54,12 +54,6 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 _FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: str | None = None) -> Path:
     """Write ``samples`` (1-D, or [n, channels]) at ``sr`` to ``path`` atomically.
 
@@ -83,21 +77,13 @@ def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: st
     if not parent.is_dir():
         raise KzttsError(f"cannot write {path}: directory {parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        with atomic_path(path) as tmp:
+            sf.write(str(tmp), np.clip(x, -1.0, 1.0), int(sr), format=fmt, subtype=subtype)
+    except KzttsError:
+        raise
     except OSError as exc:
         raise KzttsError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    os.close(fd)
-    try:
-        sf.write(tmp, np.clip(x, -1.0, 1.0), int(sr), format=fmt, subtype=subtype)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file a normal file's mode
-        os.replace(tmp, path)
     except Exception as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, KzttsError):
-            raise
         raise KzttsError(f"cannot write {path}: {exc}") from exc
     return path
 

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Optional, Union
 
 from filelock import FileLock
 
+from kztts.atomic import replace
 from kztts.errors import KzttsError
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ def staged_dir(out: Path) -> Iterator[Path]:
         work.mkdir()  # (not the 0700 of mkdtemp: the published directory is an ordinary one)
         yield work
         if out.exists():
-            # move the old one aside first: ``out`` is never missing while the new one has no name
-            os.rename(out, stage / ".replaced")
-        os.rename(work, out)
+            # move the old one aside first: ``out`` is never missing while the new one has no name.
+            # On Windows this fails while a file in it is open or mapped: a one-line KzttsError.
+            replace(out, stage / ".replaced", what=out)
+        replace(work, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
+
 from kztts.bench.report import cpu_name
 from kztts.errors import KzttsError
 
@@ -45,7 +47,7 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     """Run ``python -m module SPEC`` and return its JSON row (an ``error`` row if it failed)."""
     from kztts.worker_process import WorkerError, run_worker
 
-    load = os.getloadavg()[0]
+    load = psutil.getloadavg()[0]
     try:
         row = run_worker(module, spec, work, tag, env={"OMP_NUM_THREADS": str(threads), "KZTTS_THREADS": str(threads)})
     except WorkerError as e:
@@ -206,7 +208,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         rows.append(r)
     steps.close()
 
-    load = os.getloadavg()
+    load = psutil.getloadavg()
     size = args.size if not args.model_dir else Path(args.model_dir).name
     header = (f"kztts bench, model {size} ({Path(model_dir).name}), {args.frames} frames (EOS blocked), "
               f"medians after {args.warmup} warm-up frames, decoder chunk {args.chunk} frames, "

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kztts.atomic import write_text
 from kztts.errors import BundleError
 
 MANIFEST_NAME = "kztts.json"
@@ -111,7 +112,7 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         raise BundleError(f"{path}: manifest missing; {bundle_dir} is not a kztts bundle "
                           "(make one with `kztts export MODEL_DIR -o BUNDLE_DIR`)")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{path}: not valid JSON ({exc}); re-export the bundle") from exc
     if not isinstance(data, dict):
@@ -142,6 +143,5 @@ def read_manifest(bundle_dir: Path) -> Manifest:
 
 
 def write_manifest(bundle_dir: Path, data: dict) -> Path:
-    path = Path(bundle_dir) / MANIFEST_NAME
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    return path
+    # atomic: an existing bundle's manifest is rewritten in place (add_context_binaries)
+    return write_text(Path(bundle_dir) / MANIFEST_NAME, json.dumps(data, indent=1, sort_keys=False) + "\n")

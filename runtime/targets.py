@@ -182,10 +182,17 @@ class Target:
 
 
 def configs_dir() -> Path:
-    """``$KZTTS_QNN_CONFIGS`` if set, else the project's ``qnn_configs/``."""
+    """``$KZTTS_QNN_CONFIGS`` if set, else the shipped targets: the data package
+    ``kztts.qnn_configs`` (a wheel, or an editable install of the current setup.cfg), else the
+    source tree's ``qnn_configs/`` (an editable install made before it was package data)."""
     env = os.environ.get("KZTTS_QNN_CONFIGS")
     if env:
         return Path(env).expanduser()
+    import importlib.util
+
+    spec = importlib.util.find_spec("kztts.qnn_configs")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
     return Path(__file__).resolve().parent.parent / "qnn_configs"
 
 

@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -42,13 +43,19 @@ def median_ms(seconds: list[float], skip: int = 0) -> float | None:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set (VmHWM), MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024.0, 1)
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+    """This process's peak resident set, MB: the peak working set on Windows, VmHWM on Linux;
+    elsewhere (macOS) psutil reports no peak, so the current resident set (a lower bound)."""
+    mem = psutil.Process().memory_info()
+    peak = getattr(mem, "peak_wset", None)  # Windows only
+    if peak is None:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+        except OSError:
+            pass
+        peak = mem.rss
+    return round(peak / (1024.0 * 1024.0), 1)
 
 
 def accuracy(codes, tf_talker, tf_cp, wav_on_base, wav_own, base: dict) -> dict:
