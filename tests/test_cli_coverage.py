@@ -1,7 +1,7 @@
 """What the command line does that no other test ran: the README's demo command and ``--model``,
 ``--preset seed``, sampling overrides (flag > environment variable > default), ``--pipeline``,
 ``export --overwrite`` and the cleanup of a failed export, QNN's per-graph CPU fallback and
-``KZTTS_DISABLE_QNN``, and the printed (non-JSON) reports of ``inspect`` and ``validate``.
+``KZTTS_DISABLE_QNN``, and the printed (non-JSON) reports of ``inspect`` and ``validate`` (slow).
 
 In-process through ``kztts.cli.main`` on the cached tiny model and bundles (each check is cheap;
 the export checks replace the graph exporters, whose output other tests check, by stubs)."""
@@ -81,7 +81,7 @@ def test_readme_first_command_speaks_with_the_demo_model(tiny_bundle_dir, shared
     cuts, a sampled run's first frames do not depend on it (test_demo_golden runs it to its end)."""
     monkeypatch.chdir(tmp_path)
     code, out, err = cli(capsys, "synth", "Hello from kztts.", "-o", "hello.wav", "--max-frames", 6,
-                           "--codes-out", "codes.npy")
+                         "--codes-out", "codes.npy")
     assert code == 0, err
     assert "using the embedded demo model (tiny, RANDOM weights" in err
     wav, sr = sf.read("hello.wav", dtype="float32")
@@ -276,7 +276,8 @@ def _two_op_model(path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"), helper.make_node("Add", ["r", "x"], ["y"], name="add0")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+             helper.make_node("Add", ["r", "x"], ["y"], name="add0")]
     onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
               str(path))
     return path
@@ -344,7 +345,7 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
     assert warned == ["QNN execution provider unavailable: disabled by KZTTS_DISABLE_QNN; running on the CPU "
                       "execution provider instead"]
     code, _, err = cli(capsys, "synth", TEXT, "-o", tmp_path / "s.wav", "--bundle", htp_bundle, "--target",
-                         small_target, "--strict", "--speaker-wav", voice_wav, "--max-frames", 2)
+                       small_target, "--strict", "--speaker-wav", voice_wav, "--max-frames", 2)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "strict mode: the QNN execution provider is unavailable (disabled by KZTTS_DISABLE_QNN)" in err
     assert not (tmp_path / "s.wav").exists()
