@@ -760,12 +760,12 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
     out_dir = Path(out_dir).expanduser().absolute()
     variant = resolve_variant(size, variant)
     eos_bias = resolve_eos_bias(eos_bias)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise KzttsError(f"cannot write the model to {out_dir}: it exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
-        raise KzttsError(f"refusing to replace {out_dir}: it is not empty and was not written by "
-                         "make_tiny; choose another output directory")
-    try:
+    try:  # the checks too: exists() raises for a name the file system refuses (too long)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise KzttsError(f"cannot write the model to {out_dir}: it exists and is not a directory")
+        if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
+            raise KzttsError(f"refusing to replace {out_dir}: it is not empty and was not written by "
+                             "make_tiny; choose another output directory")
         with staged_dir(out_dir) as tmp:
             info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer)
             marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias,

@@ -71,6 +71,10 @@ def test_bench_smoke(tmp_path):
         assert len(list(csv.DictReader(f))) == 5
     md = (out / "results.md").read_text()
     assert "codes equal" in md and "qwen-tts PyTorch" in md
+    # the printed report is that table: a line per row, in the order of results.json
+    printed = [ln.split("|")[1].strip() for ln in res.stdout.splitlines() if ln.startswith("| ")][1:]
+    assert printed == [r["name"] for r in data["rows"]], res.stdout[-2000:]
+    assert res.stdout.strip() == md.strip()
 
 
 # ------------------------------------------------------------------ HTP simulator rows
@@ -138,7 +142,12 @@ def _bench_htp(out, precision: str) -> dict:
     assert row["placement"]["talker_decode"]["precision"] == want
     assert row["context"] == 64 and row["cp_device"] == "htp" and row["decoder_device"] == "cpu"
     assert row["snr_db"] == float("inf")  # the simulator target decodes on the CPU (fp32)
-    assert 0.0 <= row["code_agreement"] <= 1.0 and 0.0 <= row["cp_codes_match"] <= 1.0
+    # the codes' agreement with the baseline against a witness computed apart from it: the row's own
+    # codes decoded on the CPU (e2e SNR against the baseline's audio of its codes) are inf exactly
+    # when every code is equal, else finite; fractions of 2 frames x 16 codes (15 for the CP)
+    assert (row["code_agreement"] == 1.0) == (row["e2e_snr_db"] == float("inf")), row
+    for value, count in ((row["code_agreement"], 32), (row["cp_codes_match"], 30)):
+        assert 0 <= value <= 1 and abs(value * count - round(value * count)) < 1e-9, row
     assert row["peak_rss_mb"] > 0
     md = (out / "results.md").read_text()
     line = next(x for x in md.splitlines() if x.startswith(f"| htp-sim/simulator/{precision} "))
@@ -155,6 +164,9 @@ def test_bench_htp_simulator_row(tmp_path):
     row = _bench_htp(tmp_path / "bench", "fp16")
     # fp16 arithmetic: close to the fp32 bundle, and not identical (it did not run in fp32)
     assert 0.9999 < row["talker_cos_min"] < 1.0 and row["talker_argmax_agreement"] == 1.0
+    # measured on the tiny model: fp16 on the simulator keeps every greedy code of the 2 frames, free-running
+    # and in the Code Predictor fed the fp32 hidden states and CB0
+    assert row["code_agreement"] == 1.0 and row["cp_codes_match"] == 1.0, row
 
 
 @pytest.mark.slow

@@ -244,12 +244,33 @@ def test_unwritable_out_dir_raises_kzttserror(tmp_path):
         tiny.make_tiny(blocker / "model")
     with pytest.raises(KzttsError, match="a_file"):
         tiny.make_tiny(blocker)
-    if os.geteuid() != 0:  # root ignores permission bits
+    # a folder that cannot be created: the name is too long for the file system (root too)
+    long = tmp_path / ("x" * 300)
+    with pytest.raises(KzttsError, match=r"cannot write the model to .*xxx/model: .*(too long|Invalid)"):
+        tiny.make_tiny(long / "model")
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_read_only_location_raises_kzttserror_and_leaves_nothing(tmp_path, monkeypatch):
+    """A location the OS refuses to write to (read-only file system, or no permission). Provoked by
+    the OS call failing, not by permission bits, so it runs as root too (CI), which ignores them."""
+    import errno
+
+    from kztts import build_cache
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), kwargs.get("dir"))
+
+    monkeypatch.setattr(build_cache.tempfile, "mkdtemp", refuse)
+    with pytest.raises(KzttsError, match=r"cannot write the model to .*/ro/model: Read-only file system$"):
+        tiny.make_tiny(tmp_path / "ro" / "model")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.rglob("*")] == ["ro"]  # the parent is made first; nothing inside it
+    if os.geteuid() != 0:  # the real thing where permission bits apply (root ignores them)
         ro = tmp_path / "ro"
-        ro.mkdir()
         ro.chmod(0o500)
         try:
-            with pytest.raises(KzttsError, match="ro"):
+            with pytest.raises(KzttsError, match="ro/model: Permission denied"):
                 tiny.make_tiny(ro / "model")
         finally:
             ro.chmod(0o700)

@@ -67,7 +67,7 @@ def test_synth_greedy_codes_and_wav_equal_qwen_tts(reference, tiny_bundle_dir, v
     got, got_sr = sf.read(out, dtype="float32")
     want = reference_wav(reference, ref.codes, ref.ref_codes)
     assert got_sr == 24000 and got.shape == want.shape == (FRAMES * 1920,)
-    assert np.abs(got - want).max() <= 1e-3
+    assert np.abs(got - want).max() <= 1.5e-4  # measured <= 3.3e-5 in all four modes, both variants: 4.5x
 
 
 def test_stream_concatenated_equals_synthesize(tts):
@@ -77,6 +77,7 @@ def test_stream_concatenated_equals_synthesize(tts):
     chunks = list(tts.stream(TEXT, voice, seed=5, max_frames=13, chunk_frames=3, result=holder))
     assert [len(c) for c in chunks] == [3 * 1920] * 4 + [1920]
     np.testing.assert_array_equal(holder["result"].codes, whole.codes)
+    # chunked streaming decoder against the one-pass decoder graph: measured 1.8e-6, 5x margin
     np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)
     assert holder["result"].times.first_audio < whole.times.first_audio
 
@@ -86,7 +87,7 @@ def test_stream_icl_equals_synthesize(tts):
     voice = tts.voice_from_reference(wav, 24000, REF_TEXT)
     whole = tts.synthesize(TEXT, voice, greedy=True, max_frames=6)
     chunks = list(tts.stream(TEXT, voice, greedy=True, max_frames=6, chunk_frames=4))
-    np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.concatenate(chunks), whole.samples, atol=1e-5, rtol=0)  # measured 1.4e-6: 7x
 
 
 @pytest.mark.parametrize("icl", [False, True], ids=["xvector", "icl"])
