@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from kztts import env
 from kztts.errors import KzttsError
 from kztts.placement import PlacementError, parse_phases
 from kztts import graphs as G
@@ -183,9 +184,9 @@ class Target:
 
 def configs_dir() -> Path:
     """``$KZTTS_QNN_CONFIGS`` if set, else the project's ``qnn_configs/``."""
-    env = os.environ.get("KZTTS_QNN_CONFIGS")
-    if env:
-        return Path(env).expanduser()
+    configured = env.path("KZTTS_QNN_CONFIGS")
+    if configured is not None:
+        return configured
     return Path(__file__).resolve().parent.parent / "qnn_configs"
 
 
