@@ -68,5 +68,17 @@ def load_reference(model_dir: Path):
         torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local directory, never a hub id
     qwen_tts = import_qwen_tts()
-    return qwen_tts.Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                  attn_implementation="eager")
+    tts = qwen_tts.Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 attn_implementation="eager")
+    _set_pad_token(tts.model)
+    return tts
+
+
+def _set_pad_token(model) -> None:
+    """Give the Talker and the Code Predictor the pad id transformers would pick (their EOS id), so
+    each generate() call does not log "Setting `pad_token_id` to `eos_token_id`" (same tokens)."""
+    for module in (model.talker, model.talker.code_predictor):
+        config = module.generation_config
+        if config.pad_token_id is None and config.eos_token_id is not None:
+            eos = config.eos_token_id
+            config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
