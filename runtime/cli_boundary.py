@@ -2,7 +2,7 @@
 
 A ``KzttsError`` (the user's input) and the operating-system errors a user can fix (permission,
 not-a-directory, is-a-directory, exists, no space, read-only file system, missing file) become one
-line ``kztts: error: <path>: <what> — <what to do>`` and exit code 2. Anything else is a bug: its
+line ``kztts: error: <path>: <what>; <what to do>`` and exit code 2. Anything else is a bug: its
 traceback is kept, followed by a line asking to report it.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def os_error_line(exc: OSError) -> str | None:
     what, todo = known
     where = exc.filename if exc.filename is not None else exc.filename2
     where = os.fsdecode(where) + ": " if where is not None else ""
-    return f"{where}{what} — {todo}"
+    return f"{where}{what}; {todo}"
 
 
 def run_command(func: Callable[[], int]) -> int:
