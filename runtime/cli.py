@@ -76,18 +76,21 @@ def cmd_synth(args: argparse.Namespace) -> int:
         check_writable(args.codes_out, "codes")
     if args.decoder_threads is not None:
         check_threads("--decoder-threads", args.decoder_threads)
-    recording = read_voice(args.speaker_wav or args.ref_audio) if (args.speaker_wav or args.ref_audio) else None
+    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
+    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
+    with_overrides(reference_settings(), flags, names)  # a flag out of range fails now, not after loading
     if not args.text.strip():
         raise KzttsError("the text is empty; give the words to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
+    if args.pipeline and not args.stream:
+        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
+    recording = read_voice(args.speaker_wav or args.ref_audio) if (args.speaker_wav or args.ref_audio) else None
     demo = args.bundle is None and args.model is None
     if demo:
         print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
               "not speech)", file=sys.stderr)
     bundle = Path(args.bundle) if args.bundle else _cached_export(Path(args.model) if args.model else None)
-    if args.pipeline and not args.stream:
-        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
     config = None
     if args.decoder_threads is not None:
         from kztts.sessions import SessionConfig
@@ -98,8 +101,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.explain:
         print(tts.plan.table())
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
-    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
-    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
     settings = with_overrides(settings, flags, names)
     if args.xvector:
         voice = tts.voice_from_xvector(args.xvector)

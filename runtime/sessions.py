@@ -52,6 +52,14 @@ class SessionConfig:
     graph_threads: tuple[tuple[str, int], ...] = ()
     decoder_threads: int | None = field(default_factory=_default_decoder_threads)
 
+    def __post_init__(self) -> None:
+        # the same bound as the variables and flags: a huge count makes ONNX Runtime hang
+        env.check_threads("threads", int(self.threads))
+        if self.decoder_threads is not None:
+            env.check_threads("decoder_threads", int(self.decoder_threads))
+        for name, threads in self.graph_threads:
+            env.check_threads(f"threads of {name}", int(threads))
+
     def threads_for(self, graph: str) -> int:
         """Intra-op threads for ``graph`` (0 = ONNX Runtime's choice)."""
         for name, threads in self.graph_threads:
