@@ -75,10 +75,9 @@ def load_reference(model_dir: Path):
 
 
 def _set_pad_token(model) -> None:
-    """Give the Talker and the Code Predictor the pad id transformers would pick (their EOS id), so
-    each generate() call does not log "Setting `pad_token_id` to `eos_token_id`" (same tokens)."""
-    for module in (model.talker, model.talker.code_predictor):
-        config = module.generation_config
-        if config.pad_token_id is None and config.eos_token_id is not None:
-            eos = config.eos_token_id
-            config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    """Give the Talker the pad id transformers would pick itself (qwen-tts passes the codec EOS id
+    as ``eos_token_id``), so each generate() call does not log "Setting `pad_token_id` to
+    `eos_token_id`" (the tokens are the same)."""
+    config = model.talker.generation_config
+    if config.pad_token_id is None:
+        config.pad_token_id = model.config.talker_config.codec_eos_token_id
