@@ -32,6 +32,9 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     check_writable_dir(args.output, "bundle", create_parents=True)
     _need_export_extra()
+    from kztts.export.checkpoint import read_config
+
+    read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
     progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
                    args.model_dir, args.output)
     from kztts.export.variants import export_variant
