@@ -119,6 +119,15 @@ def _warn_fallback() -> None:
                     _STATE.error)
 
 
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C runtime handle (Windows): nothing buffered to lose
+        pass
+
+
 @contextlib.contextmanager
 def _native_output_to_log():
     """The HTP library prints a banner (``# LIBNATIVE: ...``) on the process's stdout when first
@@ -140,6 +149,7 @@ def _native_output_to_log():
             yield
         finally:
             sys.stdout.flush()
+            _flush_c_stdio()  # a banner still in C's stdout buffer must land in the file, not later on stdout
             os.dup2(saved, fd)
             os.close(saved)
             captured.seek(0)
