@@ -6,8 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tqdm import tqdm
-
+from kztts import progress
 from kztts.build_cache import build_once, code_key, staged_dir
 from kztts.errors import KzttsError
 from kztts.export.checkpoint import fingerprint, load_reference, read_config
@@ -89,25 +88,25 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             from kztts.targets import load_target
 
             target_cfg = load_target(target)  # fail on a bad target before the long work
-        steps = tqdm(total=6 + (target is not None), desc="export", unit="step", disable=None)
-        steps.set_postfix_str("loading checkpoint")
+        steps = progress.Steps(6 + (target is not None), "export")
+        steps.phase("loading checkpoint")
         tts = load_reference(model_dir)
         model = tts.model
         steps.update()
-        steps.set_postfix_str("hashing checkpoint")
+        steps.phase("hashing checkpoint")
         source = fingerprint(model_dir)
         steps.update()
-        steps.set_postfix_str("embeddings + tokenizer")
+        steps.phase("embeddings + tokenizer")
         tables = export_embeddings(model, work)
         export_tokenizer(model_dir, work)
         steps.update()
-        steps.set_postfix_str("talker + code predictor graphs")
+        steps.phase("talker + code predictor graphs")
         export_id = source["sha256"][:16]
         graphs = {"talker": export_talker(model, work, export_id)}
         graphs.update(export_code_predictor(model, work, export_id))
         graphs.update(export_gqa_graphs(model, work, export_id))
         steps.update()
-        steps.set_postfix_str("speech tokenizer + speaker encoder")
+        steps.phase("speech tokenizer + speaker encoder")
         graphs.update(export_decoder(model, work, export_id))
         graphs.update(export_encoder(model, work, export_id))
         graphs.update(export_speaker_encoder(model, work, export_id))
@@ -115,12 +114,12 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         if target is not None:
             from kztts.export.htp_export import export_htp_graphs
 
-            steps.set_postfix_str(f"HTP graphs for {target}")
+            steps.phase(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
                                             precision=precision, context_binary=context_binary,
                                             segments=segments))
             steps.update()
-        steps.set_postfix_str("manifest")
+        steps.phase("manifest")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
             "tts_model_type": cfg["tts_model_type"], "tokenizer_type": TOKENIZER_TYPE,

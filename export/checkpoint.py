@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from kztts import env
 from kztts.errors import KzttsError
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,21 @@ def load_reference(model_dir: Path):
     from kztts.export.qwen_import import import_qwen_tts
 
     read_config(model_dir)
-    threads = os.environ.get("KZTTS_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:  # the same thread budget as the ONNX Runtime side
-        torch.set_num_threads(int(threads))
+    threads = env.threads("KZTTS_THREADS", 0)
+    if threads > 0:  # the same thread budget as the ONNX Runtime side
+        torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local directory, never a hub id
     qwen_tts = import_qwen_tts()
-    return qwen_tts.Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                  attn_implementation="eager")
+    tts = qwen_tts.Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 attn_implementation="eager")
+    _set_pad_token(tts.model)
+    return tts
+
+
+def _set_pad_token(model) -> None:
+    """Give the Talker the pad id transformers would pick itself (qwen-tts passes the codec EOS id
+    as ``eos_token_id``), so each generate() call does not log "Setting `pad_token_id` to
+    `eos_token_id`" (the tokens are the same)."""
+    config = model.talker.generation_config
+    if config.pad_token_id is None:
+        config.pad_token_id = model.config.talker_config.codec_eos_token_id

@@ -73,7 +73,9 @@ def reference_run(tts, mode: str, *, frames: int, language: str = "English", tex
     vcp = tts._prompt_items_to_voice_clone_prompt(items)
     input_ids = tts._tokenize_texts([tts._build_assistant_text(text)])
     ref_ids = None if xvec else [tts._tokenize_texts([tts._build_ref_text(ref_text)])[0]]
-    greedy = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1)
+    # temperature 1 (unused by argmax): transformers warns about a sampling flag set for greedy search
+    greedy = dict(do_sample=False, subtalker_dosample=False, temperature=1.0, subtalker_temperature=1.0,
+                  max_new_tokens=frames + 1)
     captured, restore = _capture_talker_generate(model)
     try:
         codes_list, _ = model.generate(input_ids=input_ids, ref_ids=ref_ids, voice_clone_prompt=vcp,

@@ -25,6 +25,7 @@ from kztts.export.reference import (MODES, ReferenceRun, reference_run, teacher_
 from kztts.prompt import build_prompt
 from kztts.sampling import SamplingParams, XorShift32
 from kztts.plan import resolve_plan
+from kztts.progress import phase
 from kztts.talker import Talker
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,27 @@ def validate_mode(tts, bundle: Bundle, tables: EmbeddingTables, talker: Talker,
     )
 
 
+def check_reference(bundle_dir: Path, reference_dir: Path) -> None:
+    """Refuse, in one line naming both, a reference checkpoint other than the one the bundle was
+    exported from (the manifest's ``source.sha256``): a replay against it only prints a FAIL table."""
+    from kztts.errors import KzttsError
+    from kztts.export.checkpoint import fingerprint, read_config
+
+    source = Bundle.open(bundle_dir, load_graphs=False).manifest.data.get("source") or {}
+    read_config(reference_dir)
+    expected = source.get("sha256")
+    if not expected:
+        log.warning("%s: the manifest records no checkpoint sha256; the reference's identity is not checked",
+                    bundle_dir)
+        return
+    phase("validate: hashing the reference checkpoint %s", reference_dir)
+    got = fingerprint(reference_dir)["sha256"]
+    if got != expected:
+        raise KzttsError(f"{reference_dir}: not the checkpoint this bundle was exported from (sha256 {got[:12]}..., "
+                         f"the bundle's {expected[:12]}..., exported from {source.get('path', '?')}); "
+                         "give that checkpoint as --reference")
+
+
 def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int = 32,
              modes: tuple[str, ...] = MODES, languages: tuple[str, ...] = ("English", "Auto")) -> dict:
     """Run every mode (and language setting) and aggregate: worst case over all of them."""
@@ -99,10 +121,13 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
     tables = EmbeddingTables.from_bundle(bundle)
     talker = resolve_plan(bundle, attention="plain").open_talker(4096)  # the plain graph, as the reference
     predictors = {m: resolve_plan(bundle, cp_mode=m).open_code_predictor(tables) for m in ("frame", "step")}
+    phase("validate: loading the qwen-tts reference from %s", reference_dir)
     tts = load_reference(Path(reference_dir))
     per_mode = []
     for language in languages:
         for mode in modes:
+            phase("validate: %s, language %s (%d/%d)", mode, language, len(per_mode) + 1,
+                  len(languages) * len(modes))
             m = validate_mode(tts, bundle, tables, talker, predictors, mode, frames, language)
             log.info("%s/%s: %s", mode, language, m)
             per_mode.append({"language": language, **asdict(m)})

@@ -18,6 +18,7 @@ import numpy as np
 
 from kztts.bench.metrics import cosine_rows
 from kztts.plan import resolve_plan
+from kztts.progress import phase
 from kztts.replay import decode_input, decode_inputs, greedy_cb0, teacher_forced_talker
 from kztts.worker_process import run_worker, worker_main
 
@@ -203,7 +204,8 @@ def reference_sequences(bundle, tts, modes, frames: int, language: str) -> list[
 
     tables = EmbeddingTables.from_bundle(bundle)
     seqs = []
-    for mode in modes:
+    for i, mode in enumerate(modes):
+        phase("validate: qwen-tts reference, %s (%d/%d)", mode, i + 1, len(modes))
         run = reference_run(tts, mode, frames=frames, language=language)
         prompt = bundle_prompt(bundle, tables, run)
         seqs.append({"prefill": prompt.embeds, "decodes": decode_inputs(tables, prompt, run.codes), "codes": run.codes})
@@ -243,7 +245,9 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     if precision is not None and precision not in have:
         raise KzttsError(f"{bundle_dir}: the static graphs are {sorted(have)}, not {precision}; "
                          f"re-export with --precision {precision}")
-    tts = tts if tts is not None else load_reference(Path(reference_dir))  # tests pass a loaded one
+    if tts is None:  # tests pass a loaded one
+        phase("validate: loading the qwen-tts reference from %s", reference_dir)
+        tts = load_reference(Path(reference_dir))
     seqs = reference_sequences(bundle, tts, modes, frames, language)
     names = list(modes)
     ctx = max(s["prefill"].shape[0] + len(s["decodes"]) + 1 for s in seqs)

@@ -13,6 +13,7 @@ sr_from))`` computed in float64.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -21,6 +22,8 @@ import numpy as np
 
 from kztts.atomic import atomic_path
 from kztts.errors import KzttsError
+
+log = logging.getLogger(__name__)
 
 # Below one 16-bit LSB everywhere: nothing for a speaker encoder or codec to hear.
 SILENCE_PEAK = 1.0 / 32768
@@ -54,6 +57,53 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 _FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
 
 
+# A voice recording (--speaker-wav, --ref-audio): long enough for a speaker embedding, short
+# enough to encode in seconds; any rate in range is resampled to 24 kHz, any channels mixed down.
+VOICE_SECONDS = (1.0, 60.0)
+VOICE_RATES = (8000, 192000)
+VOICE_RATE = 24000
+
+
+def read_voice(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+    """A voice recording as ``read_wav`` returns it, refused (one line naming the file and the
+    accepted range) outside ``VOICE_SECONDS`` / ``VOICE_RATES`` before its samples are read; a
+    one-line note says when it is mixed down to mono or will be resampled to 24 kHz."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise KzttsError(f"{path}: no such audio file")
+    try:
+        info = sf.info(str(path))
+    except Exception:  # unreadable: read_wav words the error
+        return read_wav(path)
+    seconds = info.frames / info.samplerate if info.samplerate else 0.0
+    lo, hi = VOICE_SECONDS
+    if info.frames and not lo <= seconds <= hi:
+        raise KzttsError(f"{path}: the voice recording lasts {seconds:.2f} s; give {lo:g} to {hi:g} s of speech "
+                         f"(cut it with any audio editor)")
+    if not VOICE_RATES[0] <= info.samplerate <= VOICE_RATES[1]:
+        raise KzttsError(f"{path}: sample rate {info.samplerate} Hz is outside {VOICE_RATES[0]}..{VOICE_RATES[1]} Hz; "
+                         "give a normal recording")
+    samples, sr = read_wav(path)
+    done = ([f"mixed {info.channels} channels down to mono"] if info.channels > 1 else []) + \
+        ([f"resampled {sr} Hz -> {VOICE_RATE} Hz"] if sr != VOICE_RATE else [])
+    if done:
+        log.warning("%s: %s (%.2f s)", path, ", ".join(done), seconds)
+    return samples, sr
+
+
+
+
+def check_output_extension(path: str | os.PathLike) -> Path:
+    """``path`` if its extension names a format ``write_wav`` writes, else a KzttsError listing them."""
+    path = Path(path)
+    if path.suffix.lower() not in _FORMATS:
+        raise KzttsError(f"{path}: unsupported output extension {path.suffix!r}; use one of "
+                         f"{', '.join(sorted(_FORMATS))}")
+    return path
+
+
 def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: str | None = None) -> Path:
     """Write ``samples`` (1-D, or [n, channels]) at ``sr`` to ``path`` atomically.
 
@@ -63,11 +113,8 @@ def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: st
     """
     import soundfile as sf
 
-    path = Path(path)
-    fmt = _FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise KzttsError(f"{path}: unsupported output extension {path.suffix!r}; use one of "
-                         f"{', '.join(sorted(_FORMATS))}")
+    path = check_output_extension(path)
+    fmt = _FORMATS[path.suffix.lower()]
     x = np.asarray(samples, dtype=np.float32)
     if x.ndim not in (1, 2) or x.shape[0] == 0:
         raise KzttsError(f"{path}: nothing to write (samples of shape {list(x.shape)})")

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +23,7 @@ from filelock import FileLock
 
 from kztts.atomic import replace
 from kztts.errors import KzttsError
+from kztts.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +89,13 @@ def build_once(dest: Path, build: Callable[[Path], object], *, marker: str = "kz
         for old in stale:
             log.info("removing %s", old)
             shutil.rmtree(old, ignore_errors=True)
-        log.info("building %s", dest)
+        phase("building %s (once: later runs reuse it from %s)", dest.name, dest.parent)
+        start = time.monotonic()
         with staged_dir(dest) as work:
             build(work)
             if not (work / marker).is_file():
                 raise RuntimeError(f"building {dest} did not write {marker}")
+        phase("built %s in %.0f s", dest.name, time.monotonic() - start)
     finally:
         lock.release()
     return dest

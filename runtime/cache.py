@@ -1,11 +1,11 @@
 """Where generated artifacts (tiny models, bundles, goldens) are cached."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from kztts import env
 
 
 def cache_dir() -> Path:
     """``$KZTTS_CACHE`` if set, else ``~/.cache/kztts``."""
-    root = os.environ.get("KZTTS_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "kztts"
+    return env.path("KZTTS_CACHE") or Path.home() / ".cache" / "kztts"

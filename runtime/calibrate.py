@@ -199,9 +199,10 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     used = []
     it = prompts
     if progress:
-        from tqdm import tqdm
+        from kztts.progress import bar, phase
 
-        it = tqdm(prompts, desc="calibrate", unit="prompt", disable=None)
+        phase("calibrate: %d prompts of %d frames on the per-layer graphs", len(prompts), frames)
+        it = bar(prompts, desc="calibrate", unit="prompt")
     for i, p in enumerate(it):
         try:
             tts.generate_codes(p["text"], voice, language=p["language"], streaming_text=p["streaming_text"],

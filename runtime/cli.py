@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
-from kztts.errors import KzttsError
 from kztts import graphs as G
+from kztts import progress
+from kztts.atomic import atomic_outputs, check_writable, check_writable_dir
+from kztts.cli_boundary import run_command
+from kztts.env import check_environment, check_threads
+from kztts.errors import KzttsError
 from kztts.extras import need_export_extra as _need_export_extra
-from kztts.settings import PRESETS, SAMPLING_FLAGS
+from kztts.settings import PRESETS, SAMPLING_FLAGS, reference_settings, with_environment
 
 log = logging.getLogger("kztts")
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
+    check_writable_dir(args.out_dir, "checkpoint", create_parents=True)
     _need_export_extra()
     from kztts.export.tiny import make_tiny
 
@@ -26,7 +30,13 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    check_writable_dir(args.output, "bundle", create_parents=True)
     _need_export_extra()
+    from kztts.export.checkpoint import read_config
+
+    read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
+    progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
+                   args.model_dir, args.output)
     from kztts.export.variants import export_variant
 
     out = export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
@@ -36,17 +46,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
-def _check_writable(path: Path, what: str) -> None:
-    """Fail before any work when ``path`` cannot be written (no partial file is ever left)."""
-    parent = path.resolve().parent
-    if path.is_dir():
-        raise KzttsError(f"{path}: is a directory; give a file name for the {what}")
-    if not parent.is_dir():
-        raise KzttsError(f"{path}: cannot write the {what}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise KzttsError(f"{path}: cannot write the {what}: permission denied")
 
 
 def _cached_export(model_dir: Path | None) -> Path:
@@ -71,27 +70,30 @@ def cmd_synth(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from kztts.audio import read_wav, synthetic_voice, write_wav
-    from kztts.settings import with_environment, with_overrides
+    from kztts.audio import check_output_extension, read_voice, synthetic_voice, write_wav
+    from kztts.settings import with_overrides
     from kztts.tts import TTS
 
-    out = Path(args.output)
-    _check_writable(out, "audio")
+    out = check_writable(check_output_extension(args.output), "audio")
     if args.codes_out:
-        _check_writable(Path(args.codes_out), "codes")
+        check_writable(args.codes_out, "codes")
+    if args.decoder_threads is not None:
+        check_threads("--decoder-threads", args.decoder_threads)
+    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
+    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
+    with_overrides(reference_settings(), flags, names)  # a flag out of range fails now, not after loading
     if not args.text.strip():
         raise KzttsError("the text is empty; give the words to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
+    if args.pipeline and not args.stream:
+        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
+    recording = read_voice(args.speaker_wav or args.ref_audio) if (args.speaker_wav or args.ref_audio) else None
     demo = args.bundle is None and args.model is None
     if demo:
         print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
               "not speech)", file=sys.stderr)
     bundle = Path(args.bundle) if args.bundle else _cached_export(Path(args.model) if args.model else None)
-    if args.pipeline and not args.stream:
-        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
-    if args.decoder_threads is not None and args.decoder_threads < 0:
-        raise KzttsError(f"--decoder-threads={args.decoder_threads} is not valid: expected an integer >= 0")
     config = None
     if args.decoder_threads is not None:
         from kztts.sessions import SessionConfig
@@ -102,15 +104,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.explain:
         print(tts.plan.table())
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
-    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
-    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
     settings = with_overrides(settings, flags, names)
     if args.xvector:
         voice = tts.voice_from_xvector(args.xvector)
     elif args.speaker_wav:
-        voice = tts.voice_from_wav(*read_wav(args.speaker_wav))
+        voice = tts.voice_from_wav(*recording)
     elif args.ref_audio:
-        voice = tts.voice_from_reference(*read_wav(args.ref_audio), args.ref_text)
+        voice = tts.voice_from_reference(*recording, args.ref_text)
     elif demo:
         voice = tts.voice_from_wav(synthetic_voice(), 24000)
     else:
@@ -129,7 +129,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     bar.close()
     write_wav(out, result.samples, result.sample_rate)
     if args.codes_out:
-        np.save(args.codes_out, result.codes)
+        with atomic_outputs([args.codes_out]) as (tmp,):
+            with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy
+                np.save(f, result.codes)
     summary = result.summary()
     ms = summary["ms"]
     # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
@@ -146,6 +148,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kztts", description="Qwen3-TTS on ONNX Runtime (CPU, Qualcomm QNN/HTP)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines or bars on stderr (errors and results are still printed)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("make-tiny", help="write a random-weight Qwen3-TTS-12Hz Base checkpoint")
@@ -242,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    try:
+    progress.configure(quiet=args.quiet)
+
+    def command() -> int:
+        check_environment()  # every KZTTS_* variable, before any work
+        with_environment(reference_settings())  # and the sampling overrides (KZTTS_TEMP...)
         return args.func(args)
-    except KzttsError as exc:
-        print(f"kztts: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+
+    return run_command(command)
 
 
 if __name__ == "__main__":

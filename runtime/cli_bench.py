@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from kztts.atomic import check_writable_dir
 from kztts.bench.report import cpu_name
 from kztts.errors import KzttsError
 
@@ -80,11 +81,11 @@ def merge_rounds(rows: list[dict]) -> dict:
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
     from kztts.bench import grid as G
     from kztts.bench import report
+    from kztts.progress import Steps
 
+    out = check_writable_dir(args.out, "results folder", create_parents=True) if args.out else _default_out()
     with_cpu, htp_targets = G.parse_targets(args.target)
     configs = G.grid(G.parse_list(args.weights, "weights"), G.parse_list(args.kv, "kv"),
                      G.parse_list(args.cp_mode, "cp_mode"), G.parse_list(args.decoder, "decoder"),
@@ -107,16 +108,14 @@ def run_bench(args: argparse.Namespace) -> dict:
     from kztts.export.bundle_writer import cached_bundle
     from kztts.export.variants import cached_variant
 
-    out = Path(args.out) if args.out else _default_out()
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     if args.rounds < 1:
         raise KzttsError("--rounds must be >= 1")
-    steps = tqdm(total=4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds
-                 + 2 * len(htp_configs),
-                 desc="bench", unit="step", disable=None, file=sys.stderr)
+    steps = Steps(4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds
+                  + 2 * len(htp_configs), "bench")
 
-    steps.set_postfix_str("model + fp32 bundle")
+    steps.phase("model + fp32 bundle")
     if args.model_dir:
         model_dir = Path(args.model_dir)
     else:
@@ -125,7 +124,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         model_dir = cached_tiny(variant="equal" if args.size == "tiny" else None, size=args.size)
     base = cached_bundle(model_dir)
     steps.update()
-    steps.set_postfix_str("precision variants")
+    steps.phase("precision variants")
     bundles = {}
     for c in configs:
         key = (c.weights, c.kv, c.decoder)
@@ -133,7 +132,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             bundles[key] = cached_variant(base, weights=c.weights, kv=c.kv, decoder=c.decoder)
     steps.update()
 
-    steps.set_postfix_str("x-vector")
+    steps.phase("x-vector")
     import numpy as np
 
     from kztts.audio import synthetic_voice
@@ -146,7 +145,7 @@ def run_bench(args: argparse.Namespace) -> dict:
               "warmup": args.warmup, "chunk": args.chunk}
     steps.update()
 
-    steps.set_postfix_str("fp32 baseline")
+    steps.phase("fp32 baseline")
     baseline = work / "baseline.npz"
     threads_max = max(c.threads for c in configs) if configs else max(G.parse_threads(args.threads))
     b = _worker("kztts.bench.worker", {**common, "bundle": str(base), "cp_mode": "frame", "threads": threads_max,
@@ -165,7 +164,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         k = rnd % len(tasks) if tasks else 0
         for kind, what in tasks[k:] + tasks[:k] + ([("htp", h) for h in htp_bundles] if rnd == 0 else []):
             if kind == "htp":
-                steps.set_postfix_str(f"{what.name} on the HTP simulator (untimed)")
+                steps.phase(f"{what.name} on the HTP simulator (untimed)")
                 r = _worker("kztts.bench.htp_worker", {**common, "bundle": str(htp_bundles[what][0]),
                                                        "target": str(htp_bundles[what][1]), "threads": threads_max,
                                                        "baseline": str(baseline)}, work, what.slug, threads_max)
@@ -173,12 +172,12 @@ def run_bench(args: argparse.Namespace) -> dict:
                 steps.update()
                 continue
             if kind == "reference":
-                steps.set_postfix_str(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
+                steps.phase(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
                 r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": what,
                                                               "baseline": str(baseline)},
                             work, f"reference_t{what}_r{rnd}", what)
             else:
-                steps.set_postfix_str(f"{what.name} (round {rnd + 1}/{args.rounds})")
+                steps.phase(f"{what.name} (round {rnd + 1}/{args.rounds})")
                 r = _worker("kztts.bench.worker", {**common, "bundle": str(bundles[(what.weights, what.kv, what.decoder)]),
                                                    "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
                                                    "attention": what.attention, "pipeline": what.pipeline,
@@ -248,7 +247,7 @@ def _htp_bundles(htp_configs: list, args: argparse.Namespace, baseline_row: dict
     for h in htp_configs:
         context = h.context or bench_context(baseline_row["prefill_positions"], args.frames)
         h = replace(h, context=context)
-        steps.set_postfix_str(f"{h.name}: {h.precision} HTP graphs at context {context}")
+        steps.phase(f"{h.name}: {h.precision} HTP graphs at context {context}")
         target_file = bench_target_file(h.target, context, work / "targets")
         out[h] = (cached_htp_bundle(base, model_dir, target_file, h.precision, args.htp_dir), target_file)
         steps.update()

@@ -5,23 +5,34 @@ import argparse
 import json
 from pathlib import Path
 
+from kztts.atomic import atomic_outputs, check_writable
+from kztts.errors import KzttsError
+
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from kztts.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
     from kztts.placement import write_placement
     from kztts.segments import LAYER_STATS
 
-    prompts = load_prompts(args.prompts)
-    report = calibrate(args.bundle, prompts, frames=args.frames, threshold=args.threshold or DEFAULT_THRESHOLD,
-                       progress=True)
     out = Path(args.output)
     stem = out.with_suffix("")
     report_path = Path(args.report) if args.report else stem.parent / (stem.name + ".report.json")
     plot_path = Path(args.plot) if args.plot else stem.parent / (stem.name + ".png")
+    for path, what in ((out, "placement file"), (report_path, "precision report"), (plot_path, "plot")):
+        check_writable(path, what)  # before the calibration runs
+    if args.frames < 1:
+        raise KzttsError(f"--frames={args.frames}: give at least 1 frame per prompt")
+    prompts = load_prompts(args.prompts)
+    report = calibrate(args.bundle, prompts, frames=args.frames, threshold=args.threshold or DEFAULT_THRESHOLD,
+                       progress=True)
     placement = report.placement()
-    write_placement(placement, out)
-    report_path.write_text(json.dumps(report.to_json(), indent=1) + "\n")
-    plotted = report.plot(plot_path)
+    # the three outputs appear together or not at all
+    with atomic_outputs([out, report_path, plot_path]) as (out_tmp, report_tmp, plot_tmp):
+        write_placement(placement, out_tmp)
+        report_tmp.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        if report.plot(plot_tmp) is None:
+            plot_tmp.unlink()
+            plot_path = None
     print(f"{len(report.prompts)} prompts, {args.frames} frames each; threshold {report.threshold:g} "
           f"(fp16 max 65504)")
     print(f"{'layer':>6}  {'prefill peak':>13} {'(tensor)':<18} {'decode peak':>12} {'(tensor)':<18} placement")
@@ -36,7 +47,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"{'head':>6}  {report.head['prefill'][0]:>13.4g} {'residual_in':<18} {report.head['decode'][0]:>12.4g} "
           f"{'residual_in':<18} {'/'.join(sorted({placement.prefill.head, placement.decode.head}))}")
     print(f"guarded placement: {placement.describe()}")
-    print(f"wrote {out}, {report_path}" + (f", {plotted}" if plotted else ""))
+    print(f"wrote {out}, {report_path}" + (f", {plot_path}" if plot_path else ""))
     return 0
 
 

@@ -9,6 +9,29 @@ from kztts.errors import KzttsError
 from kztts.graphs import CP_MODES
 
 
+def _graph_bytes(path: Path) -> int:
+    """The graph file and its external-data files (``<name>.onnx.data``, ``<name>.data``...)."""
+    return sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*") if p.is_file()
+               and (p == path or p.suffix == ".data"))
+
+
+def _attention(graph: str) -> str:
+    """``fused`` (ORT GroupQueryAttention), ``plain`` (ONNX ops: a role that also has a fused
+    graph), or ``-`` (the decoder and encoders)."""
+    from kztts import graphs as G
+
+    kind = G.GRAPHS.get(graph)
+    if kind is None:
+        return "-"
+    if kind.fused:
+        return "fused"
+    return "plain" if any(k.fused and k.role == kind.role for k in G.GRAPHS.values()) else "-"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
+
+
 def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False) -> dict:
     """Open every graph as ``synth --target`` would and report its node placement.
 
@@ -24,15 +47,17 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     graphs = bundle.manifest.graphs
-    has_static = any(g.variant == "static" for g in graphs.values())
+    # a plain export's static graphs (cp_frame) run on the CPU: no target, the CPU plan
+    exported_for_target = any(g.extra.get("target") for g in graphs.values())
     tcfg = None
     if target is not None:
         tcfg = load_target(target)
-    elif has_static:
+    elif exported_for_target:
         tcfg = load_target(bundle_target(bundle))
     rows = []
     for name, spec in graphs.items():
-        row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision}
+        row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
+               "bytes": _graph_bytes(bundle.path / spec.file), "attention": _attention(name)}
         if spec.variant == "static" and tcfg is not None:
             sess = open_target_session(bundle, name, tcfg, strict)
             qnn_file, _ = graph_files(bundle, name)
@@ -75,12 +100,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if report["target"] and not report["qnn_available"]:
         head += f"; QNN unavailable: {report['qnn_unavailable_reason']}"
     print(head)
-    print(f"{'graph':<18}{'variant':<9}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
+    print(f"{'graph':<18}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
     for r in report["graphs"]:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["cpu_op_types"].items())) if r["qnn_nodes"] else \
             ("(all)" if r["cpu_nodes"] else "")
         prec = r["precision"] + (" [ctx]" if r["context_binary"] else "")
-        print(f"{r['graph']:<18}{r['variant']:<9}{r['qnn_nodes']:>6}{r['cpu_nodes']:>6}  {prec:<24}{ops}")
+        print(f"{r['graph']:<18}{r['variant']:<9}{r['attention']:<10}{_size(r['bytes']):>10}"
+              f"{r['qnn_nodes']:>6}{r['cpu_nodes']:>6}  {prec:<24}{ops}")
+    if not report["target"]:
+        args.target = None
+        print()
+        return cmd_plan(args)
     return 0
 
 

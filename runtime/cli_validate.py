@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from kztts import graphs as G
+from kztts.errors import KzttsError
 from kztts.validation import BOUNDS, judge, metric_lines
 
 
@@ -83,7 +84,12 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from kztts.extras import need_export_extra
 
+    if args.frames < 1:
+        raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
     need_export_extra()
+    from kztts.export.validate import check_reference
+
+    check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
     if args.placement:
         return cmd_validate_placement(args)
     if args.target:

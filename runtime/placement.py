@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kztts.atomic import write_text
 from kztts.errors import KzttsError
 from kztts.graphs import DEVICES
 from kztts.segments import Segment
@@ -215,7 +216,6 @@ def parse_placement(data: Any, where: str, num_layers: int) -> LayerPlacement:
 def write_placement(placement: LayerPlacement, path: str | Path) -> Path:
     path = Path(path)
     try:
-        path.write_text(json.dumps(placement.to_json(), indent=2) + "\n")
+        return write_text(path, json.dumps(placement.to_json(), indent=2) + "\n")
     except OSError as exc:
         raise KzttsError(f"cannot write the placement file {path}: {exc.strerror or exc}") from exc
-    return path

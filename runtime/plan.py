@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kztts import graphs as G
+from kztts import env
 from kztts.errors import BundleError, KzttsError
 from kztts.placement import (BUILTIN_MODES, MODES, LayerPlacement, PlacementError, builtin, parse_phases,
                              parse_placement)
@@ -38,10 +38,7 @@ ROLES = ("talker_prefill", "talker_decode", "code_predictor", "decoder", "speake
 
 def attention_from_env() -> str:
     """``$KZTTS_ATTENTION`` (default ``fused``), checked."""
-    mode = os.environ.get(ATTENTION_ENV, "fused").strip().lower()
-    if mode not in G.ATTENTIONS:
-        raise KzttsError(f"{ATTENTION_ENV}={mode!r}: use one of {', '.join(G.ATTENTIONS)}")
-    return mode
+    return env.choice(ATTENTION_ENV, G.ATTENTIONS, "fused")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from kztts import env
 from kztts.errors import BundleError, KzttsError
 from kztts.sessions import SessionConfig, _check_io, _check_stamp, _session_options
 from kztts.targets import Target, load_target
@@ -69,7 +70,7 @@ def _register() -> None:
         if st.tried:
             return
         st.tried = True
-        if os.environ.get("KZTTS_DISABLE_QNN", "") not in ("", "0"):
+        if env.flag("KZTTS_DISABLE_QNN"):
             st.error = "disabled by KZTTS_DISABLE_QNN"
             return
         # libsndfile dlopen'ed after the HTP backend is loaded segfaults on its first file
@@ -118,9 +119,23 @@ def _warn_fallback() -> None:
                     _STATE.error)
 
 
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C runtime handle (Windows): nothing buffered to lose
+        pass
+
+
 @contextlib.contextmanager
-def _stdout_to_stderr():
-    """The HTP library prints a banner on stdout when first loaded; keep stdout for results (--json)."""
+def _native_output_to_log():
+    """The HTP library prints a banner (``# LIBNATIVE: ...``) on the process's stdout when first
+    loaded, from native code that no log level reaches: while a QNN session is created, fd 1 goes
+    to a temporary file whose lines are logged at debug level (-vv), so stdout keeps only results
+    (--json) and stderr only kztts's own messages."""
+    import tempfile
+
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, ValueError, OSError):
@@ -128,12 +143,19 @@ def _stdout_to_stderr():
         return
     sys.stdout.flush()
     saved = os.dup(fd)
-    try:
-        os.dup2(sys.stderr.fileno(), fd)
-        yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
+    with tempfile.TemporaryFile() as captured:
+        try:
+            os.dup2(captured.fileno(), fd)
+            yield
+        finally:
+            sys.stdout.flush()
+            _flush_c_stdio()  # a banner still in C's stdout buffer must land in the file, not later on stdout
+            os.dup2(saved, fd)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    log.debug("QNN backend: %s", line.strip())
 
 
 def qnn_session_options(target: Target, *, strict: bool, config: SessionConfig | None = None,
@@ -197,7 +219,7 @@ def create_session(path: str | os.PathLike, target: Target | str, *, strict: boo
         _warn_fallback()
         return _cpu_session(cpu_path or path, config)
     try:
-        with _stdout_to_stderr():
+        with _native_output_to_log():
             sess = ort.InferenceSession(str(path), sess_options=qnn_session_options(
                 target, strict=strict, config=config, context=context))
     except Exception as exc:
@@ -223,7 +245,7 @@ def _cpu_session(path: Path, config: SessionConfig | None) -> ort.InferenceSessi
 
 def _cpu_nodes_of(path: Path, target: Target, config: SessionConfig | None) -> list[tuple[str, str]]:
     """The nodes a non-strict session puts on the CPU EP (to explain a strict-mode failure)."""
-    with _stdout_to_stderr():
+    with _native_output_to_log():
         sess = ort.InferenceSession(str(path), sess_options=qnn_session_options(target, strict=False, config=config))
     return cpu_nodes(sess)
 

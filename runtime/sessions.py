@@ -7,13 +7,13 @@ BundleError naming the file rather than as an ONNX Runtime traceback.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnxruntime as ort
 
-from kztts.errors import BundleError, KzttsError
+from kztts import env
+from kztts.errors import BundleError
 from kztts.manifest import GraphSpec
 
 log = logging.getLogger(__name__)
@@ -23,31 +23,16 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor
                "tensor(int8)": "int8", "tensor(uint16)": "uint16", "tensor(int16)": "int16"}
 
 
-def _env_threads(name: str, raw: str) -> int:
-    """A thread count from environment variable ``name`` (value ``raw``), or a clear error."""
-    try:
-        threads = int(raw)
-    except ValueError:
-        threads = -1
-    if threads < 0:
-        raise KzttsError(f"{name}={raw!r} is not valid: expected an integer >= 0 (0 = all cores)")
-    return threads
-
-
 def _default_threads() -> int:
-    return _env_threads("KZTTS_THREADS", os.environ.get("KZTTS_THREADS", "0"))
+    return env.threads("KZTTS_THREADS", 0)
 
 
 def _default_spinning() -> bool:
-    raw = os.environ.get("KZTTS_SPIN", "0")
-    if raw not in ("0", "1"):
-        raise KzttsError(f"KZTTS_SPIN={raw!r} is not valid: expected 0 or 1")
-    return raw == "1"
+    return env.flag("KZTTS_SPIN", False)
 
 
 def _default_decoder_threads() -> int | None:
-    raw = os.environ.get("KZTTS_DECODER_THREADS", "")
-    return None if raw == "" else _env_threads("KZTTS_DECODER_THREADS", raw)
+    return env.threads("KZTTS_DECODER_THREADS", None)
 
 
 DECODER_GRAPHS = ("decoder", "decoder_stream")
@@ -66,6 +51,14 @@ class SessionConfig:
     spinning: bool = field(default_factory=_default_spinning)
     graph_threads: tuple[tuple[str, int], ...] = ()
     decoder_threads: int | None = field(default_factory=_default_decoder_threads)
+
+    def __post_init__(self) -> None:
+        # the same bound as the variables and flags: a huge count makes ONNX Runtime hang
+        env.check_threads("threads", int(self.threads))
+        if self.decoder_threads is not None:
+            env.check_threads("decoder_threads", int(self.decoder_threads))
+        for name, threads in self.graph_threads:
+            env.check_threads(f"threads of {name}", int(threads))
 
     def threads_for(self, graph: str) -> int:
         """Intra-op threads for ``graph`` (0 = ONNX Runtime's choice)."""

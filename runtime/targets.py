@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from kztts import env
 from kztts.errors import KzttsError
 from kztts.placement import PlacementError, parse_phases
 from kztts import graphs as G
@@ -185,9 +186,9 @@ def configs_dir() -> Path:
     """``$KZTTS_QNN_CONFIGS`` if set, else the shipped targets: the data package
     ``kztts.qnn_configs`` (a wheel, or an editable install of the current setup.cfg), else the
     source tree's ``qnn_configs/`` (an editable install made before it was package data)."""
-    env = os.environ.get("KZTTS_QNN_CONFIGS")
-    if env:
-        return Path(env).expanduser()
+    configured = env.path("KZTTS_QNN_CONFIGS")
+    if configured is not None:
+        return configured
     import importlib.util
 
     spec = importlib.util.find_spec("kztts.qnn_configs")

@@ -16,6 +16,9 @@ def kztts(*args, **kw):
 def test_validate_json_on_fresh_tiny_model(tiny_model_dir, tiny_bundle_dir):
     out = kztts("validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 24, "--json")
     assert out.returncode == 0, out.stderr
+    # phase lines, not third-party noise (transformers' generation warnings are fixed at the source)
+    assert "kztts: validate: icl_nonstream, language Auto (8/8)" in out.stderr
+    assert "pad_token_id" not in out.stderr and "generation flags" not in out.stderr, out.stderr
     report = json.loads(out.stdout)
     for key in ("prompt_max_abs", "talker_logits_cos_min", "talker_hidden_cos_min", "talker_argmax_match", "frames",
                 "cp_codes_match", "cp_codes_match_frame", "cp_codes_match_step", "cp_logits_cos_min"):
@@ -37,12 +40,14 @@ def test_make_tiny_then_export_from_the_command_line(tmp_path):
     assert (model / "config.json").is_file() and (model / "speech_tokenizer").is_dir()
     out = kztts("export", model, "-o", tmp_path / "bundle")
     assert out.returncode == 0, out.stderr
+    assert "kztts: exporting" in out.stderr and "kztts: export: manifest" in out.stderr  # not a TTY: lines
     manifest = json.loads((tmp_path / "bundle" / "kztts.json").read_text())
     assert manifest["format"] == "kztts-bundle" and manifest["graphs"]["talker"]["variant"] == "dynamic"
     assert len(manifest["source"]["sha256"]) == 64
     # a second export into the same place needs --overwrite
-    again = kztts("export", model, "-o", tmp_path / "bundle")
+    again = kztts("-q", "export", model, "-o", tmp_path / "bundle")  # -q: no phase line, the error alone
     assert again.returncode == 2
+    assert again.stderr.startswith("kztts: error: ") and len(again.stderr.splitlines()) == 1, again.stderr
     assert "exists and is not empty; choose another -o or pass --overwrite" in again.stderr
 
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kztts import graphs as G
+from kztts.env import check_threads
 from kztts.errors import KzttsError
 
 AXES = {  # axis -> its list in the graph registry (read at parse time: a new entry there is a new choice)
@@ -64,7 +65,7 @@ def parse_threads(raw: str) -> list[int]:
         values = []
     if not values or any(v < 1 for v in values):
         raise KzttsError(f"--threads {raw!r}: give thread counts >= 1, comma-separated (e.g. 1,2)")
-    return values
+    return [check_threads("--threads", v, minimum=1) for v in values]
 
 
 def parse_spin(raw: str, option: str = "--spin") -> list[bool]:
