@@ -10,6 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from kztts.bundle import Bundle
+from kztts.call_lock import CallLock, one_call_at_a_time
 from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.embeddings import EmbeddingTables
 from kztts.errors import ContextOverflowError, KzttsError
@@ -81,7 +82,14 @@ class _Run:
 
 
 class TTS:
-    """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks."""
+    """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks.
+
+    Threads: one ``TTS`` may be shared, but it runs one call at a time (``kztts.call_lock``): its
+    runners keep KV caches, IO bindings and decoder history between runs, so ``synthesize``,
+    ``generate_codes``, ``stream`` and ``voice_from_wav``/``voice_from_reference`` hold a lock, and a
+    second thread waits for it. A ``stream`` holds it from its first chunk until it is exhausted or
+    closed: a thread that keeps a stream open blocks the others (close it, or give each thread its
+    own ``TTS`` for parallel work); in the stream's own thread a new call is refused meanwhile."""
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
@@ -120,18 +128,21 @@ class TTS:
         self.plan.session(self.plan.decoder_graph())  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
+        self._calls = CallLock("TTS")
 
     # ------------------------------------------------------------ voices
     def voice_from_xvector(self, path: str | Path) -> Voice:
         """A voice from a precomputed x-vector file (.npy, or raw little-endian float32)."""
         return Voice(load_xvector(path, self.speaker_size))
 
+    @one_call_at_a_time
     def voice_from_wav(self, wav: np.ndarray, sr: int) -> Voice:
         """An x-vector voice from a recording (any sample rate)."""
         if self._speaker_encoder is None:
             self._speaker_encoder = self.plan.open_speaker_encoder()
         return Voice(self._speaker_encoder.xvector(wav, sr))
 
+    @one_call_at_a_time
     def voice_from_reference(self, wav: np.ndarray, sr: int, ref_text: str) -> Voice:
         """An ICL voice: x-vector, the recording's codes and its transcript."""
         self.tokenizer.ref_ids(ref_text)  # reject an empty transcript before encoding audio
@@ -190,6 +201,7 @@ class TTS:
             self._decoder = self.plan.open_decoder()
         return self._decoder
 
+    @one_call_at_a_time
     def stream(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                settings: GenerationSettings | None = None, chunk_frames: int = 4,
@@ -303,6 +315,7 @@ class TTS:
             worker.close()
             times.decoder += worker.busy
 
+    @one_call_at_a_time
     def generate_codes(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                        seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                        settings: GenerationSettings | None = None) -> np.ndarray:
@@ -311,6 +324,7 @@ class TTS:
         codes = list(run.loop.frames(run.prompt))
         return np.array(codes, dtype=np.int64).reshape(-1, 16)
 
+    @one_call_at_a_time
     def synthesize(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                    seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                    settings: GenerationSettings | None = None, on_frame=None) -> SynthesisResult:
