@@ -49,6 +49,7 @@ class SynthesisResult:
     times: StageTimes
     total_seconds: float
     stopped_by_eos: bool
+    fp16_saturations: int | None = None  # HTP graph calls over the guard threshold (None: not checked)
 
     @property
     def frames(self) -> int:
@@ -66,7 +67,8 @@ class SynthesisResult:
     def summary(self) -> dict:
         return {"frames": self.frames, "audio_seconds": round(self.audio_seconds, 3),
                 "real_time_factor": round(self.real_time_factor, 3), "stopped_by_eos": self.stopped_by_eos,
-                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1)}
+                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1),
+                **({} if self.fp16_saturations is None else {"fp16_saturations": self.fp16_saturations})}
 
 
 @dataclass
@@ -102,7 +104,10 @@ class TTS:
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
         see ``kztts.placement``), overriding the target's Talker placement; a placement that
         decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
-        which runs every frame, on the CPU as well. ``talker``: a Talker runner to use as is
+        which runs every frame, on the CPU as well. On a bundle exported with ``--segments``, a
+        placement with HTP work runs the per-layer graphs, whose magnitude probes are checked on
+        every call (``kztts.saturation``: one warning, or an error when ``strict``; the count is
+        ``SynthesisResult.fp16_saturations``). ``talker``: a Talker runner to use as is
         (any object with the ``kztts.talker.Talker`` API; validation and calibration pass theirs).
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``.
         ``attention``: ``fused`` or ``plain`` CPU graphs (default ``$KZTTS_ATTENTION``, else fused).
@@ -116,7 +121,7 @@ class TTS:
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,
-                                 attention=attention)
+                                 attention=attention, check_saturation=True)
         self.target = self.plan.target
         log.info("%s", self.plan.table())
         self.talker = talker if talker is not None else self.plan.open_talker(context)
@@ -353,5 +358,7 @@ class TTS:
 
     def _result(self, run: _Run, samples: np.ndarray) -> SynthesisResult:
         codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        guard = getattr(self.talker, "guard", None)  # kztts.saturation: probes of the HTP layer graphs
         return SynthesisResult(samples.astype(np.float32, copy=False), self.sample_rate, codes, run.loop.times,
-                               time.perf_counter() - run.started, run.loop.stopped_by_eos)
+                               time.perf_counter() - run.started, run.loop.stopped_by_eos,
+                               None if guard is None else guard.count)
