@@ -83,18 +83,27 @@ def test_an_open_stream_makes_another_thread_wait_and_its_own_thread_refuse(shar
     tts = shared()
     voice = tts.voice_from_wav(synthetic_voice(1.0, 24000, 0), 24000)
     alone = tts.synthesize(TEXTS[1], voice, seed=1, max_frames=FRAMES)
-    chunks = tts.stream(TEXTS[0], voice, seed=0, max_frames=FRAMES, chunk_frames=2)
+    streamed_alone = _streamed(tts, TEXTS[0], voice, 0)
+    held: dict = {}
+    chunks = tts.stream(TEXTS[0], voice, seed=0, max_frames=FRAMES, chunk_frames=2, result=held)
     next(chunks)  # the stream now holds the TTS
 
     with pytest.raises(KzttsError, match="unfinished stream"):
         tts.synthesize(TEXTS[1], voice, seed=1, max_frames=FRAMES)
     other: dict = {}
-    t = threading.Thread(target=lambda: other.update(r=tts.synthesize(TEXTS[1], voice, seed=1, max_frames=FRAMES)))
+    calling = threading.Event()
+
+    def second() -> None:
+        calling.set()
+        other["r"] = tts.synthesize(TEXTS[1], voice, seed=1, max_frames=FRAMES)
+
+    t = threading.Thread(target=second)
     t.start()
-    time.sleep(0.3)
+    assert calling.wait(timeout=30)
+    time.sleep(0.3)  # a synthesis takes longer than this: had it not waited, it would be done or corrupting
     assert t.is_alive() and not other, "the second thread ran while the stream was open"
     rest = list(chunks)  # the stream finishes undisturbed, then the waiting thread runs
-    assert rest
+    assert rest and np.array_equal(held["result"].codes, streamed_alone[0])
     t.join(timeout=60)
     assert np.array_equal(other["r"].codes, alone.codes) and np.array_equal(other["r"].samples, alone.samples)
 
