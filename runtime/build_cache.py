@@ -41,10 +41,19 @@ def code_key(*sources: Source, extra: bytes = b"", length: int = 12) -> str:
 
 
 def lock_path(dest: Path) -> Path:
-    """The lock file of ``dest``: ``.<name>.lock`` next to it (kept after use: deleting a lock
-    file another process has opened would let a third one take a second lock)."""
+    """The lock file of a cached ``dest``: ``.<name>.lock`` next to it (kept after use: deleting
+    a lock file another process has opened would let a third one take a second lock)."""
     dest = Path(dest)
     return dest.parent / f".{dest.name}.lock"
+
+
+def output_lock_path(out: Path) -> Path:
+    """The lock of a user's destination ``out``: in the cache (``locks/<name>-<hash of its real
+    path>.lock``), not next to ``out``, so nothing is left beside what the user asked for."""
+    from kztts.cache import cache_dir
+
+    real = os.path.normcase(str(Path(out).resolve()))
+    return cache_dir() / "locks" / f"{Path(out).name}-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock"
 
 
 def _stage_prefix(out: Path) -> str:
@@ -97,20 +106,22 @@ def scratch_dir(out: Path) -> Iterator[Path]:
 
 @contextmanager
 def exclusive_output(out: Path) -> Iterator[None]:
-    """Hold the lock of ``out`` (:func:`lock_path`) for the block. If another process holds it,
-    fail at once with a ``KzttsError`` naming the lock and that process: two writers of one
+    """Hold the lock of ``out`` (:func:`output_lock_path`) for the block. If another process holds
+    it, fail at once with a ``KzttsError`` naming the lock and that process: two writers of one
     destination would otherwise replace each other's result without a word."""
     out = Path(out)
-    lock = FileLock(str(lock_path(out)), timeout=0)
+    path = output_lock_path(out)
+    lock = FileLock(str(path), timeout=0)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
     except Timeout:
         who = ", ".join(f"pid {p}" for p in writers_of(out)) or "another process"
-        raise KzttsError(f"{out}: {who} is writing it (lock {lock_path(out)}); wait until it has finished, "
+        raise KzttsError(f"{out}: {who} is writing it (lock {path}); wait until it has finished, "
                          "or write elsewhere") from None
     except OSError as exc:
-        raise KzttsError(f"{out}: cannot write there: {exc.strerror or exc}") from exc
+        raise KzttsError(f"{path}: cannot create the lock of {out}: {exc.strerror or exc}; set $KZTTS_CACHE "
+                         "to a writable directory") from exc
     try:
         yield
     finally:

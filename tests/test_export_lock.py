@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kztts.build_cache import build_once, exclusive_output, lock_path, remove_stale_stages, staged_dir
+from kztts.build_cache import build_once, exclusive_output, output_lock_path, remove_stale_stages, staged_dir
 from kztts.errors import KzttsError
 
 # A writer that stages ``out`` under its lock, says "ready", and holds both until stdin closes.
@@ -58,10 +58,11 @@ def test_a_second_writer_fails_at_once_naming_the_lock_and_the_process(holder):
             pytest.fail("the lock was taken twice")
     msg = str(err.value)
     assert time.perf_counter() - started < 2 and "\n" not in msg
-    assert str(lock_path(out)) in msg and f"pid {proc.pid}" in msg
+    assert str(output_lock_path(out)) in msg and f"pid {proc.pid}" in msg
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
     assert (out / "kztts.json").is_file()  # the first writer finished undisturbed
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no lock or staging folder beside it
     with exclusive_output(out):  # and the lock is free again
         pass
 
@@ -78,7 +79,7 @@ def test_cli_export_to_a_destination_being_written_fails_before_any_work(holder,
     err = capsys.readouterr().err.strip()
     assert time.perf_counter() - started < 20, "the refusal came after the export's work"
     assert err.startswith("kztts: error: ") and "\n" not in err
-    assert str(lock_path(out)) in err and f"pid {proc.pid}" in err
+    assert str(output_lock_path(out)) in err and f"pid {proc.pid}" in err
     assert main(["export", str(model), "-o", str(out), "--weights", "int8"]) == 2  # the variant path too
     assert f"pid {proc.pid}" in capsys.readouterr().err
 
@@ -137,9 +138,9 @@ def test_two_exports_to_one_destination_one_succeeds_the_other_fails_in_one_line
     (ok, _), (refused, err) = results
     assert (ok, refused) == (0, 2)
     lines = [line for line in err.splitlines() if line.startswith("kztts: error: ")]
-    assert len(lines) == 1 and str(lock_path(out)) in lines[0], err
+    assert len(lines) == 1 and str(output_lock_path(out)) in lines[0], err
     assert out.stat().st_mode & 0o777 == 0o777 & ~_umask()
-    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]  # no lock or staging folder beside it
     tts = TTS(out)
     res = tts.synthesize("Hello.", Voice(np.ones(tts.speaker_size, np.float32)), max_frames=4)
     assert res.frames > 0
