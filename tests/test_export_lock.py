@@ -106,7 +106,7 @@ def test_staging_folders_of_dead_processes_are_removed_by_the_next_run(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".mine.")) == []
 
 
-@pytest.mark.parametrize("mask", [0o022, 0o027])
+@pytest.mark.parametrize("mask", [0o022, 0o027], ids=["umask022", "umask027"])
 def test_published_directories_have_the_mode_of_a_new_directory(tmp_path, mask):
     old = os.umask(mask)
     try:
