@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from kztts import progress
-from kztts.build_cache import build_once, code_key, staged_dir
+from kztts.build_cache import build_once, code_key, exclusive_output, staged_dir
 from kztts.errors import KzttsError
 from kztts.export.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.graph_parts import graph_spec, model_config, special_ids
@@ -70,7 +70,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
                   context_binary: bool = False, segments: bool = False) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
     when given (and its per-layer Talker segments with ``segments``); written to a temp
-    dir, then moved into place."""
+    dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``)."""
     from kztts.export.code_predictor_graph import export_code_predictor
     from kztts.export.codec_graphs import export_decoder, export_encoder
     from kztts.export.embeddings import export_embeddings
@@ -81,7 +81,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
-    with staged_dir(out_dir) as work:
+    with exclusive_output(out_dir), staged_dir(out_dir) as work:  # a second export of out_dir fails at once
+        check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
         if segments and target is None:
             raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
         if target is not None:

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 
-from kztts.build_cache import build_once, code_key, staged_dir
+from kztts.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts import graphs as G
 from kztts.graphs import DYNAMIC_KV, FUSED_KV
 
@@ -300,9 +299,9 @@ def export_variant(model_dir: str | Path, out_dir: str | Path, *, weights: str =
     if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
         return export_bundle(model_dir, out_dir, overwrite=overwrite, **export_options)
     check_output(out_dir, overwrite)  # before the long export
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.fp32-", dir=out_dir.parent) as tmp:
-        base = export_bundle(model_dir, Path(tmp) / Path(model_dir).name, **export_options)
+    with exclusive_output(out_dir), scratch_dir(out_dir) as tmp:  # a second export of out_dir fails at once
+        check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
+        base = export_bundle(model_dir, tmp / Path(model_dir).name, **export_options)
         make_variant(base, out_dir, weights=weights, kv=kv, decoder=decoder)
     log.info("%s bundle written to %s", variant_tag(weights, kv, decoder), out_dir)
     return out_dir

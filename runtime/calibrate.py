@@ -28,12 +28,10 @@ import numpy as np
 
 from kztts.errors import ContextOverflowError, KzttsError
 from kztts.placement import PHASES, LayerPlacement, PhasePlacement, builtin
-from kztts.segments import HEAD_STATS, LAYER_STATS
+from kztts.segments import DEFAULT_THRESHOLD, FP16_MAX, HEAD_STATS, LAYER_STATS
 
 log = logging.getLogger(__name__)
 
-FP16_MAX = 65504.0
-DEFAULT_THRESHOLD = FP16_MAX / 8
 DEFAULT_FRAMES = 16
 REPORT_SCHEMA = "kztts-calibration/1"
 

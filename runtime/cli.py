@@ -142,6 +142,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
           f"{ms.get('first_audio', float('nan')):.0f} ms, total {summary['total_ms']:.0f} ms")
     print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))
+    if summary.get("fp16_saturations"):  # kztts.saturation: the HTP layer graphs' probes
+        print(f"fp16 saturation: {summary['fp16_saturations']} HTP graph calls reached the guard threshold")
     return 0
 
 

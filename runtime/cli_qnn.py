@@ -84,7 +84,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     bundle = Bundle.open(Path(args.bundle), load_graphs=False)
     plan = resolve_plan(bundle, target=args.target, placement=args.placement, strict=args.strict,
-                        cp_mode=args.cp_mode)
+                        cp_mode=args.cp_mode, check_saturation=True)  # as TTS resolves it
     print(json.dumps(plan.to_json()) if args.json else plan.table())
     return 0
 

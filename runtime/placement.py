@@ -96,9 +96,14 @@ class LayerPlacement:
     def segments(self, phase: str) -> list[Segment]:
         return self.phase(phase).segments(phase)
 
+    @property
+    def devices(self) -> set[str]:
+        """The devices of either phase."""
+        return self.prefill.devices | self.decode.devices
+
     def uniform(self, phase: str | None = None) -> str | None:
         """The one device everything (of ``phase``) runs on, or None when it is split."""
-        devs = self.phase(phase).devices if phase else self.prefill.devices | self.decode.devices
+        devs = self.phase(phase).devices if phase else self.devices
         return next(iter(devs)) if len(devs) == 1 else None
 
     def cpu_layers(self, phase: str) -> list[int]:

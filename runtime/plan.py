@@ -69,6 +69,7 @@ class ExecutionPlan:
     attention: str
     runner: str  # Talker runner: "cpu", "static", "handover" or "segments"
     steps: dict[str, Step]
+    check_saturation: bool = False  # a SegmentedTalker checks its HTP graphs' probes (kztts.saturation)
     _sessions: dict = field(default_factory=dict, repr=False)  # (graph, device) -> session
 
     # ------------------------------------------------------------ sessions
@@ -116,8 +117,14 @@ class ExecutionPlan:
                         name = segment_graph_name(ph, u)
                         sessions[name] = self.session(name, seg.device)
             first = segment_graph_name("prefill", 0)
+            guard = None
+            if self.check_saturation and "htp" in self.placement.devices:
+                from kztts.saturation import SaturationGuard
+                from kztts.segments import DEFAULT_THRESHOLD
+
+                guard = SaturationGuard(float(self.placement.info.get("threshold", DEFAULT_THRESHOLD)), self.strict)
             return SegmentedTalker(sessions, self.placement, m.talker,
-                                   float(m.graphs[first].extra.get("mask_value", -50.0)))
+                                   float(m.graphs[first].extra.get("mask_value", -50.0)), guard)
         from kztts.talker_static import DECODE, PREFILL, StaticTalker
 
         # the handover's HTP side needs the decode graph too: a prompt tail past C - S runs through it
@@ -404,10 +411,13 @@ class _Resolver:
 
 
 def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None" = None, strict: bool = False,
-                 cp_mode: str = "frame", attention: str | None = None, segments: bool = False) -> ExecutionPlan:
+                 cp_mode: str = "frame", attention: str | None = None, segments: bool = False,
+                 check_saturation: bool = False) -> ExecutionPlan:
     """Decide where every role of a synthesis runs (module docstring); nothing is opened yet.
     ``segments``: run the Talker as its per-layer graphs even when the placement is uniform
-    (calibration and per-segment validation read every layer's outputs)."""
+    (calibration and per-segment validation read every layer's outputs). ``check_saturation``
+    (synthesis): a placement with Talker work on the HTP runs the per-layer graphs when the bundle
+    has them, since their magnitude probes are checked on every call (``kztts.saturation``)."""
     if target is not None:
         from kztts.targets import load_target
 
@@ -419,8 +429,12 @@ def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None
         raise KzttsError(f"attention {attention!r} is not one of {', '.join(G.ATTENTIONS)}")
     if segments and placement is None:
         raise KzttsError("the per-layer Talker needs a placement (e.g. all-cpu)")
+    if check_saturation and placement is not None and segment_graph_name("prefill", 0) in bundle.manifest.graphs \
+            and "htp" in placement.devices:
+        segments = True  # the whole-Talker HTP graphs carry no probes
     r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments)
     runner, pre, dec = r.talker()
     steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(),
              "decoder": r.decoder(), "speaker_encoder": r.speaker_encoder(), "speech_encoder": r.speech_encoder()}
-    return ExecutionPlan(bundle, r.target, placement, strict, cp_mode, attention, runner, steps)
+    return ExecutionPlan(bundle, r.target, placement, strict, cp_mode, attention, runner, steps,
+                         check_saturation=check_saturation)

@@ -11,6 +11,12 @@ LAYER_STATS = ("residual_in", "attn_norm_out", "qkv_proj", "attn_scores", "attn_
                "mlp_norm_out", "mlp_intermediate", "mlp_out", "residual_out")
 HEAD_STATS = ("residual_in", "logits")
 
+# The precision guard's threshold, one definition for calibration (which layers go to the CPU)
+# and for the run-time check of the HTP segments' probes (kztts.saturation): three bits of
+# headroom below fp16's largest value (the reasons are in kztts.calibrate's docstring).
+FP16_MAX = 65504.0
+DEFAULT_THRESHOLD = FP16_MAX / 8
+
 
 def segment_graph_name(phase: str, unit: Unit) -> str:
     """``talker_prefill_layer_3``, ``talker_decode_head``, ..."""

@@ -10,7 +10,8 @@ device between prefill and decode with no conversion.
 Chunking, masks and positions are those of ``kztts.talker_static.StaticTalker``.
 ``on_unit(phase, unit, outputs)`` sees every graph's outputs (``hidden`` rows of the
 valid positions, ``stats``): ``kztts calibrate`` and ``kztts validate --placement``
-use it.
+use it. ``guard`` (a ``kztts.saturation.SaturationGuard``) checks the ``stats`` of every graph
+call on the HTP (fp16 saturation at run time).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from kztts.errors import BundleError, KzttsError
 from kztts.graphs import SEGMENT_KV
 from kztts.placement import PHASES, LayerPlacement
 from kztts.rope import rope_tables
+from kztts.saturation import SaturationGuard
 from kztts.segments import Unit, segment_graph_name
 from kztts.talker_static import ChunkedTalker, chunk_inputs
 
@@ -42,8 +44,9 @@ class SegmentedTalker(ChunkedTalker):
     """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
 
     def __init__(self, sessions: dict[str, ort.InferenceSession], placement: LayerPlacement, config: dict,
-                 mask_value: float = -50.0):
+                 mask_value: float = -50.0, guard: SaturationGuard | None = None):
         self.placement = placement
+        self.guard = guard
         self.num_layers = int(config["num_layers"])
         if placement.num_layers != self.num_layers:
             raise KzttsError(f"placement {placement.source} is for {placement.num_layers} layers, "
@@ -76,6 +79,11 @@ class SegmentedTalker(ChunkedTalker):
         self.seconds: dict[str, float] = {}  # "phase/device" -> wall time in that device's graphs
         self.steps: dict[str, int] = {ph: 0 for ph in PHASES}  # graph passes per phase (chunks, decode steps)
 
+    def reset(self) -> None:
+        super().reset()
+        if self.guard is not None:
+            self.guard.new_utterance()
+
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         p, C = self.length, self.graph_context
         P = C - seq
@@ -100,6 +108,8 @@ class SegmentedTalker(ChunkedTalker):
                     keys[..., p:p + n] = nk[..., :n]
                     values[:, :, p:p + n] = nv[:, :, :n]
                     out = {"hidden": h[0, :n], "stats": stats}
+                if self.guard is not None and seg.device == "htp":
+                    self.guard.check(phase, u, stats)
                 if self.on_unit is not None:
                     self.on_unit(phase, u, out)
             key = f"{phase}/{seg.device}"

@@ -13,6 +13,7 @@ import numpy as np
 
 from kztts.audio_join import PieceJoiner, join_pieces
 from kztts.bundle import Bundle
+from kztts.call_lock import CallLock, one_call_at_a_time
 from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.embeddings import EmbeddingTables
 from kztts.errors import ContextOverflowError, KzttsError
@@ -68,6 +69,7 @@ class SynthesisResult:
     def limits(self) -> list[str]:
         """What stopped a piece before its end of speech (empty when nothing was cut)."""
         return [p.limit for p in self.pieces if p.limit]
+    fp16_saturations: int | None = None  # HTP graph calls over the guard threshold (None: not checked)
 
     @property
     def frames(self) -> int:
@@ -86,7 +88,8 @@ class SynthesisResult:
         return {"frames": self.frames, "audio_seconds": round(self.audio_seconds, 3),
                 "real_time_factor": round(self.real_time_factor, 3), "stopped_by_eos": self.stopped_by_eos,
                 "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1),
-                "pieces": len(self.pieces), "truncated": bool(self.limits), "limits": self.limits}
+                "pieces": len(self.pieces), "truncated": bool(self.limits), "limits": self.limits,
+                **({} if self.fp16_saturations is None else {"fp16_saturations": self.fp16_saturations})}
 
 
 @dataclass
@@ -105,7 +108,14 @@ class _Run:
 
 
 class TTS:
-    """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks."""
+    """A bundle ready to speak. ``synthesize`` returns everything; ``stream`` yields audio chunks.
+
+    Threads: one ``TTS`` may be shared, but it runs one call at a time (``kztts.call_lock``): its
+    runners keep KV caches, IO bindings and decoder history between runs, so ``synthesize``,
+    ``generate_codes``, ``stream`` and ``voice_from_wav``/``voice_from_reference`` hold a lock, and a
+    second thread waits for it. A ``stream`` holds it from its first chunk until it is exhausted or
+    closed: a thread that keeps a stream open blocks the others (close it, or give each thread its
+    own ``TTS`` for parallel work); in the stream's own thread a new call is refused meanwhile."""
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
@@ -118,7 +128,10 @@ class TTS:
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
         see ``kztts.placement``), overriding the target's Talker placement; a placement that
         decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
-        which runs every frame, on the CPU as well. ``talker``: a Talker runner to use as is
+        which runs every frame, on the CPU as well. On a bundle exported with ``--segments``, a
+        placement with HTP work runs the per-layer graphs, whose magnitude probes are checked on
+        every call (``kztts.saturation``: one warning, or an error when ``strict``; the count is
+        ``SynthesisResult.fp16_saturations``). ``talker``: a Talker runner to use as is
         (any object with the ``kztts.talker.Talker`` API; validation and calibration pass theirs).
         Without onnxruntime-qnn they fall back to the CPU EP with one warning, unless ``strict``.
         ``attention``: ``fused`` or ``plain`` CPU graphs (default ``$KZTTS_ATTENTION``, else fused).
@@ -132,7 +145,7 @@ class TTS:
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,
-                                 attention=attention)
+                                 attention=attention, check_saturation=True)
         self.target = self.plan.target
         log.info("%s", self.plan.table())
         self.talker = talker if talker is not None else self.plan.open_talker(context)
@@ -144,18 +157,21 @@ class TTS:
         self.plan.session(self.plan.decoder_graph())  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
+        self._calls = CallLock("TTS")
 
     # ------------------------------------------------------------ voices
     def voice_from_xvector(self, path: str | Path) -> Voice:
         """A voice from a precomputed x-vector file (.npy, or raw little-endian float32)."""
         return Voice(load_xvector(path, self.speaker_size))
 
+    @one_call_at_a_time
     def voice_from_wav(self, wav: np.ndarray, sr: int) -> Voice:
         """An x-vector voice from a recording (any sample rate)."""
         if self._speaker_encoder is None:
             self._speaker_encoder = self.plan.open_speaker_encoder()
         return Voice(self._speaker_encoder.xvector(wav, sr))
 
+    @one_call_at_a_time
     def voice_from_reference(self, wav: np.ndarray, sr: int, ref_text: str) -> Voice:
         """An ICL voice: x-vector, the recording's codes and its transcript."""
         self.tokenizer.ref_ids(ref_text)  # reject an empty transcript before encoding audio
@@ -216,6 +232,7 @@ class TTS:
             self._decoder = self.plan.open_decoder()
         return self._decoder
 
+    @one_call_at_a_time
     def stream(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                settings: GenerationSettings | None = None, chunk_frames: int = 4,
@@ -342,6 +359,7 @@ class TTS:
             worker.close()
             times.decoder += worker.busy
 
+    @one_call_at_a_time
     def generate_codes(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                        seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                        settings: GenerationSettings | None = None) -> np.ndarray:
@@ -350,6 +368,7 @@ class TTS:
         codes = list(run.loop.frames(run.prompt))
         return np.array(codes, dtype=np.int64).reshape(-1, 16)
 
+    @one_call_at_a_time
     def synthesize(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                    seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                    settings: GenerationSettings | None = None, on_frame=None) -> SynthesisResult:
@@ -394,8 +413,10 @@ class TTS:
         piece = Piece(run.text, codes.shape[0], run.loop.stopped_by_eos, self._limit(run))
         if piece.limit:
             log.warning("%s", piece.limit)
+        guard = getattr(self.talker, "guard", None)  # kztts.saturation: probes of the HTP layer graphs
         return SynthesisResult(samples.astype(np.float32, copy=False), self.sample_rate, codes, run.loop.times,
-                               time.perf_counter() - run.started, run.loop.stopped_by_eos, [piece])
+                               time.perf_counter() - run.started, run.loop.stopped_by_eos, pieces=[piece],
+                               fp16_saturations=None if guard is None else guard.count)
 
     # ------------------------------------------------------------ long text
     def pieces(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
@@ -502,5 +523,7 @@ class TTS:
             for name in ("prompt", "talker", "code_predictor", "decoder"):
                 setattr(times, name, getattr(times, name) + getattr(r.times, name))
         codes = np.concatenate([r.codes for r in results])
+        counts = [r.fp16_saturations for r in results if r.fp16_saturations is not None]
         return SynthesisResult(samples, self.sample_rate, codes, times, time.perf_counter() - started,
-                               all(r.stopped_by_eos for r in results), [p for r in results for p in r.pieces])
+                               all(r.stopped_by_eos for r in results), pieces=[p for r in results for p in r.pieces],
+                               fp16_saturations=sum(counts) if counts else None)

@@ -326,7 +326,8 @@ def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model
 
 
 def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_target, guarded_file, tmp_path):
-    """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not."""
+    """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not, and says so
+    (the run-time saturation guard; under --strict it refuses, tests/test_saturation.py)."""
     from kztts.audio import synthetic_voice, write_wav
 
     target = talker_only_target
@@ -339,10 +340,14 @@ def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_tar
                                str(tmp_path / "out.wav"), "--greedy", "--max-frames", "12", "--codes-out", str(codes),
                                *extra], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+        synth.out = proc.stdout + proc.stderr
         return np.load(codes)
 
     cpu = synth()
     guarded = synth("--target", str(target), "--placement", str(guarded_file), "--strict")
     assert guarded.shape == cpu.shape == (12, 16) and (guarded == cpu).all()
-    all_htp = synth("--target", str(target), "--placement", "all-htp", "--strict")
+    assert "fp16 saturation" not in synth.out
+    all_htp = synth("--target", str(target), "--placement", "all-htp")
     assert (all_htp[:, 0] != cpu[:, 0]).mean() > 0.5
+    assert synth.out.count("fp16 saturation on the HTP: Talker prefill layer 1,") == 1, synth.out
+    assert "HTP graph calls reached the guard threshold" in synth.out
