@@ -75,7 +75,7 @@ def test_cli_export_to_a_destination_being_written_fails_before_any_work(holder,
     out, proc = holder
     model = cached_tiny("proj")
     started = time.perf_counter()
-    assert main(["export", str(model), "-o", str(out)]) == 2
+    assert main(["-q", "export", str(model), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert time.perf_counter() - started < 20, "the refusal came after the export's work"
     assert err.startswith("kztts: error: ") and "\n" not in err

@@ -110,4 +110,4 @@ def test_the_massive_layer_on_the_cpu_is_not_flagged(massive_bundle, talker_only
     voice = _voice(tts)
     with caplog.at_level(logging.WARNING, logger="kztts.saturation"):
         r = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
-    assert r.fp16_saturations == 0 and not caplog.records
+    assert r.fp16_saturations == 0 and not [r for r in caplog.records if r.name == "kztts.saturation"]
