@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +290,8 @@ class _Resolver:
     def htp_or_fallback(self, role: str, graph: str, key: str, cpu_graphs: list[str]) -> Step:
         """``graph`` on the HTP when the bundle has it; else strict: an error, else the CPU graphs."""
         where = f"target {self.target.name}: placement.{key}=htp"
+        if self.htp_refusal:
+            return self.step(role, cpu_graphs, "cpu", f"fallback: {self.htp_refusal}")
         if self.has(graph):
             return self.step(role, [graph], "htp", where)
         how = G.GRAPHS[graph].exported_by if graph in G.GRAPHS else G.SEGMENT_EXPORT
@@ -299,6 +302,14 @@ class _Resolver:
         log.warning("%s, but the bundle has no static graph %r: running %s on the CPU (%s)", where, graph, role,
                     ", ".join(cpu_graphs))
         return self.step(role, cpu_graphs, "cpu", f"fallback: {where} but no {graph!r} graph in the bundle")
+
+    @cached_property
+    def htp_refusal(self) -> str | None:
+        """Why this machine's QNN package cannot run the target's HTP (no skel for its arch), else None;
+        strict mode raises (``kztts.qnn_package``). Asked once a target is known."""
+        from kztts.qnn_package import check_target_skel
+
+        return check_target_skel(self.target, self.strict)
 
     def cpu_graph(self, plain: str, fused: str) -> tuple[str, str]:
         if self.attention == "fused" and self.has(fused):
@@ -312,8 +323,13 @@ class _Resolver:
         cpu_graph, cpu_why = self.cpu_graph("talker", "talker_gqa")
         if self.placement is not None:
             pl = self.placement
-            pre, dec = pl.uniform("prefill"), pl.uniform("decode")
             why = f"placement {pl.source or pl.mode}"
+            if pl.uniform() != "cpu":
+                self._need_target(why)
+                if self.htp_refusal:
+                    why = f"{why}, fallback: {self.htp_refusal}"
+                    pl = self.placement = builtin("all-cpu", pl.num_layers)
+            pre, dec = pl.uniform("prefill"), pl.uniform("decode")
             if pre == dec == "cpu" and not self.segments:
                 return "cpu", self.step("talker_prefill", [cpu_graph], "cpu", f"{why}: all on the CPU"), \
                     self.step("talker_decode", [cpu_graph], "cpu", f"{why}: all on the CPU")
@@ -436,5 +452,5 @@ def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None
     runner, pre, dec = r.talker()
     steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(),
              "decoder": r.decoder(), "speaker_encoder": r.speaker_encoder(), "speech_encoder": r.speech_encoder()}
-    return ExecutionPlan(bundle, r.target, placement, strict, cp_mode, attention, runner, steps,
+    return ExecutionPlan(bundle, r.target, r.placement, strict, cp_mode, attention, runner, steps,
                          check_saturation=check_saturation)

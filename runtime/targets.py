@@ -64,6 +64,9 @@ SOCS = {s.name: s for s in (
     SocInfo("SM8650", 57, 75, 8),  # Snapdragon 8 Gen 3
     SocInfo("SM8750", 69, 79, 8),  # Snapdragon 8 Elite
     SocInfo("SC8380XP", 60, 73, 8, ("X1E80100",)),  # Snapdragon X Elite
+    # Snapdragon X2 Elite: soc_model 88 from onnxruntime-qnn's soc_utils.cc ({"SC8480XP", 88}), v81 from
+    # Qualcomm AI Hub's device list (sc8480xp, hexagon v81); the 8 MB VTCM is assumed (not published)
+    SocInfo("SC8480XP", 88, 81, 8, ("X2E94100",)),
 )}
 _SOC_ALIASES = {a: s for s in SOCS.values() for a in (s.name, *s.aliases)}
 
@@ -211,6 +214,8 @@ def target_path(name_or_path: str | os.PathLike) -> Path:
             raise TargetError(f"{p}: target file not found")
         return p
     f = configs_dir() / f"{s}.json"
+    if not f.is_file() and (configs_dir() / f"{s.replace('-', '_')}.json").is_file():
+        f = configs_dir() / f"{s.replace('-', '_')}.json"  # x-elite names x_elite.json
     if not f.is_file():
         known = ", ".join(list_targets()) or "none"
         raise TargetError(f"unknown target {s!r}: no {f} (known targets: {known}; or give a path to a JSON file)")
