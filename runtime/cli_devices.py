@@ -63,7 +63,7 @@ def probe_htp_arch(backend_path: str) -> dict:
     import onnxruntime as ort
     from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
 
-    from kztts.qnn import EP_NAME, _STATE, _stdout_to_stderr
+    from kztts.qnn import EP_NAME, _STATE, _native_output_to_log
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
@@ -80,7 +80,7 @@ def probe_htp_arch(backend_path: str) -> dict:
         so.add_session_config_entry("ep.context_embed_mode", "1")
         so.add_provider_for_devices(_STATE.devices, {"backend_path": backend_path})
         try:
-            with _stdout_to_stderr():
+            with _native_output_to_log():
                 sess = ort.InferenceSession(model.SerializeToString(), sess_options=so)
                 out = sess.run(None, {"x": np.ones((1, 8), np.float32)})[0]
             info = get_compatibility_info_from_model(str(ctx), EP_NAME)

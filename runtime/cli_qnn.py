@@ -42,6 +42,7 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
     from kztts.bundle import Bundle
     from kztts.qnn import (EP_NAME, Placement, bundle_target, graph_files, open_target_session, qnn_available,
                            qnn_unavailable_reason, session_precision)
+    from kztts.qnn_package import check_target_skel
     from kztts.sessions import _session_options
     from kztts.targets import load_target
 
@@ -54,11 +55,14 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
         tcfg = load_target(target)
     elif exported_for_target:
         tcfg = load_target(bundle_target(bundle))
+    # as the plan does: a target whose HTP arch has no skel in the installed QNN package is refused
+    # (strict) or shown on the CPU
+    missing_skel = check_target_skel(tcfg, strict) if tcfg is not None else None
     rows = []
     for name, spec in graphs.items():
         row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
                "bytes": _graph_bytes(bundle.path / spec.file), "attention": _attention(name)}
-        if spec.variant == "static" and tcfg is not None:
+        if spec.variant == "static" and tcfg is not None and missing_skel is None:
             sess = open_target_session(bundle, name, tcfg, strict)
             qnn_file, _ = graph_files(bundle, name)
             row["context_binary"] = qnn_file.name != Path(spec.file).name and EP_NAME in sess.get_providers()
@@ -74,7 +78,7 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
         rows.append(row)
     return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
             "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
-            "qnn_unavailable_reason": qnn_unavailable_reason(), "graphs": rows}
+            "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel, "graphs": rows}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -99,6 +103,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     head = f"target {report['target']} ({report['soc']})" if report["target"] else "no target (CPU only)"
     if report["target"] and not report["qnn_available"]:
         head += f"; QNN unavailable: {report['qnn_unavailable_reason']}"
+    if report["missing_skel"]:
+        head += f"; on the CPU: {report['missing_skel']}"
     print(head)
     print(f"{'graph':<18}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
     for r in report["graphs"]:

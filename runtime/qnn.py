@@ -281,6 +281,16 @@ def open_target_session(bundle, graph_name: str, target_cfg: Target | str | None
         log.info("%s: context binary was prepared for %r, not %r: compiling the source graph", graph_name,
                  built_for, target.name)
         qnn_file = cpu_file
+    if qnn_file != cpu_file and spec.extra.get("shared_context") and qnn_available():
+        from kztts.qnn_package import host_is_simulator
+
+        if host_is_simulator():
+            # the x86 HTP emulator segfaults reloading a multi-graph, weight-shared context
+            # (onnxruntime-qnn 2.7.0): the process would die, so the source graph is compiled instead
+            log.warning("%s: its context binary shares weights with other graphs (prepared for %s), which the "
+                        "x86 HTP simulator cannot load; compiling the source graph instead", graph_name,
+                        built_for or target.name)
+            qnn_file = cpu_file
     needed = {qnn_file, cpu_file}
     if qnn_file != cpu_file:
         needed |= {Path(bundle.path) / b for b in spec.extra.get("context_binaries", [])}

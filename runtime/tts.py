@@ -363,10 +363,15 @@ class TTS:
     def generate_codes(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,
                        seed: int = 0, greedy: bool = False, max_frames: int | None = None,
                        settings: GenerationSettings | None = None) -> np.ndarray:
-        """The frames only ([F, 16] int64), no audio decoding (calibration, code comparisons)."""
+        """The frames only ([F, 16] int64), no audio decoding (calibration, code comparisons); one
+        utterance, never split; a cut by the context is a warning (``max_frames`` is the caller's own
+        choice here: calibration and comparisons ask for a fixed number of frames)."""
         run = self._start(text, voice, language, streaming_text, seed, greedy, max_frames, settings)
-        codes = list(run.loop.frames(run.prompt))
-        return np.array(codes, dtype=np.int64).reshape(-1, 16)
+        run.codes.extend(run.loop.frames(run.prompt))
+        limit = self._limit(run)
+        if limit and run.limited_by == "context":
+            log.warning("%s", limit)
+        return np.array(run.codes, dtype=np.int64).reshape(-1, 16)
 
     @one_call_at_a_time
     def synthesize(self, text: str, voice: Voice, *, language: str | None = None, streaming_text: bool = False,

@@ -2,7 +2,7 @@
 # Build the kztts wheel, install it (non-editable, with the qnn and export extras) into a fresh venv
 # and run the CLI from an empty folder with a fresh cache, so nothing comes from the source tree:
 #   kztts synth on the demo model, kztts export --target simulator of the demo's tiny checkpoint,
-#   kztts inspect --target x_elite of the demo bundle (a target found inside the installed package;
+#   kztts inspect --target x-elite of the demo bundle (a target found inside the installed package;
 #   the bundle's static Code Predictor graph opens on the QNN HTP simulator).
 # The dependencies come from the machine's package index / pip cache (scripts/setup.sh filled it).
 # Usage: bash scripts/check_wheel.sh    (KEEP=1 keeps the temporary folder; PYTHON picks the interpreter)
@@ -70,9 +70,9 @@ TINY=$(ls -d "$KZTTS_CACHE"/models/tiny-equal-*)
 "$V/python" -c "from kztts.manifest import read_manifest as r; m = r('B'); \
 s = sorted(n for n, g in m.graphs.items() if g.variant == 'static'); print('    static graphs:', s); assert s"
 
-step "kztts inspect DEMO --target x_elite (DEMO: the demo bundle in the cache)"
+step "kztts inspect DEMO --target x-elite (DEMO: the demo bundle in the cache)"
 DEMO=$(ls -d "$KZTTS_CACHE"/bundles/tiny-equal-*)
-"$V/kztts" inspect "$DEMO" --target x_elite
+"$V/kztts" inspect "$DEMO" --target x-elite
 
 step "all steps passed in $((SECONDS - START)) s"
 times  # the second line: the CPU time of the steps (user, sys)

@@ -383,3 +383,30 @@ def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, sm
     print(f"synth --target simulator: greedy code agreement with the CPU {agreement:.3f}")
     # a flipped code changes every later frame: the tiny model (CP head_dim 16) agrees on 0.44 of the codes
     assert (runs["htp"][:, 0] == runs["cpu"][:, 0]).mean() >= 0.5 and agreement >= 0.4
+
+
+SHARED_CONTEXT_CHILD = r"""
+import sys, numpy as np
+from kztts.tts import TTS, Voice
+tts = TTS(sys.argv[1], target="x-elite", strict=True)
+voice = Voice(np.ones(tts.speaker_size, np.float32))
+r = tts.synthesize("Hello.", voice, greedy=True, max_frames=3)
+print("frames", r.frames, tts.plan.steps["talker_prefill"].device)
+"""
+
+
+@pytest.mark.slow  # ~90 s: an x-elite export with context binaries, then the simulator compiles the Talker
+def test_weight_shared_context_on_the_simulator_compiles_the_source_graph(qnn, tiny_dir, tmp_path):
+    """A device target's Talker prefill/decode share one context binary, which the x86 simulator
+    segfaults loading (onnxruntime-qnn 2.7.0): the graphs' source is compiled instead, with a
+    warning, and the synthesis ends normally (in a child process: a crash fails this test)."""
+    from kztts.export.bundle_writer import cached_target_bundle
+
+    bundle = cached_target_bundle(tiny_dir, "x_elite", context_binary=True)
+    manifest = json.loads((bundle / "kztts.json").read_text())
+    assert manifest["graphs"]["talker_prefill"].get("shared_context")
+    child = subprocess.run([sys.executable, "-c", SHARED_CONTEXT_CHILD, str(bundle)], capture_output=True,
+                           text=True, timeout=900)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["frames", "3", "htp"]
+    assert child.stderr.count("which the x86 HTP simulator cannot load; compiling the source graph") == 2

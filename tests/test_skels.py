@@ -103,3 +103,17 @@ def test_a_package_without_skels_refuses_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("KZTTS_QNN_PACKAGE_DIR", str(tmp_path / "missing"))
     with pytest.raises(KzttsError, match="KZTTS_QNN_PACKAGE_DIR=.*not a folder"):
         check_target_skel(load_target("x2_elite"), strict=False)
+
+
+def test_inspect_applies_the_skel_check(plain_bundle, v73_package):
+    """``kztts inspect --target`` opens static graphs itself: a target without its skel is refused
+    (strict) or shown on the CPU, as the plan does, without compiling anything for the HTP."""
+    from kztts.cli_qnn import inspect_bundle
+    from kztts.qnn_package import MissingSkelError
+
+    with pytest.raises(MissingSkelError, match="v81"):
+        inspect_bundle(plain_bundle.path, "x2-elite", strict=True)
+    report = inspect_bundle(plain_bundle.path, "x2-elite")
+    assert "v81" in report["missing_skel"]
+    static = [g for g in report["graphs"] if g["variant"] == "static"]
+    assert static and all(g["qnn_nodes"] == 0 and not g["context_binary"] for g in static)
