@@ -6,7 +6,6 @@ leaks across sessions of one process); placement checks run here.
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from kztts.errors import KzttsError
 
 CONTEXT, CHUNK = 64, 16
 
