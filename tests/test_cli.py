@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 
 def kztts(*args, **kw):
