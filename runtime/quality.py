@@ -63,6 +63,11 @@ _VOWEL_RUN = re.compile(r"[aeiouyàáâãäåæèéêëìíîïòóôõöøùú�
 _SMALL_KANA = set("ゃゅょャュョぁぃぅぇぉァィゥェォゎヮ")
 
 
+def as_dict(measures: "UtteranceQuality | QualitySummary") -> dict:
+    """The measures as a JSON-ready dict (floats rounded to 4 decimals)."""
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(measures).items()}
+
+
 @dataclass(frozen=True)
 class UtteranceQuality:
     """The measures of one synthesised utterance (seconds, percentages 0-100)."""
@@ -77,9 +82,6 @@ class UtteranceQuality:
     clipping_pct: float
     stopped_by_eos: bool
 
-    def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-
 
 @dataclass(frozen=True)
 class QualitySummary:
@@ -93,9 +95,6 @@ class QualitySummary:
     mean_silence_pct: float
     max_longest_silence_s: float
     mean_clipping_pct: float
-
-    def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def _language_of(text: str, language: str | None) -> str:

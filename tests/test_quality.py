@@ -1,6 +1,7 @@
 """Quality measures of sampled speech (kztts.quality, kztts.dnsmos) on constructed audio."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -87,6 +88,8 @@ def test_aggregate_over_seeds():
     us = [quality.measure(_tone(1.0), SR, t, "english", stopped_by_eos=i < 3) for i in range(5)]
     s = quality.aggregate(us)
     assert s.utterances == 5 and s.natural_eos_rate == pytest.approx(0.6) and s.mean_seconds == pytest.approx(1.0)
+    assert json.loads(json.dumps(quality.as_dict(s)))["natural_eos_rate"] == 0.6
+    assert quality.as_dict(us[0])["stopped_by_eos"] is True
     with pytest.raises(ValueError):
         quality.aggregate([])
 
