@@ -102,6 +102,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     if htp_configs and importlib.util.find_spec("onnxruntime_qnn") is None:
         raise KzttsError(f"--target {args.target}: the HTP rows run on onnxruntime-qnn's HTP simulator, which is "
                          "not installed: pip install 'kztts[qnn]'")
+    if args.quality and (not configs or args.seeds < 1):
+        raise KzttsError("--quality samples the CPU configurations: give --target cpu (the default) and --seeds >= 1")
     if importlib.util.find_spec("torch") is None:
         raise KzttsError("kztts bench needs the export extra (torch, qwen-tts) for the model, the export and the "
                          "reference: pip install -e '.[export,bench]' && pip install --no-deps qwen-tts==0.1.1")
@@ -206,6 +208,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         r.update(kind="htp-sim", timed=False, **h.as_dict())
         rows.append(r)
     steps.close()
+    sampled = None
+    if args.quality:
+        from kztts.bench.quality_rows import run_quality
+
+        sampled = run_quality(configs, bundles, xvector, out, args.seeds, random_weights=not args.model_dir)
 
     load = psutil.getloadavg()
     size = args.size if not args.model_dir else Path(args.model_dir).name
@@ -222,7 +229,8 @@ def run_bench(args: argparse.Namespace) -> dict:
                f"--weights {args.weights} --kv {args.kv} --cp-mode {args.cp_mode} --decoder {args.decoder} "
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''} --target {args.target} "
-               f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}")
+               f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}"
+               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
@@ -232,6 +240,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         meta["htp_rows_untimed"] = report.HTP_NOTE
     paths = report.write_all(rows, meta, out)
     print(report.markdown(rows, header))
+    if sampled:
+        print("\n" + sampled["table"])
+        paths.update(quality=sampled["dir"] / "quality.md", quality_index=sampled["dir"] / "index.md")
     for kind, p in paths.items():
         print(f"{kind}: {p}", file=sys.stderr)
     return {"rows": rows, "paths": paths}
@@ -297,5 +308,10 @@ def add_command(sub) -> None:
     s.add_argument("--htp-dir", help="where the HTP rows' bundles are built (default: next to the fp32 bundle in "
                                      "the cache; a 0.6B one adds ~4 GB of static graphs)")
     s.add_argument("--no-reference", action="store_true", help="skip the qwen-tts PyTorch rows")
+    s.add_argument("--quality", action="store_true",
+                   help="also sample every configuration (reference settings, natural stops) over --seeds seeds "
+                        "and a multilingual prompt set: EOS rate, duration, silence, clipping, DNSMOS "
+                        "(kztts.bench.quality_rows); WAVs and tables under <out>/quality/")
+    s.add_argument("--seeds", type=int, default=5, help="seeds per prompt for --quality (default 5)")
     s.add_argument("--out", help="results folder (default benchmarks/results/bench-<time>)")
     s.set_defaults(func=cmd_bench)

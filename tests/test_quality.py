@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +142,62 @@ def test_dnsmos_ranks_speech_over_noise(tmp_path):
     clean, white, mixed = (dnsmos.score(x, sr) for x in (speech, 0.1 * noise, noisy))
     assert 1.0 <= white.ovrl < mixed.ovrl < clean.ovrl <= 5.0
     assert clean.ovrl - white.ovrl > 1.0 and clean.bak > mixed.bak
+
+
+# ------------------------------------------------------------------ kztts bench --quality rows
+def _tiny_fp32_bundle():
+    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny(variant="equal"))  # the bench's --size tiny model
+
+
+def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
+    from kztts.audio import synthetic_voice
+    from kztts.bench.grid import Config
+    from kztts.bench.quality_rows import MIN_MAX_FRAMES, RANDOM_NOTE, max_frames, run_quality
+    from kztts.bundle import Bundle
+    from kztts.speaker import SpeakerEncoder
+
+    base = _tiny_fp32_bundle()
+    xv = tmp_path / "xvector.npy"
+    np.save(xv, SpeakerEncoder.from_bundle(Bundle.open(base, load_graphs=False)).xvector(synthetic_voice(), SR))
+    configs = [Config(weights="fp32", kv="fp32", threads=1), Config(weights="fp32", kv="fp32", threads=2)]
+    # DNSMOS cells as without the extra (scores take ~0.5 s a clip; the slow bench test has them)
+    monkeypatch.setattr(dnsmos, "model_path", lambda personalized=False: None)
+    prompts = (("english", "Hi."), ("chinese", "你好。"))  # short: each capped at MIN_MAX_FRAMES frames
+    res = run_quality(configs, {("fp32", "fp32", "fp32"): base}, xv, tmp_path, seeds=2, random_weights=True,
+                      prompts=prompts)
+    (row,) = res["rows"]  # threads do not change the audio: one row
+    assert row["name"] == "fp32/kv-fp32/cp-frame/dec-fp32" and row["utterances"] == 2 * len(prompts)
+    assert row["flags"] == [] and res["meta"]["reference_row"] == row["name"]
+    for u in row["utterances_detail"]:
+        assert max_frames(dict(prompts)[u["language"]], u["language"]) == MIN_MAX_FRAMES
+        assert 0 < u["frames"] <= MIN_MAX_FRAMES and Path(u["wav"]).is_file()
+    table = (tmp_path / "quality" / "quality.md").read_text()
+    assert RANDOM_NOTE in table and row["name"] in table
+    assert dnsmos.NOT_INSTALLED in table and row["dnsmos"] == dnsmos.NOT_INSTALLED
+    index = (tmp_path / "quality" / "index.md").read_text()
+    assert index.count("_seed0.wav](") == index.count("_seed1.wav](") == len(prompts)
+    assert json.loads((tmp_path / "quality" / "quality.json").read_text())["rows"][0]["name"] == row["name"]
+
+
+@pytest.mark.slow
+def test_bench_quality_cli(tmp_path):
+    """``kztts bench --size tiny --quality --seeds 3``: the speed table, then the quality table and files."""
+    out = tmp_path / "bench"
+    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32,int8",
+                          "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
+                          "--no-reference", "--quality", "--seeds", "3", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads((out / "quality" / "quality.json").read_text())
+    names = [r["name"] for r in data["rows"]]
+    assert names == ["fp32/kv-fp32/cp-frame/dec-fp32", "int8/kv-fp32/cp-frame/dec-fp32"]
+    assert all(r["utterances"] == 3 * len(data["meta"]["prompts"]) for r in data["rows"])
+    assert data["meta"]["random_weights"] and data["meta"]["reference_row"] == names[0]
+    if dnsmos.available():
+        assert all(1.0 <= r["dnsmos"]["ovrl"] <= 5.0 for r in data["rows"])
+    assert "random weights" in res.stdout and "| int8/kv-fp32/cp-frame/dec-fp32 |" in res.stdout
+    index = (out / "quality" / "index.md").read_text()
+    assert index.count(".wav](") == sum(r["utterances"] for r in data["rows"])
