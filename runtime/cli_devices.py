@@ -47,8 +47,9 @@ def ep_devices() -> list[dict]:
 
 
 def _first_line(exc: BaseException) -> str:
-    s = str(exc).strip()
-    return (s.splitlines()[0] if s else type(exc).__name__)[:300]
+    from kztts.qnn import _first_line as first_line
+
+    return first_line(exc, limit=300)
 
 
 def probe_htp_arch(backend_path: str) -> dict:

@@ -194,9 +194,9 @@ def _describe(nodes: list[tuple[str, str]], limit: int = 12) -> str:
     return (f"op types {', '.join(f'{op} x{n}' for op, n in sorted(ops.items()))}; nodes {names}{more}")
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, limit: int = 400) -> str:
     s = str(exc).strip()
-    return (s.splitlines()[0] if s else type(exc).__name__)[:400]
+    return (s.splitlines()[0] if s else type(exc).__name__)[:limit]
 
 
 def create_session(path: str | os.PathLike, target: Target | str, *, strict: bool = False,
