@@ -1,6 +1,7 @@
 """``kztts export``: a Qwen3-TTS checkpoint directory -> a bundle directory."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -128,12 +129,25 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             "languages": dict(model.config.talker_config.codec_language_id or {}),
             "generation": dict(getattr(model, "generate_config", None) or {}),
             "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+            "random_weights": random_weight_provenance(model_dir),
         }
         write_manifest(work, manifest)
         steps.update()
         steps.close()
     log.info("bundle written to %s", out_dir)
     return out_dir
+
+
+def random_weight_provenance(model_dir: Path) -> dict | None:
+    """What a random-weight checkpoint is (``kztts make-tiny`` leaves its marker file in it), or None for
+    a real one: the manifest carries it so that every measure of speech quality can say it means nothing."""
+    from kztts.export.tiny import MARKER
+
+    marker = Path(model_dir) / MARKER
+    if not marker.is_file():
+        return None
+    info = json.loads(marker.read_text(encoding="utf-8"))
+    return {"made_by": "kztts make-tiny", **{k: info.get(k) for k in ("size", "variant", "seed", "eos_bias")}}
 
 
 # Modules that build bundles derived from an exported one (quantized variants), run the reference

@@ -13,6 +13,7 @@ from kztts.cli_boundary import run_command
 from kztts.env import check_environment, check_threads
 from kztts.errors import KzttsError
 from kztts.extras import need_export_extra as _need_export_extra
+from kztts.manifest import random_weights_label
 from kztts.settings import PRESETS, SAMPLING_FLAGS, reference_settings, with_environment
 
 log = logging.getLogger("kztts")
@@ -103,6 +104,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
               session_config=config, pipeline=args.pipeline)
     if args.explain:
         print(tts.plan.table())
+    if tts.bundle.manifest.random_weights and not demo:
+        print(f"kztts: {bundle} has random weights ({random_weights_label(tts.bundle.manifest.random_weights)}): "
+              "the audio is not speech", file=sys.stderr)
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
     settings = with_overrides(settings, flags, names)
     if args.xvector:

@@ -29,6 +29,7 @@ import psutil
 from kztts.atomic import check_writable_dir
 from kztts.bench.report import cpu_name
 from kztts.errors import KzttsError
+from kztts.manifest import random_weights_label
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     if htp_configs and importlib.util.find_spec("onnxruntime_qnn") is None:
         raise KzttsError(f"--target {args.target}: the HTP rows run on onnxruntime-qnn's HTP simulator, which is "
                          "not installed: pip install 'kztts[qnn]'")
-    if args.quality and (not configs or args.seeds < 1):
-        raise KzttsError("--quality samples the CPU configurations: give --target cpu (the default) and --seeds >= 1")
+    if args.quality and args.seeds < 1:
+        raise KzttsError(f"--seeds {args.seeds}: --quality needs at least one seed")
     if importlib.util.find_spec("torch") is None:
         raise KzttsError("kztts bench needs the export extra (torch, qwen-tts) for the model, the export and the "
                          "reference: pip install -e '.[export,bench]' && pip install --no-deps qwen-tts==0.1.1")
@@ -115,7 +116,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.rounds < 1:
         raise KzttsError("--rounds must be >= 1")
     steps = Steps(4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds
-                  + 2 * len(htp_configs), "bench")
+                  + (2 + args.quality) * len(htp_configs), "bench")
 
     steps.phase("model + fp32 bundle")
     if args.model_dir:
@@ -207,12 +208,21 @@ def run_bench(args: argparse.Namespace) -> dict:
         r = runs[("htp", h)][0]
         r.update(kind="htp-sim", timed=False, **h.as_dict())
         rows.append(r)
-    steps.close()
+    random_weights = Bundle.open(base, load_graphs=False).manifest.random_weights
     sampled = None
     if args.quality:
-        from kztts.bench.quality_rows import run_quality
+        from kztts.bench import quality_rows as Q
 
-        sampled = run_quality(configs, bundles, xvector, out, args.seeds, random_weights=not args.model_dir)
+        # the fp32 CPU row is the one the others are flagged against: sampled even when only HTP rows are asked
+        q_configs = configs or [G.Config(threads=threads_max)]
+        bundles.setdefault(("fp32", "fp32", "fp32"), base)
+        q_context = Q.quality_context(base)
+        q_htp = _htp_bundles([replace(h, context=max(h.context, q_context)) for h in htp_configs], args, b, base,
+                             model_dir, work, steps)
+        sampled = Q.run_quality(q_configs, bundles, xvector, out, args.seeds, random_weights=bool(random_weights),
+                                htp=q_htp)
+        Q.attach(rows, sampled["rows"])
+    steps.close()
 
     load = psutil.getloadavg()
     size = args.size if not args.model_dir else Path(args.model_dir).name
@@ -221,6 +231,8 @@ def run_bench(args: argparse.Namespace) -> dict:
               f"{cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
               f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
               f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
+    if random_weights:
+        header += f"\nRANDOM weights ({random_weights_label(random_weights)}): speed and agreement are real, audio is not speech"
     if htp_bundles:
         header += ("\n" + report.HTP_NOTE)
     import onnxruntime as ort

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kztts.errors import KzttsError
 from kztts.graphs import CP_MODES
+from kztts.manifest import random_weights_label
 
 
 def _graph_bytes(path: Path) -> int:
@@ -78,7 +79,8 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
         rows.append(row)
     return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
             "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
-            "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel, "graphs": rows}
+            "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
+            "random_weights": bundle.manifest.random_weights, "graphs": rows}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -106,6 +108,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if report["missing_skel"]:
         head += f"; on the CPU: {report['missing_skel']}"
     print(head)
+    if report["random_weights"]:
+        print(f"random weights ({random_weights_label(report['random_weights'])}): not a real checkpoint")
     print(f"{'graph':<18}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
     for r in report["graphs"]:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["cpu_op_types"].items())) if r["qnn_nodes"] else \

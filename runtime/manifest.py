@@ -102,6 +102,19 @@ class Manifest:
     def embeddings(self) -> dict:
         return self.data["embeddings"]
 
+    @property
+    def random_weights(self) -> dict | None:
+        """The provenance of a random-weight checkpoint (the demo, ``kztts make-tiny``), else None:
+        such a bundle's audio is not speech, and any quality figure from it only shows the measuring works."""
+        return self.data.get("random_weights")
+
+
+def random_weights_label(info: dict) -> str:
+    """One phrase for a ``random_weights`` provenance, e.g. "kztts make-tiny, size 0.6b, seed 1234"."""
+    parts = [str(info.get("made_by") or "random init")]
+    parts += [f"{k} {info[k]}" for k in ("size", "seed") if info.get(k) is not None]
+    return ", ".join(parts)
+
 
 def read_manifest(bundle_dir: Path) -> Manifest:
     """Read and check ``bundle_dir/kztts.json``; raise BundleError naming the problem."""
@@ -138,6 +151,8 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     missing = [k for k in _SPECIAL_KEYS if k not in data["special_ids"]]
     if missing:
         raise BundleError(f"{path}: special_ids lacks {missing}")
+    if not isinstance(data.get("random_weights"), (dict, type(None))):
+        raise BundleError(f"{path}: random_weights should be an object or null; re-export the bundle")
     graphs = {name: GraphSpec.from_json(name, g) for name, g in data["graphs"].items()}
     return Manifest(path, data, graphs)
 

@@ -383,9 +383,11 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
     report = json.loads(js)
     lines = out.splitlines()
     assert lines[0] == "target simulator (SC8380XP); QNN unavailable: disabled by KZTTS_DISABLE_QNN"
-    assert lines[1].split() == ["graph", "variant", "attention", "size", "QNN", "CPU", "precision", "CPU", "op",
+    assert lines[1] == "random weights (kztts make-tiny, size tiny, seed 1234): not a real checkpoint"
+    assert report["random_weights"]["made_by"] == "kztts make-tiny"
+    assert lines[2].split() == ["graph", "variant", "attention", "size", "QNN", "CPU", "precision", "CPU", "op",
                                 "types"]
-    rows = {ln.split()[0]: ln.split() for ln in lines[2:]}
+    rows = {ln.split()[0]: ln.split() for ln in lines[3:]}
     assert sorted(rows) == sorted(g["graph"] for g in report["graphs"]) == ["cp_frame", "talker"]
     for g in report["graphs"]:
         size = f"{g['bytes'] / 2**20:.1f} MB" if g["bytes"] >= 2**20 else f"{g['bytes'] / 2**10:.0f} kB"

@@ -138,6 +138,19 @@ def test_marker_and_cache_reuse():
     assert path.parent == tiny.cache_dir() / "models"
 
 
+def test_bundle_manifest_marks_random_weights(tmp_path):
+    """The bundle of a make-tiny checkpoint says it has random weights (its audio is not speech);
+    a checkpoint without the marker (a real one) gets null."""
+    from kztts.bundle import Bundle
+    from kztts.export.bundle_writer import cached_bundle, random_weight_provenance
+    from kztts.manifest import random_weights_label
+
+    info = Bundle.open(cached_bundle(tiny.cached_tiny("proj")), load_graphs=False).manifest.random_weights
+    assert info == {"made_by": "kztts make-tiny", "size": "tiny", "variant": "proj", "seed": 1234, "eos_bias": None}
+    assert random_weights_label(info) == "kztts make-tiny, size tiny, seed 1234"
+    assert random_weight_provenance(tmp_path) is None
+
+
 # ---------------------------------------------------------------- determinism
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     ref = tiny.cached_tiny("proj")

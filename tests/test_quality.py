@@ -182,6 +182,69 @@ def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "quality" / "quality.json").read_text())["rows"][0]["name"] == row["name"]
 
 
+def test_attach_puts_quality_columns_in_the_main_table():
+    """``attach`` carries each configuration's sampled summary into its timed and HTP rows; the main
+    table shows the quality columns only when something was sampled."""
+    from kztts.bench import report
+    from kztts.bench.grid import Config, HtpConfig
+    from kztts.bench.quality_rows import attach
+
+    cfg, h = Config(threads=1), HtpConfig("simulator")
+    sampled = [{"key": ["fp32", "fp32", "frame", "fp32", "fused"], "natural_eos_rate": 0.8, "mean_silence_pct": 30.0,
+                "dnsmos": {"sig": 3.0, "bak": 3.5, "ovrl": 2.75}, "flags": []},
+               {"key": ["htp", "simulator", "fp16"], "natural_eos_rate": 0.2, "mean_silence_pct": 55.0,
+                "dnsmos": dnsmos.NOT_INSTALLED, "flags": ["natural EOS 20% vs 80%"]}]
+    rows = [{"kind": "reference", "name": "ref"}, {"kind": "kztts", **cfg.as_dict()},
+            {"kind": "kztts", **Config(weights="int8", threads=1).as_dict()},
+            {"kind": "htp-sim", "timed": False, **h.as_dict()}]
+    plain = report.markdown(rows, "head")
+    attach(rows, sampled)
+    assert "natural_eos_rate" not in rows[0] and "natural_eos_rate" not in rows[2]  # not sampled: no cells
+    assert (rows[1]["natural_eos_rate"], rows[1]["silence_pct"], rows[1]["dnsmos_ovrl"], rows[1]["quality_flags"]) == \
+        (0.8, 30.0, 2.75, "-")
+    assert (rows[3]["dnsmos_ovrl"], rows[3]["quality_flags"]) == (None, "natural EOS 20% vs 80%")
+    table = report.markdown(rows, "head")
+    assert "natural EOS (sampled)" not in plain and "natural EOS (sampled)" in table
+    assert "| 80% | 30.0 | 2.75 | - |" in table and "| 20% | 55.0 | - | natural EOS 20% vs 80% |" in table
+
+
+@pytest.mark.slow  # the simulator samples a tiny frame in tens of seconds (the cp_frame sampler on the emulated HTP)
+def test_quality_rows_on_the_htp_simulator(tmp_path, monkeypatch, small_target):
+    """An HTP row samples the target's static graphs (strict) and is flagged against the fp32 CPU row;
+    ``attach`` carries both summaries into the main table, which then shows the quality columns."""
+    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+    from kztts.audio import synthetic_voice
+    from kztts.bench import report
+    from kztts.bench.grid import Config, HtpConfig
+    from kztts.bench.quality_rows import attach, quality_context, run_quality
+    from kztts.bundle import Bundle
+    from kztts.export.bundle_writer import cached_bundle, cached_target_bundle
+    from kztts.export.tiny import cached_tiny
+    from kztts.speaker import SpeakerEncoder
+
+    model = cached_tiny("proj")
+    base, htp_bundle = cached_bundle(model), cached_target_bundle(model, small_target)
+    prompts = (("english", "Hi."),)
+    assert quality_context(base, prompts) <= Bundle.open(htp_bundle, load_graphs=False).manifest.graphs[
+        "talker_decode"].extra["context"]  # the simulator bundle's context holds the utterance
+    xv = tmp_path / "xvector.npy"
+    np.save(xv, SpeakerEncoder.from_bundle(Bundle.open(base, load_graphs=False)).xvector(synthetic_voice(), SR))
+    monkeypatch.setattr(dnsmos, "model_path", lambda personalized=False: None)
+    h = HtpConfig(str(small_target))
+    res = run_quality([Config(threads=1)], {("fp32", "fp32", "fp32"): base}, xv, tmp_path, seeds=1,
+                      random_weights=True, prompts=prompts, htp={h: (htp_bundle, small_target)})
+    cpu, htp = res["rows"]
+    assert htp["name"] == "htp-sim/simulator_small/fp16" and htp["kind"] == "htp-sim"
+    assert res["meta"]["reference_row"] == cpu["name"] and cpu["flags"] == []
+    assert htp["utterances"] == 1 and Path(htp["utterances_detail"][0]["wav"]).is_file()
+    rows = [{"kind": "kztts", **Config(threads=1).as_dict()}, {"kind": "htp-sim", "timed": False, **h.as_dict()}]
+    attach(rows, res["rows"])
+    assert rows[0]["natural_eos_rate"] == cpu["natural_eos_rate"] and rows[1]["silence_pct"] == htp["mean_silence_pct"]
+    assert rows[1]["quality_flags"] == ("; ".join(htp["flags"]) or "-")
+    table = report.markdown(rows, "head")
+    assert "natural EOS (sampled)" in table and "natural EOS" not in report.markdown([{"name": "x"}], "head")
+
+
 @pytest.mark.slow
 def test_bench_quality_cli(tmp_path):
     """``kztts bench --size tiny --quality --seeds 3``: the speed table, then the quality table and files."""

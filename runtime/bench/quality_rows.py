@@ -56,17 +56,37 @@ def max_frames(text: str, language: str) -> int:
                                          * FRAMES_PER_SECOND))
 
 
-def _speak(bundle_path: Path, key: tuple, threads: int, xvector: Path, seeds: int, wav_dir: Path,
-           prompts: tuple) -> list[dict]:
-    """Every prompt x seed of one configuration: measures (+ DNSMOS) and the WAV file of each."""
-    from kztts.audio import write_wav
+def quality_context(bundle_path: Path, prompts: tuple = PROMPTS) -> int:
+    """The static Talker context an HTP quality row needs: every prompt (its text inside the prefill,
+    the longer layout) plus its frame cap, so no utterance is cut into pieces or stopped by the context."""
+    from kztts.bench.htp import bench_context
+    from kztts.prompt import prompt_length
+    from kztts.text import TextTokenizer, assistant_text
+
+    tok = TextTokenizer(Path(bundle_path))
+    need = max(prompt_length(len(tok.text_body(tok.encode(assistant_text(text)))), language=True, speaker=True,
+                             mode="xvector", non_streaming=True) + max_frames(text, language)
+               for language, text in prompts)
+    return bench_context(need, 1)
+
+
+def _open(bundle_path: Path, key: tuple, threads: int, target: Path | None):
     from kztts.bundle import Bundle
     from kztts.sessions import SessionConfig
-    from kztts.tts import TTS, Voice
+    from kztts.tts import TTS
 
+    bundle = Bundle.open(bundle_path, SessionConfig(threads=threads), load_graphs=False)
+    if target is not None:  # an HTP row: the target's static graphs, all of them on the simulator's HTP
+        return TTS(bundle, target=str(target), strict=True)
     _, _, cp_mode, _, attention = key
-    tts = TTS(Bundle.open(bundle_path, SessionConfig(threads=threads), load_graphs=False), cp_mode=cp_mode,
-              attention=attention)
+    return TTS(bundle, cp_mode=cp_mode, attention=attention)
+
+
+def _speak(tts, xvector: Path, seeds: int, wav_dir: Path, prompts: tuple) -> list[dict]:
+    """Every prompt x seed of one configuration: measures (+ DNSMOS) and the WAV file of each."""
+    from kztts.audio import write_wav
+    from kztts.tts import Voice
+
     voice = Voice(np.load(xvector).astype(np.float32).reshape(-1))
     settings = tts.default_settings()
     out = []
@@ -82,33 +102,43 @@ def _speak(bundle_path: Path, key: tuple, threads: int, xvector: Path, seeds: in
 
 
 def run_quality(configs: list, bundles: dict, xvector: Path, out: Path, seeds: int, random_weights: bool,
-                prompts: tuple = PROMPTS) -> dict:
+                prompts: tuple = PROMPTS, htp: dict | None = None) -> dict:
     """Speak ``prompts`` ((language, text) pairs) ``seeds`` times with each configuration, measure,
-    write ``<out>/quality/`` (WAVs, ``index.md``, ``quality.json``, ``quality.md``); return the rows."""
+    write ``<out>/quality/`` (WAVs, ``index.md``, ``quality.json``, ``quality.md``); return the rows.
+
+    ``configs`` are CPU grid configurations (their bundles in ``bundles`` by (weights, kv, decoder));
+    ``htp`` maps HTP rows (:class:`kztts.bench.grid.HtpConfig`) to (HTP bundle, target file) built at
+    :func:`quality_context` or more; they run in strict mode on the simulator."""
     if seeds < 1:
         from kztts.errors import KzttsError
 
         raise KzttsError("--seeds must be >= 1")
     root = out / "quality"
-    keys: dict[tuple, object] = {}
+    runs: dict[tuple, tuple] = {}  # audio key -> (label, bundle, threads, target file or None, row fields)
     for c in configs:
-        keys.setdefault(audio_key(c), c)
+        key = audio_key(c)
+        if key not in runs:
+            runs[key] = (_label(key), bundles[(c.weights, c.kv, c.decoder)], c.threads, None,
+                         {"weights": key[0], "kv": key[1], "cp_mode": key[2], "decoder": key[3], "attention": key[4]})
+    for h, (bundle, target_file) in (htp or {}).items():
+        runs[("htp", h.target, h.precision)] = (h.name, bundle, max((c.threads for c in configs), default=2),
+                                                Path(target_file), {"weights": h.precision, "target": h.target,
+                                                                    "kind": "htp-sim"})
     rows, index = [], []
-    for key, c in keys.items():
-        label = _label(key)
+    for key, (label, bundle, threads, target_file, fields) in runs.items():
         log.info("quality: %s, %d seeds x %d prompts", label, seeds, len(prompts))
         wav_dir = root / label.replace("/", "_")
         wav_dir.mkdir(parents=True, exist_ok=True)
-        utts = _speak(bundles[(c.weights, c.kv, c.decoder)], key, c.threads, xvector, seeds, wav_dir, prompts)
+        utts = _speak(_open(bundle, key, threads, target_file), xvector, seeds, wav_dir, prompts)
         summary = quality.aggregate([u["measures"] for u in utts])
-        rows.append({"name": label, "weights": key[0], "kv": key[1], "cp_mode": key[2], "decoder": key[3],
-                     "attention": key[4], **quality.as_dict(summary),
+        rows.append({"name": label, "key": list(key), **fields, **quality.as_dict(summary),
                      "dnsmos": _dnsmos_json(dnsmos.mean_score([u["dnsmos"] for u in utts])),
                      "utterances_detail": [{**{k: v for k, v in u.items() if k not in ("measures", "dnsmos")},
                                             **quality.as_dict(u["measures"]), "dnsmos": _dnsmos_json(u["dnsmos"])}
                                            for u in utts]})
         index += [(label, u) for u in utts]
-    ref = next((r for r in rows if (r["weights"], r["kv"], r["decoder"]) == ("fp32", "fp32", "fp32")), None)
+    ref = next((r for r in rows if r.get("kind") != "htp-sim"
+                and (r["weights"], r["kv"], r["decoder"]) == ("fp32", "fp32", "fp32")), None)
     for r in rows:
         r["flags"] = (quality.departures(_summary(r), _summary(ref)) if ref and r is not ref else [])
     meta = {"seeds": seeds, "prompts": [{"language": lang, "text": t} for lang, t in prompts],
@@ -119,6 +149,25 @@ def run_quality(configs: list, bundles: dict, xvector: Path, out: Path, seeds: i
     write_text(root / "quality.md", table + "\n")
     write_text(root / "index.md", _index(index, root))
     return {"rows": rows, "meta": meta, "table": table, "dir": root}
+
+
+def attach(rows: list[dict], sampled: list[dict]) -> None:
+    """Copy each configuration's quality summary into its timed/HTP rows of the main table
+    (``QUALITY_COLUMNS`` of ``kztts.bench.report``): natural-EOS rate, silence, DNSMOS OVRL, flags."""
+    by_key = {tuple(r["key"]): r for r in sampled}
+    for row in rows:
+        if row.get("kind") == "kztts":
+            key = (row["weights"], row["kv"], row["cp_mode"], row["decoder"], row["attention"])
+        elif row.get("kind") == "htp-sim":
+            key = ("htp", row["target"], row["htp_precision"])
+        else:
+            continue
+        q = by_key.get(key)
+        if q is None:
+            continue
+        ovrl = q["dnsmos"]["ovrl"] if isinstance(q["dnsmos"], dict) else None
+        row.update(natural_eos_rate=q["natural_eos_rate"], silence_pct=q["mean_silence_pct"], dnsmos_ovrl=ovrl,
+                   quality_flags="; ".join(q["flags"]) or "-")
 
 
 def _summary(row: dict) -> quality.QualitySummary:

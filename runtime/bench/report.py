@@ -44,7 +44,13 @@ COLUMNS = [
     ("cp_argmax_agreement", "CP argmax TF", "{:.3f}"),
     ("code_agreement", "codes equal", "{:.4f}"),
     ("snr_db", "audio SNR dB", "{:.1f}"),
+    # sampled speech (``kztts bench --quality``; kztts.bench.quality_rows.attach): shown when measured
+    ("natural_eos_rate", "natural EOS (sampled)", "{:.0%}"),
+    ("silence_pct", "silence % (sampled)", "{:.1f}"),
+    ("dnsmos_ovrl", "DNSMOS OVRL", "{:.2f}"),
+    ("quality_flags", "quality flags", "{}"),
 ]
+QUALITY_KEYS = frozenset({"natural_eos_rate", "silence_pct", "dnsmos_ovrl", "quality_flags"})
 
 
 # columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there
@@ -78,10 +84,12 @@ def _cell(row: dict, key: str, fmt: str) -> str:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-             "|" + "|".join("---" if k == "name" else "---:" for k, _, _ in COLUMNS) + "|"]
+    sampled = any("natural_eos_rate" in r for r in rows)
+    cols = [c for c in COLUMNS if sampled or c[0] not in QUALITY_KEYS]
+    lines = [header, "", "| " + " | ".join(h for _, h, _ in cols) + " |",
+             "|" + "|".join("---" if k in ("name", "quality_flags") else "---:" for k, _, _ in cols) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(_cell(r, k, f) for k, _, f in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(r, k, f) for k, _, f in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
