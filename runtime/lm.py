@@ -57,10 +57,13 @@ class Reply:
 
 class LM:
     """An LM bundle, ready to generate. ``target``/``placement``/``strict`` choose where the
-    stack runs (as for ``kztts.TTS``); ``context`` caps the CPU KV cache (positions)."""
+    stack runs (as for ``kztts.tts.TTS``; HTP layer graphs' fp16 probes are checked, ``kztts.saturation``);
+    ``context`` caps the CPU KV cache (positions); ``talker``: a runner to use instead of the plan's
+    (calibration passes its per-layer runner); ``check_saturation`` False runs a placement's whole
+    static graphs even when the bundle has the probed layer graphs (as validation does)."""
 
     def __init__(self, bundle, *, target=None, placement=None, strict: bool = False, context: int | None = None,
-                 session_config=None, attention: str | None = None):
+                 session_config=None, attention: str | None = None, talker=None, check_saturation: bool = True):
         from kztts.plan import resolve_plan
         from tokenizers import Tokenizer
 
@@ -71,8 +74,8 @@ class LM:
             raise BundleError(f"{m.path}: a {m.kind} bundle, not a causal LM; export a Qwen2/Qwen3 LM "
                               "(kztts export LM_DIR -o BUNDLE, or --gguf FILE)")
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict,
-                                 attention=attention)
-        self.runner = self.plan.open_talker(context)
+                                 attention=attention, check_saturation=check_saturation)
+        self.runner = talker if talker is not None else self.plan.open_talker(context)
         self.tokenizer = Tokenizer.from_file(str(Path(self.bundle.path) / TOKENIZER_FILE))
         spec = m.embeddings.get(TOKEN_EMBEDDING)
         if spec is None:

@@ -258,7 +258,7 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
     cpu.stop_ids = frozenset()
     list(cpu.generate(PROMPT, 8, greedy=True))
     ids = cpu.history
-    htp = LM(htp_bundle, target=small_target, placement=placement, strict=True)
+    htp = LM(htp_bundle, target=small_target, placement=placement, strict=True, check_saturation=False)
     assert htp.plan.runner == ("static" if placement is None else "handover")
     cpu._claim(object())
     htp._claim(object())
@@ -274,3 +274,46 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
     list(session.send("Hi", 3, greedy=True))
     list(session.send("Again", 3, greedy=True))
     assert len(session.replies) == 2
+
+
+@pytest.mark.parametrize("which", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_calibrate_and_every_placement(which, small_target, tmp_path):
+    """``kztts calibrate`` on an LM bundle writes a guarded placement; the LM runs under all five
+    placement modes on the simulator (the per-layer graphs, whose fp16 probes are checked) and
+    agrees with the CPU."""
+    import json
+
+    from kztts.cli import main
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.lm import LM
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    htp_bundle = cached_lm_bundle(cached_tiny_lm(which), target=str(small_target), segments=True)
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there.\nBonjour !\n你好\n")
+    out = tmp_path / "guarded.json"
+    assert main(["calibrate", str(htp_bundle), "--prompts", str(prompts), "--frames", "4", "-o", str(out)]) == 0
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["phases"]["prefill"]["positions"] > 0 and report["phases"]["decode"]["positions"] > 0
+    explicit = tmp_path / "explicit.json"
+    explicit.write_text(json.dumps({"mode": "explicit", "prefill": {"layers": ["htp", "cpu"], "head": "cpu"},
+                                    "decode": {"layers": ["cpu", "htp"], "head": "htp"}}))
+    cpu = LM(htp_bundle)
+    cpu.stop_ids = frozenset()
+    list(cpu.generate(PROMPT, 4, greedy=True))
+    ids = list(cpu.history)
+    cpu._claim(object())
+    ref = cpu.feed(ids)
+    runners = {}
+    for placement in ("all-htp", "all-cpu", "prefill-htp-decode-cpu", str(out), str(explicit)):
+        lm = LM(htp_bundle, target=small_target, placement=placement, strict=True)
+        runners[placement] = lm.plan.runner
+        lm._claim(object())
+        got = lm.feed(ids[:-2])
+        got = lm.feed(ids[-2:])  # a second turn's extend
+        assert _cos(got, ref) > 0.999 and np.argmax(got) == np.argmax(ref), placement
+    assert runners.pop("all-cpu") == "cpu" and set(runners.values()) == {"segments"}
