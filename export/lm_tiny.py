@@ -52,27 +52,22 @@ _CORPUS = (
 
 
 def build_tokenizer():
-    """A byte-level BPE ``tokenizers.Tokenizer`` of ``VOCAB`` ids with the ChatML specials
-    (Qwen's pre-tokenizer split, NFC, byte-level decoding)."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    """A byte-level BPE ``tokenizers.Tokenizer`` of ``VOCAB`` ids with the ChatML specials, trained on
+    ``_CORPUS``, with the released Qwen tokenizer's normalizer, pre-tokenizer, decoder and
+    post-processor (taken from ``kztts.export.tiny.build_text_tokenizer``)."""
+    from tokenizers import AddedToken, Tokenizer, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
 
-    from kztts.export.tiny import QWEN_PAT
+    from kztts.export.tiny import build_text_tokenizer
 
+    qwen = build_text_tokenizer().backend_tokenizer
     tok = Tokenizer(BPE(fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PAT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    for part in ("normalizer", "pre_tokenizer", "decoder", "post_processor"):
+        setattr(tok, part, getattr(qwen, part))
     trainer = BpeTrainer(vocab_size=VOCAB - len(SPECIAL_TOKENS), show_progress=False,
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(list(_CORPUS) * 4, trainer)
-    from tokenizers import AddedToken
-
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
 
