@@ -317,3 +317,11 @@ def test_calibrate_and_every_placement(which, small_target, tmp_path):
         got = lm.feed(ids[-2:])  # a second turn's extend
         assert _cos(got, ref) > 0.999 and np.argmax(got) == np.argmax(ref), placement
     assert runners.pop("all-cpu") == "cpu" and set(runners.values()) == {"segments"}
+
+
+def test_tts_refuses_an_lm_bundle(lm_bundle):
+    from kztts.errors import BundleError
+    from kztts.tts import TTS
+
+    with pytest.raises(BundleError, match="causal-LM bundle"):
+        TTS(lm_bundle)
