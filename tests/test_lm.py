@@ -325,3 +325,44 @@ def test_tts_refuses_an_lm_bundle(lm_bundle):
 
     with pytest.raises(BundleError, match="causal-LM bundle"):
         TTS(lm_bundle)
+
+
+def _gguf_and_dir_bundles():
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm_tiny import cached_tiny_gguf, cached_tiny_lm
+
+    return cached_tiny_gguf(), cached_lm_bundle(cached_tiny_lm("qwen2"))
+
+
+def _same_lm(a, b) -> None:
+    from kztts.lm import LM, Reply
+
+    ra, rb = Reply(), Reply()
+    la, lb = LM(a), LM(b)
+    la.stop_ids = lb.stop_ids = frozenset()
+    list(la.generate(PROMPT, STEPS, greedy=True, reply=ra))
+    list(lb.generate(PROMPT, STEPS, greedy=True, reply=rb))
+    assert ra.ids == rb.ids and len(ra.ids) == STEPS
+    assert la.encode(PROMPT) == lb.encode(PROMPT) and la.default_system == lb.default_system
+    chat = la.bundle.manifest.data["chat"]
+    assert chat["template_matches"] is True
+
+
+def test_gguf_export_equals_the_directory_export():
+    """A GGUF of the tiny Qwen2 (F32 tensors, its tokenizer and chat template in the metadata) exports
+    to a bundle that generates exactly what the directory's bundle does."""
+    from kztts.export.lm_export import cached_lm_bundle
+
+    gguf, dir_bundle = _gguf_and_dir_bundles()
+    bundle = cached_lm_bundle(gguf)
+    assert bundle.exists() and __import__("json").loads((bundle / "kztts.json").read_text())["source"]["gguf"]
+    _same_lm(bundle, dir_bundle)
+
+
+@pytest.mark.slow
+def test_export_gguf_cli(tmp_path):
+    from kztts.cli import main
+
+    gguf, dir_bundle = _gguf_and_dir_bundles()
+    assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "b")]) == 0
+    _same_lm(tmp_path / "b", dir_bundle)
