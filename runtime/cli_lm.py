@@ -36,18 +36,17 @@ def lm_export_requested(args: argparse.Namespace) -> bool:
 def cmd_export_lm(args: argparse.Namespace) -> int:
     from kztts import progress
     from kztts.export.lm_export import export_lm_bundle
+    from kztts.export.variants import export_variant
 
     source = Path(args.gguf or args.model_dir)
     if not (source.is_file() if args.gguf else source.is_dir()):
         raise KzttsError(f"{source}: no such {'GGUF file' if args.gguf else 'directory'}")
-    defaults = {"weights": "fp32", "kv": "fp32", "decoder": "fp32"}
-    changed = [f"--{k} {getattr(args, k)}" for k, v in defaults.items() if getattr(args, k) != v]
-    if changed:
-        raise KzttsError(f"{' '.join(changed)}: precision variants are not made for LM bundles yet; "
-                         "export without them")
+    if args.decoder != "fp32":
+        raise KzttsError(f"--decoder {args.decoder}: an LM bundle has no speech decoder; export without it")
     progress.phase("exporting the causal LM %s to %s", source, args.output)
-    out = export_lm_bundle(source, Path(args.output), overwrite=args.overwrite, target=args.target,
-                           precision=args.precision, context_binary=args.context_binary, segments=args.segments)
+    out = export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
+                         exporter=export_lm_bundle, target=args.target, precision=args.precision,
+                         context_binary=args.context_binary, segments=args.segments)
     print(out)
     return 0
 
