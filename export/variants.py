@@ -218,6 +218,7 @@ def _save(model, path: Path) -> None:
     import onnx
 
     big = model.ByteSize() > 1_800_000_000
+    path.parent.mkdir(parents=True, exist_ok=True)  # every graph of the folder may be rewritten (LM bundles)
     onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=path.name + ".data" if big else None)
 

@@ -366,6 +366,11 @@ def test_export_gguf_cli(tmp_path):
     gguf, dir_bundle = _gguf_and_dir_bundles()
     assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "b")]) == 0
     _same_lm(tmp_path / "b", dir_bundle)
+    # a variant of a CPU-only LM bundle rewrites every graph of graphs/
+    assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "v"), "--weights", "int8"]) == 0
+    from kztts.lm import LM
+
+    assert LM(tmp_path / "v").bundle.manifest.data["variant"]["weights"] == "int8"
 
 
 @pytest.mark.parametrize("weights, kv", [("int8", "fp16"), ("int4", "fp32")])
