@@ -16,7 +16,7 @@ generation) is live at a time: starting another ends the previous session.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -135,8 +135,10 @@ class LM:
 
     # ------------------------------------------------------------ generation
     def _params(self, params: SamplingParams | None, greedy: bool) -> SamplingParams:
-        p = params or self.params
-        return SamplingParams.greedy_params() if greedy else p.validate()
+        """``greedy``: argmax after the processors, so the repetition penalty stays (as transformers'
+        greedy search with the checkpoint's generation config, and ``kztts synth --greedy``)."""
+        p = (params or self.params).validate()
+        return replace(p, greedy=True) if greedy else p
 
     def tokens(self, logits: np.ndarray, max_new_tokens: int, params: SamplingParams, seed: int,
                reply: Reply, keep_logits: bool = False) -> Iterator[int]:

@@ -70,7 +70,8 @@ def test_bundle_is_an_lm_bundle(lm_bundle, kind):
 
 
 def test_greedy_tokens_and_logits_match_transformers(lm_bundle, hf_model):
-    """32 greedy tokens equal transformers' generate; teacher-forced logits cosine >= 0.99999."""
+    """32 greedy tokens equal transformers' generate (greedy search with the checkpoint's repetition
+    penalty, 1.05: the host sampler's processor too); teacher-forced logits cosine >= 0.99999."""
     import torch
     from transformers import GenerationConfig
 
@@ -79,9 +80,12 @@ def test_greedy_tokens_and_logits_match_transformers(lm_bundle, hf_model):
     lm = LM(lm_bundle)
     lm.stop_ids = frozenset()  # transformers below runs without an eos: compare all 32 steps
     ids = lm.encode(PROMPT)
+    penalty = lm.params.repetition_penalty
+    assert penalty == 1.05
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                generation_config=GenerationConfig(max_new_tokens=STEPS, do_sample=False))
+                                generation_config=GenerationConfig(max_new_tokens=STEPS, do_sample=False,
+                                                                   repetition_penalty=penalty))
         ref = out[0, len(ids):].tolist()
         ref_logits = hf_model(out[:, :-1]).logits[0, len(ids) - 1:].numpy()
     assert len(ref) == STEPS
@@ -120,6 +124,7 @@ def test_chat_session_equals_full_reprefill(lm_bundle):
     """Three turns kept in the KV cache (one prefill in all) equal a full re-prefill of the
     conversation before each reply: tokens and logits."""
     from kztts.lm import LM
+    from kztts.sampling import SamplingParams
 
     lm = LM(lm_bundle)
     session = lm.chat_session(system="Be brief.")
@@ -132,7 +137,7 @@ def test_chat_session_equals_full_reprefill(lm_bundle):
         last = session.replies[-1] if session.replies else None
         pending = last.ids[-1:] if last is not None and last.stopped_by == "max_new_tokens" else []
         turn = lm.encode(session.prompt_text(text))
-        pieces = list(session.send(text, 12, greedy=True, keep_logits=True))
+        pieces = list(session.send(text, 12, params=SamplingParams.greedy_params(), keep_logits=True))
         reply = session.replies[-1]
         assert "".join(pieces) == reply.text == lm.decode(reply.ids)
         assert lm.history[before:before + len(pending) + len(turn)] == pending + turn
@@ -336,12 +341,14 @@ def _gguf_and_dir_bundles():
 
 def _same_lm(a, b) -> None:
     from kztts.lm import LM, Reply
+    from kztts.sampling import SamplingParams
 
     ra, rb = Reply(), Reply()
     la, lb = LM(a), LM(b)
     la.stop_ids = lb.stop_ids = frozenset()
-    list(la.generate(PROMPT, STEPS, greedy=True, reply=ra))
-    list(lb.generate(PROMPT, STEPS, greedy=True, reply=rb))
+    greedy = SamplingParams.greedy_params()  # a GGUF has no generation_config: other sampling defaults
+    list(la.generate(PROMPT, STEPS, params=greedy, reply=ra))
+    list(lb.generate(PROMPT, STEPS, params=greedy, reply=rb))
     assert ra.ids == rb.ids and len(ra.ids) == STEPS
     assert la.encode(PROMPT) == lb.encode(PROMPT) and la.default_system == lb.default_system
     chat = la.bundle.manifest.data["chat"]
