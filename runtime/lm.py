@@ -114,8 +114,8 @@ class LM:
 
     def _check_owner(self, owner: object) -> None:
         if self._owner is not owner:
-            raise KzttsError("this chat session has ended: the LM started another generation or session since "
-                             "(one KV cache per LM); start a new chat_session(), or use one LM per conversation")
+            raise KzttsError("this chat session or generation has ended: the LM started another one since (one KV "
+                             "cache per LM); start a new one, or use one LM per conversation")
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:
         """Append ``ids`` to the cache; the logits [vocab] after the last of them."""
@@ -141,9 +141,10 @@ class LM:
         return replace(p, greedy=True) if greedy else p
 
     def tokens(self, logits: np.ndarray, max_new_tokens: int, params: SamplingParams, seed: int,
-               reply: Reply, keep_logits: bool = False) -> Iterator[int]:
+               reply: Reply, keep_logits: bool = False, owner: object = None) -> Iterator[int]:
         """Sample up to ``max_new_tokens`` ids after ``logits`` (the cache's last position), feeding each
-        one back except a stop id and the last; yields every id (a stop id too) and fills ``reply``."""
+        one back except a stop id and the last; yields every id (a stop id too) and fills ``reply``.
+        ``owner``: the generation or session the cache must still belong to at each step."""
         if max_new_tokens < 1:
             raise KzttsError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         rng = XorShift32(seed)
@@ -164,14 +165,16 @@ class LM:
                     f"context overflow after {len(reply.ids)} generated tokens: the LM's context of {self.context} "
                     "positions is full; start a new chat session, lower max_new_tokens, or open the LM with a "
                     "larger context=")
+            if owner is not None:
+                self._check_owner(owner)
             logits = self.feed([token])
 
     def stream_text(self, logits: np.ndarray, max_new_tokens: int, params: SamplingParams, seed: int,
-                    reply: Reply, keep_logits: bool = False) -> Iterator[str]:
+                    reply: Reply, keep_logits: bool = False, owner: object = None) -> Iterator[str]:
         """``tokens`` as text pieces: each yield is what the new ids add to the decoded reply (a piece
         ending inside a multi-byte character waits for the next id)."""
         shown = ""
-        for _ in self.tokens(logits, max_new_tokens, params, seed, reply, keep_logits):
+        for _ in self.tokens(logits, max_new_tokens, params, seed, reply, keep_logits, owner):
             text = self.decode(reply.ids)
             if text.endswith("\ufffd"):
                 continue
@@ -193,7 +196,8 @@ class LM:
         ids = self.encode(prompt)
         owner = object()
         self._claim(owner)
-        return self.stream_text(self.feed(ids), max_new_tokens, p, seed, reply if reply is not None else Reply())
+        return self.stream_text(self.feed(ids), max_new_tokens, p, seed, reply if reply is not None else Reply(),
+                                owner=owner)
 
     def chat_session(self, system: str | None = None) -> "ChatSession":
         """A new conversation (the previous one, if any, ends). ``system`` None: the checkpoint's
@@ -209,6 +213,7 @@ class ChatSession:
         self.system = system
         self.messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
         self.replies: list[Reply] = []
+        self._live: Iterator[str] | None = None  # the last reply's stream, until it is exhausted
         lm._claim(self)
 
     def prompt_text(self, user: str) -> str:
@@ -223,6 +228,9 @@ class ChatSession:
         self.lm._check_owner(self)
         if not isinstance(text, str) or not text.strip():
             raise KzttsError("the message is empty; type something to send")
+        if self._live is not None:  # the previous reply was not read to its end: finish it first
+            for _ in self._live:
+                pass
         p = self.lm._params(params, greedy)
         ids = self.lm.encode(self.prompt_text(text))
         pending = self.replies[-1].ids[-1:] if self.replies and self.replies[-1].stopped_by == "max_new_tokens" \
@@ -233,7 +241,9 @@ class ChatSession:
         self.replies.append(reply)
 
         def stream() -> Iterator[str]:
-            yield from self.lm.stream_text(logits, max_new_tokens, p, seed, reply, keep_logits)
+            yield from self.lm.stream_text(logits, max_new_tokens, p, seed, reply, keep_logits, owner=self)
             self.messages.append({"role": "assistant", "content": reply.text})
+            self._live = None
 
-        return stream()
+        self._live = stream()
+        return self._live
