@@ -190,7 +190,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         check_output(out_dir, overwrite)
         steps = progress.Steps(4 + (target is not None), "export")
         steps.phase("loading checkpoint")
-        lm, tokenizer, info = _load(source)
+        lm, tokenizer, _info = _load(source)
         hf_tok = _hf_tokenizer(source)
         steps.update()
         steps.phase("hashing checkpoint")
@@ -222,7 +222,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
 
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": KIND_LM,
-            "model_type": lm.config.model_type, "source": {**src, "gguf": bool(info.get("gguf"))},
+            "model_type": lm.config.model_type, "source": {**src, "gguf": source.is_file()},
             "config": {"lm": lm_config(lm)},
             "special_ids": special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
             "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables,
