@@ -161,7 +161,9 @@ def exporter_code_key() -> str:
     """Code key of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
     import kztts.manifest
 
-    files = [f for f in sorted(Path(__file__).parent.glob("*.py")) if f.name not in _DERIVED_ONLY]
+    # the causal-LM modules (lm_*.py) shape only LM bundles, which add their own code key
+    files = [f for f in sorted(Path(__file__).parent.glob("*.py"))
+             if f.name not in _DERIVED_ONLY and not f.name.startswith("lm_")]
     return code_key(*files, kztts.manifest)
 
 

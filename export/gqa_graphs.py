@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kztts.export.code_predictor_graph import FRAME_INPUTS, FRAME_OUTPUTS, CodePredictorFrame, code_predictor_shape
-from kztts.export.qwen3_stack import Qwen3Stack, rotate_half
+from kztts.export.qwen3_stack import Qwen3Stack, head_norm, rotate_half
 from kztts.graphs import FUSED_KV
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ class GqaStack(nn.Module):
         for i, layer in enumerate(s.layers):
             attn = layer.self_attn
             q, k, v = self.qkv[i](layer.input_layernorm(h)).split([nh * hd, kv * hd, kv * hd], dim=-1)
-            q = attn.q_norm(q.reshape(b, t, nh, hd)).reshape(b, t, nh * hd)
-            k = attn.k_norm(k.reshape(b, t, kv, hd)).reshape(b, t, kv * hd)
+            q = head_norm(attn, "q_norm")(q.reshape(b, t, nh, hd)).reshape(b, t, nh * hd)
+            k = head_norm(attn, "k_norm")(k.reshape(b, t, kv, hd)).reshape(b, t, kv * hd)
             o, pk, pv = GroupQueryAttention.apply(q, k, v, past_k[i], past_v[i], seqlens_k, total, cos_cache,
                                                   sin_cache, nh, kv, s.scale)
             h = h + attn.o_proj(o)

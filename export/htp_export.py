@@ -145,7 +145,8 @@ TALKER_PRECISION_BUILDERS = {"fp16": _float_talker, "w8a16": _w8a16_talker}
 
 
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
-                      context_binary: bool = False, segments: bool = False) -> dict[str, GraphSpec]:
+                      context_binary: bool = False, segments: bool = False,
+                      talker_only: bool = False) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
@@ -153,7 +154,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     HTP) or ``w8a16`` (QDQ graph calibrated on real prompts). ``context_binary`` adds
     EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
     Talker as per-layer graphs (``kztts.export.segment_graphs``; float, fp16 on the HTP) so a
-    layer placement can be chosen at load time.
+    layer placement can be chosen at load time. ``talker_only``: no Code Predictor or decoder
+    graphs (a causal LM, ``kztts.export.lm_export``, is a Talker-shaped stack only).
     """
     target = load_target(target)
     precision = precision or target.precision
@@ -199,11 +201,11 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
         specs.update(export_talker_segments(model, work_dir, export_id=export_id, target=target, spec_fn=seg_spec))
 
-    if target.on_htp("cp_frame"):
+    if target.on_htp("cp_frame") and not talker_only:
         spec = export_cp_frame_htp(model, work_dir, export_id, target)
         if spec is not None:
             specs["cp_frame"] = spec
-    if target.on_htp("decoder"):
+    if target.on_htp("decoder") and not talker_only:
         specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target)
 
     if context_binary and specs:

@@ -1,5 +1,8 @@
 """A Qwen3 decoder stack with explicit KV-cache I/O, written over the reference modules' weights.
 
+Qwen2 layers go through the same code: they have no q/k norms (``head_norm`` gives identity)
+and their q/k/v Linears carry biases (applied by the borrowed modules).
+
 Both the Talker and the Code Predictor are Qwen3 decoders (RMSNorm on q and k over
 head_dim, then RoPE, GQA, SiLU MLP). The HF modules hide their cache in a
 ``Cache`` object and build masks with transformers' mask utilities, neither of
@@ -24,6 +27,13 @@ import torch
 from torch import nn
 
 from kztts.graphs import DYNAMIC_KV
+
+
+def head_norm(attn: nn.Module, name: str) -> nn.Module:
+    """``attn.q_norm`` / ``attn.k_norm`` (Qwen3), or identity for attentions without them (Qwen2,
+    whose q/k/v projections carry a bias instead: the borrowed Linear applies it)."""
+    norm = getattr(attn, name, None)
+    return nn.Identity() if norm is None else norm
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -57,8 +67,8 @@ class Qwen3Stack(nn.Module):
         b, t, _ = x.shape
         hd, kv, g = self.head_dim, self.num_kv_heads, self.groups
         qp, kp, vp = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        q = attn.q_norm(qp.view(b, t, self.num_heads, hd)).transpose(1, 2)
-        k = attn.k_norm(kp.view(b, t, kv, hd)).transpose(1, 2)
+        q = head_norm(attn, "q_norm")(qp.view(b, t, self.num_heads, hd)).transpose(1, 2)
+        k = head_norm(attn, "k_norm")(kp.view(b, t, kv, hd)).transpose(1, 2)
         v = vp.view(b, t, kv, hd).transpose(1, 2)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * c + rotate_half(q) * s

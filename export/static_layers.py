@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kztts.export.qwen3_stack import head_norm
+
 
 class SafeRMSNorm(nn.Module):
     """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow."""
@@ -29,8 +31,9 @@ class StaticAttn(nn.Module):
     def __init__(self, attn: nn.Module, safe: bool):
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.q_norm = SafeRMSNorm(attn.q_norm) if safe else attn.q_norm
-        self.k_norm = SafeRMSNorm(attn.k_norm) if safe else attn.k_norm
+        for name in ("q_norm", "k_norm"):  # Qwen2 has none: identity (nothing to make fp16-safe)
+            norm = head_norm(attn, name)
+            setattr(self, name, SafeRMSNorm(norm) if safe and not isinstance(norm, nn.Identity) else norm)
 
 
 class StaticLayer(nn.Module):

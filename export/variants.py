@@ -218,6 +218,7 @@ def _save(model, path: Path) -> None:
     import onnx
 
     big = model.ByteSize() > 1_800_000_000
+    path.parent.mkdir(parents=True, exist_ok=True)  # every graph of the folder may be rewritten (LM bundles)
     onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=path.name + ".data" if big else None)
 
@@ -287,21 +288,24 @@ def cached_variant(base: str | Path, *, weights: str, kv: str = "fp32", decoder:
 
 
 def export_variant(model_dir: str | Path, out_dir: str | Path, *, weights: str = "fp32", kv: str = "fp32",
-                   decoder: str = "fp32", overwrite: bool = False, **export_options) -> Path:
+                   decoder: str = "fp32", overwrite: bool = False, exporter=None, **export_options) -> Path:
     """``kztts export --weights/--kv/--decoder``: export ``model_dir`` at fp32 next to ``out_dir``,
     write its variant to ``out_dir``, remove the fp32 export. ``out_dir`` is self-contained: its
     unchanged files are hard links (copies across file systems) whose other name is removed.
-    ``export_options`` go to ``export_bundle`` (``target``, ``precision``, ...)."""
+    ``export_options`` go to ``exporter`` (default ``export_bundle``; an LM bundle's is
+    ``kztts.export.lm_export.export_lm_bundle``): ``target``, ``precision``, ..."""
     from kztts.export.bundle_writer import check_output, export_bundle
+
+    exporter = exporter or export_bundle
 
     _check(weights, kv, decoder)
     out_dir = Path(out_dir)
     if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
-        return export_bundle(model_dir, out_dir, overwrite=overwrite, **export_options)
+        return exporter(model_dir, out_dir, overwrite=overwrite, **export_options)
     check_output(out_dir, overwrite)  # before the long export
     with exclusive_output(out_dir), scratch_dir(out_dir) as tmp:  # a second export of out_dir fails at once
         check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
-        base = export_bundle(model_dir, tmp / Path(model_dir).name, **export_options)
+        base = exporter(model_dir, tmp / Path(model_dir).name, **export_options)
         make_variant(base, out_dir, weights=weights, kv=kv, decoder=decoder)
     log.info("%s bundle written to %s", variant_tag(weights, kv, decoder), out_dir)
     return out_dir

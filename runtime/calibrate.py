@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kztts.errors import ContextOverflowError, KzttsError
+from kztts.manifest import KIND_LM
 from kztts.placement import PHASES, LayerPlacement, PhasePlacement, builtin
 from kztts.segments import DEFAULT_THRESHOLD, FP16_MAX, HEAD_STATS, LAYER_STATS
 
@@ -163,6 +164,19 @@ class CalibrationReport:
         return path
 
 
+def _lm_speaker(bundle, talker, tokens: int, seed: int):
+    """An LM bundle's calibration run: each prompt as a chat message (empty system prompt: the layer graphs
+    have a small static context), then ``tokens`` sampled reply tokens."""
+    from kztts.lm import LM
+
+    lm = LM(bundle, talker=talker)
+
+    def speak(p: dict, i: int) -> None:
+        for _ in lm.chat_session(system="").send(p["text"], tokens, seed=seed + i):
+            pass
+    return speak
+
+
 def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, frames: int = DEFAULT_FRAMES,
               threshold: float = DEFAULT_THRESHOLD, seed: int = 0, progress: bool = False) -> CalibrationReport:
     """Run ``prompts`` (default: the shipped multilingual set) through the fp32 layer graphs of
@@ -179,7 +193,8 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     m = bundle.manifest
     L = int(m.talker["num_layers"])
     talker = resolve_plan(bundle, placement=builtin("all-cpu", L), segments=True).open_talker()
-    tts = TTS(bundle, talker=talker)
+    speak = _lm_speaker(bundle, talker, frames, seed) if m.kind == KIND_LM else None
+    tts = TTS(bundle, talker=talker) if speak is None else None
     layers = {ph: np.zeros((L, len(LAYER_STATS))) for ph in PHASES}
     head = {ph: np.zeros(len(HEAD_STATS)) for ph in PHASES}
     positions = {ph: 0 for ph in PHASES}
@@ -193,7 +208,12 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
             np.maximum(layers[phase][unit], stats, out=layers[phase][unit])
 
     talker.on_unit = record
-    voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    if speak is None:
+        voice = tts.voice_from_wav(synthetic_voice(), 24000)
+
+        def speak(p: dict, i: int) -> None:
+            tts.generate_codes(p["text"], voice, language=p["language"], streaming_text=p["streaming_text"],
+                               seed=seed + i, max_frames=frames)
     used = []
     it = prompts
     if progress:
@@ -203,8 +223,7 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
         it = bar(prompts, desc="calibrate", unit="prompt")
     for i, p in enumerate(it):
         try:
-            tts.generate_codes(p["text"], voice, language=p["language"], streaming_text=p["streaming_text"],
-                               seed=seed + i, max_frames=frames)
+            speak(p, i)
         except ContextOverflowError as exc:
             log.warning("calibration prompt %d skipped: %s", i, exc)
             continue

@@ -6,8 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
+from kztts import cli_lm, progress
 from kztts import graphs as G
-from kztts import progress
 from kztts.atomic import atomic_outputs, check_writable, check_writable_dir
 from kztts.cli_boundary import run_command
 from kztts.env import check_environment, check_threads
@@ -33,6 +33,8 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     check_writable_dir(args.output, "bundle", create_parents=True)
     _need_export_extra()
+    if cli_lm.lm_export_requested(args):  # a Qwen2/Qwen3 causal LM (or --gguf): an LM bundle
+        return cli_lm.cmd_export_lm(args)
     from kztts.export.checkpoint import read_config
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
@@ -171,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_make_tiny)
 
     s = sub.add_parser("export", help="checkpoint directory -> kztts bundle")
-    s.add_argument("model_dir")
+    s.add_argument("model_dir", nargs="?", help="Qwen3-TTS checkpoint, or a Qwen2/Qwen3 causal-LM directory")
+    cli_lm.add_export_options(s)
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")
     s.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
     s.add_argument("--target", help="also export static HTP graphs for this qnn_configs target (name or file)")
@@ -243,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_qnn.add_commands(sub)
     cli_devices.add_commands(sub)
     cli_placement.add_commands(sub)
+    cli_lm.add_commands(sub)
     from kztts.cli_bench import add_command as add_bench
 
     add_bench(sub)

@@ -116,6 +116,13 @@ GRAPHS: dict[str, GraphKind] = {g.name: g for g in (
               ("mel",), ("xvector",)),
 )}
 
+# Names of the per-layer Talker graphs start with one of these (``kztts.segments.segment_graph_name``).
+SEGMENT_PREFIXES = ("talker_prefill_", "talker_decode_")
+# A causal-LM bundle (manifest kind "lm", ``kztts.export.lm_export``) holds the Talker's graph kinds
+# over the LM's decoder stack (its head is the graphs' head; the token embedding is a table) and,
+# with --segments, the per-layer graphs.
+LM_GRAPH_KINDS = ("talker", "talker_gqa", "talker_prefill", "talker_decode")
+
 # Per-layer Talker graphs (``kztts export --target T --segments``): names from ``segment_graph_name``.
 SEGMENT_EXPORT = "kztts export MODEL_DIR -o BUNDLE --target TARGET --segments"
 
@@ -138,7 +145,7 @@ def graphs_of_role(role: str) -> list[GraphKind]:
 
 def kv_names(name: str) -> KVNames:
     """The KV naming scheme of graph ``name`` (segment graphs included)."""
-    if name.startswith("talker_prefill_") or name.startswith("talker_decode_"):
+    if name.startswith(SEGMENT_PREFIXES):
         return SEGMENT_KV
     scheme = kind(name).kv
     if scheme is None:

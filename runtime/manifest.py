@@ -21,6 +21,14 @@ _REQUIRED = {
     "tokenizer_type": str, "source": dict, "config": dict, "special_ids": dict,
     "languages": dict, "generation": dict, "embeddings": dict, "graphs": dict,
 }
+# A causal-LM bundle (``kind`` "lm", ``kztts.export.lm_export``): the Talker's graph kinds over the
+# LM's decoder stack (its config under ``config.lm``), a ``token_embedding`` table, ChatML facts.
+KIND_LM = "lm"
+LM_MODEL_TYPES = ("qwen2", "qwen3")
+_LM_REQUIRED = {
+    "format": str, "format_version": int, "kind": str, "model_type": str, "source": dict, "config": dict,
+    "special_ids": dict, "chat": dict, "generation": dict, "embeddings": dict, "graphs": dict,
+}
 _TALKER_KEYS = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "rope_theta",
                 "vocab", "max_positions")
 _SPECIAL_KEYS = ("im_start", "im_end", "assistant", "tts_pad", "tts_bos", "tts_eos", "codec_pad",
@@ -79,8 +87,14 @@ class Manifest:
     graphs: dict[str, GraphSpec]
 
     @property
+    def kind(self) -> str:
+        """``"tts"`` (a Qwen3-TTS bundle) or ``"lm"`` (a causal LM)."""
+        return self.data.get("kind", "tts")
+
+    @property
     def talker(self) -> dict:
-        return self.data["config"]["talker"]
+        """The decoder stack the Talker graph kinds run: the Talker, or an LM bundle's LM."""
+        return self.data["config"]["lm" if self.kind == KIND_LM else "talker"]
 
     @property
     def code_predictor(self) -> dict:
@@ -130,7 +144,8 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         raise BundleError(f"{path}: not valid JSON ({exc}); re-export the bundle") from exc
     if not isinstance(data, dict):
         raise BundleError(f"{path}: expected a JSON object")
-    for key, typ in _REQUIRED.items():
+    lm = data.get("kind") == KIND_LM
+    for key, typ in (_LM_REQUIRED if lm else _REQUIRED).items():
         if key not in data:
             raise BundleError(f"{path}: missing key {key!r}; re-export the bundle")
         if not isinstance(data[key], typ):
@@ -140,6 +155,8 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     if data["format_version"] != FORMAT_VERSION:
         raise BundleError(f"{path}: format_version {data['format_version']} is not supported by this "
                           f"kztts (expects {FORMAT_VERSION}); re-export the bundle with this version")
+    if lm:
+        return _read_lm(path, data)
     if data["model_type"] != MODEL_TYPE or data["tokenizer_type"] != TOKENIZER_TYPE:
         raise BundleError(f"{path}: model_type {data['model_type']!r} / tokenizer_type "
                           f"{data['tokenizer_type']!r}: kztts runs only {MODEL_TYPE} with "
@@ -153,6 +170,17 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         raise BundleError(f"{path}: special_ids lacks {missing}")
     if not isinstance(data.get("random_weights"), (dict, type(None))):
         raise BundleError(f"{path}: random_weights should be an object or null; re-export the bundle")
+    graphs = {name: GraphSpec.from_json(name, g) for name, g in data["graphs"].items()}
+    return Manifest(path, data, graphs)
+
+
+def _read_lm(path: Path, data: dict) -> Manifest:
+    if data["model_type"] not in LM_MODEL_TYPES:
+        raise BundleError(f"{path}: LM model_type {data['model_type']!r}: kztts runs {', '.join(LM_MODEL_TYPES)}")
+    stack = data["config"].get("lm")
+    missing = [k for k in _TALKER_KEYS if not isinstance(stack, dict) or k not in stack]
+    if missing:
+        raise BundleError(f"{path}: config.lm lacks {missing}; re-export the bundle")
     graphs = {name: GraphSpec.from_json(name, g) for name, g in data["graphs"].items()}
     return Manifest(path, data, graphs)
 

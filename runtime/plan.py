@@ -26,6 +26,7 @@ from typing import Any
 from kztts import graphs as G
 from kztts import env
 from kztts.errors import BundleError, KzttsError
+from kztts.manifest import KIND_LM
 from kztts.placement import (BUILTIN_MODES, MODES, LayerPlacement, PlacementError, builtin, parse_phases,
                              parse_placement)
 from kztts.segments import segment_graph_name
@@ -192,7 +193,7 @@ class ExecutionPlan:
     def graphs(self, roles: tuple[str, ...] = ROLES) -> list[str]:
         """The graphs the given roles run, in plan order, each once."""
         out: list[str] = []
-        for r in roles:
+        for r in (r for r in roles if r in self.steps):
             for g in self.steps[r].graphs:
                 if g not in out:
                     out.append(g)
@@ -450,7 +451,9 @@ def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None
         segments = True  # the whole-Talker HTP graphs carry no probes
     r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments)
     runner, pre, dec = r.talker()
-    steps = {"talker_prefill": pre, "talker_decode": dec, "code_predictor": r.code_predictor(),
-             "decoder": r.decoder(), "speaker_encoder": r.speaker_encoder(), "speech_encoder": r.speech_encoder()}
+    steps = {"talker_prefill": pre, "talker_decode": dec}
+    if bundle.manifest.kind != KIND_LM:  # an LM bundle (kztts.lm) is the decoder stack alone
+        steps.update(code_predictor=r.code_predictor(), decoder=r.decoder(), speaker_encoder=r.speaker_encoder(),
+                     speech_encoder=r.speech_encoder())
     return ExecutionPlan(bundle, r.target, r.placement, strict, cp_mode, attention, runner, steps,
                          check_saturation=check_saturation)

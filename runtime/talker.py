@@ -135,3 +135,9 @@ class Talker:
         if self.kv.length == 0:
             raise KzttsError("decode called before prefill")
         return self._run(embed[None])
+
+    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append positions ([T, H]) after those in the cache (a chat's next turn); last logits, hidden."""
+        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size or embeds.shape[0] == 0:
+            raise KzttsError(f"extend expects embeddings [T>0, {self.hidden_size}], got {embeds.shape}")
+        return self._run(embeds)

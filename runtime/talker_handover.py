@@ -60,3 +60,9 @@ class HandoverTalker:
         if self.decode_talker.position == 0:
             raise KzttsError("decode called before prefill")
         return self.decode_talker.decode(embed)
+
+    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """More positions after the handover (a chat's next turn): on the CPU; a first call prefills."""
+        if self.decode_talker.position == 0:
+            return self.prefill(embeds)
+        return self.decode_talker.extend(embeds)

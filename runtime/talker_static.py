@@ -108,6 +108,10 @@ class ChunkedTalker:
             raise KzttsError("decode called before prefill")
         return self._append(np.asarray(embed, dtype=np.float32)[None])
 
+    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append positions ([T, H]) after those in the cache (a chat's next turn)."""
+        return self._append(np.asarray(embeds, dtype=np.float32))
+
 
 class StaticTalker(ChunkedTalker):
     """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""

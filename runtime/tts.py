@@ -16,7 +16,7 @@ from kztts.bundle import Bundle
 from kztts.call_lock import CallLock, one_call_at_a_time
 from kztts.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.embeddings import EmbeddingTables
-from kztts.errors import ContextOverflowError, KzttsError
+from kztts.errors import BundleError, ContextOverflowError, KzttsError
 from kztts.frames import FrameLoop, StageTimes
 from kztts.prompt import Prompt, build_prompt, language_id, prompt_length
 from kztts.sampling import XorShift32
@@ -142,6 +142,8 @@ class TTS:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config, load_graphs=False)
         self.pipeline = bool(pipeline)
         m = self.bundle.manifest
+        if m.kind != "tts":  # an LM bundle (kztts.lm)
+            raise BundleError(f"{m.path}: a causal-LM bundle, not a TTS one; use `kztts generate` / `kztts chat`")
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,

@@ -123,6 +123,8 @@ SUBCOMMANDS = {
     "calibrate": ["calibrate", "{tmp}/no-bundle", "-o", "{loc}/p.json"],
     "validate": ["validate", "{loc}/bundle", "--reference", "{tmp}/no-model"],
     "inspect": ["inspect", "{loc}/bundle"],
+    "generate": ["generate", "{loc}/bundle", "hi"],
+    "chat": ["chat", "{loc}/bundle"],
     "devices": None,
 }
 

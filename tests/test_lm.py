@@ -1,0 +1,413 @@
+"""Causal LMs (issue 17): tiny random Qwen2 / Qwen3 built with the transformers classes, exported to
+LM bundles; the runtime (``kztts.lm``) against transformers, chat sessions against a full re-prefill,
+the runtime's ChatML against the checkpoint's chat template, context overflow, the HTP graphs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kztts import chatml
+from kztts.errors import ContextOverflowError, KzttsError
+
+KINDS = ("qwen2", "qwen3")
+STEPS = 32
+PROMPT = "Hello, how are you? Bonjour 你好"
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def lm_dir(kind):
+    from kztts.export.lm_tiny import cached_tiny_lm
+
+    return cached_tiny_lm(kind)
+
+
+@pytest.fixture(scope="module")
+def lm_bundle(lm_dir, kind, small_target):
+    """The CPU graphs, the static HTP graphs and the layer segments of the small simulator target."""
+    from kztts.export.lm_export import cached_lm_bundle
+
+    return cached_lm_bundle(lm_dir, target=str(small_target), segments=True)
+
+
+@pytest.fixture(scope="module")
+def hf_model(lm_dir):
+    from transformers import AutoModelForCausalLM
+
+    from transformers import GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(str(lm_dir)).eval()
+    model.generation_config = GenerationConfig()  # plain greedy: no eos, no repetition penalty
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(lm_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(lm_dir))
+
+
+def test_bundle_is_an_lm_bundle(lm_bundle, kind):
+    from kztts import graphs as G
+    from kztts.manifest import read_manifest
+
+    m = read_manifest(lm_bundle)
+    assert m.kind == "lm" and m.data["model_type"] == kind
+    assert {"talker", "talker_gqa"} <= set(m.graphs)
+    assert all(n in G.LM_GRAPH_KINDS or n.startswith(G.SEGMENT_PREFIXES) for n in m.graphs)
+    assert m.talker["qkv_bias"] == (kind == "qwen2") and m.talker["qk_norm"] == (kind == "qwen3")
+    assert m.data["chat"]["template_matches"] is True
+
+
+def test_greedy_tokens_and_logits_match_transformers(lm_bundle, hf_model):
+    """32 greedy tokens equal transformers' generate (greedy search with the checkpoint's repetition
+    penalty, 1.05: the host sampler's processor too); teacher-forced logits cosine >= 0.99999."""
+    import torch
+    from transformers import GenerationConfig
+
+    from kztts.lm import LM, Reply
+
+    lm = LM(lm_bundle)
+    lm.stop_ids = frozenset()  # transformers below runs without an eos: compare all 32 steps
+    ids = lm.encode(PROMPT)
+    penalty = lm.params.repetition_penalty
+    assert penalty == 1.05
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                generation_config=GenerationConfig(max_new_tokens=STEPS, do_sample=False,
+                                                                   repetition_penalty=penalty))
+        ref = out[0, len(ids):].tolist()
+        ref_logits = hf_model(out[:, :-1]).logits[0, len(ids) - 1:].numpy()
+    assert len(ref) == STEPS
+    reply = Reply()
+    text = "".join(lm.generate(PROMPT, STEPS, greedy=True, reply=reply))
+    assert reply.ids == ref and reply.stopped_by == "max_new_tokens"
+    assert text == lm.decode(ref)
+    # teacher forced: the reference tokens fed one by one
+    lm._claim(object())
+    got = [lm.feed(ids)] + [lm.feed([t]) for t in ref[:-1]]
+    cos = min(_cos(a, b) for a, b in zip(got, ref_logits))
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(got, ref_logits))
+    print(f"{lm.bundle.manifest.data['model_type']}: {STEPS} greedy tokens equal; teacher-forced logits cosine "
+          f"min {cos:.8f}, max |diff| {diff:.2e}")
+    assert cos >= 0.99999, cos
+
+
+def _reprefill(lm, turns: list[list[int]], replies) -> None:
+    """Each turn again from an empty cache, the whole conversation before its reply in one prefill:
+    the same logits at every reply position and the same greedy tokens."""
+    prefix: list[int] = []
+    for turn, reply in zip(turns, replies):
+        prefix = prefix + turn
+        lm._claim(object())
+        logits = lm.feed(prefix)
+        for i, want in enumerate(reply.logits):
+            assert _cos(logits, want) >= 0.99999 and np.abs(logits - want).max() < 1e-4
+            token = int(np.argmax(logits))
+            if i < len(reply.ids):
+                assert token == reply.ids[i]
+            else:
+                assert token in lm.stop_ids
+            if i + 1 < len(reply.logits):
+                logits = lm.feed([token])
+        prefix = prefix + reply.ids
+
+
+def test_chat_session_equals_full_reprefill(lm_bundle):
+    """Three turns kept in the KV cache (one prefill in all) equal a full re-prefill of the
+    conversation before each reply: tokens and logits."""
+    from kztts.lm import LM
+    from kztts.sampling import SamplingParams
+
+    lm = LM(lm_bundle)
+    session = lm.chat_session(system="Be brief.")
+    prefills = []
+    real_prefill = lm.runner.prefill
+    lm.runner.prefill = lambda x: prefills.append(len(x)) or real_prefill(x)
+    turns = []
+    for text in ("Hi!", "Bonjour, ça va ?", "你好"):
+        before = len(lm.history)
+        last = session.replies[-1] if session.replies else None
+        pending = last.ids[-1:] if last is not None and last.stopped_by == "max_new_tokens" else []
+        turn = lm.encode(session.prompt_text(text))
+        pieces = list(session.send(text, 12, params=SamplingParams.greedy_params(), keep_logits=True))
+        reply = session.replies[-1]
+        assert "".join(pieces) == reply.text == lm.decode(reply.ids)
+        assert lm.history[before:before + len(pending) + len(turn)] == pending + turn
+        turns.append(turn)
+    assert len(prefills) == 1, "later turns must extend the cache, not prefill again"
+    # a reply left unread is finished before the next message: same conversation
+    other = LM(lm_bundle).chat_session(system="Be brief.")
+    greedy = SamplingParams.greedy_params()
+    streams = [other.send(text, 12, params=greedy) for text in ("Hi!", "Bonjour, ça va ?")]  # first unread
+    assert "".join(streams[1]) == session.replies[1].text
+    assert [r.ids for r in other.replies] == [r.ids for r in session.replies[:2]]
+    assert [m["role"] for m in session.messages] == ["system"] + ["user", "assistant"] * 3
+    lm.runner.prefill = real_prefill
+    _reprefill(lm, turns, session.replies)
+    with pytest.raises(KzttsError, match="has ended"):
+        session.send("again?")
+
+
+def test_chatml_equals_the_checkpoints_template(lm_bundle, hf_tokenizer):
+    """The runtime's ChatML (text and ids) equals transformers' apply_chat_template of the
+    checkpoint; a session's turns concatenate to the rendered conversation."""
+    from kztts.lm import LM
+
+    lm = LM(lm_bundle)
+    conversations = [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "Réponds en français."}, {"role": "user", "content": "Qui es-tu ?"}],
+        [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+         {"role": "user", "content": "再来一次"}, {"role": "assistant", "content": "二"},
+         {"role": "user", "content": "ok\n\nthanks "}],
+    ]
+    for msgs in conversations:
+        want = hf_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert chatml.render(msgs, default_system=lm.default_system) == want
+        assert lm.encode(want) == hf_tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    # turn by turn, as a session feeds it (replies are text here)
+    msgs = conversations[2]
+    system = lm.default_system
+    text = chatml.first_turn(system, msgs[0]["content"]) + msgs[1]["content"] + chatml.next_turn(msgs[2]["content"]) \
+        + msgs[3]["content"] + chatml.next_turn(msgs[4]["content"])
+    assert text == chatml.render(msgs, default_system=system)
+
+
+def test_context_overflow_is_a_clear_error(lm_bundle, capsys):
+    from kztts.cli import main
+    from kztts.lm import LM
+
+    lm = LM(lm_bundle, context=24)
+    with pytest.raises(ContextOverflowError, match="context of 24 positions"):
+        lm.generate("word " * 40, 4)
+    session = lm.chat_session(system="")
+    lm.stop_ids = frozenset()
+    with pytest.raises(ContextOverflowError, match="start a new chat session"):
+        for _ in session.send("Hi", 50, greedy=True):
+            pass
+    assert main(["generate", str(lm_bundle), "word " * 40, "--context", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kztts: error: context overflow") and "16 positions" in err
+
+
+def test_cli_generate_and_chat(lm_bundle, capsys, monkeypatch):
+    import io
+
+    from kztts.cli import main
+    from kztts.lm import LM, Reply
+
+    assert main(["generate", str(lm_bundle), PROMPT, "--max-new-tokens", "6", "--greedy"]) == 0
+    out = capsys.readouterr().out
+    lm = LM(lm_bundle)
+    reply = Reply()
+    assert out == "".join(lm.generate(PROMPT, 6, greedy=True, reply=reply)) + "\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\nBonjour\n/exit\nnever sent\n"))
+    assert main(["chat", str(lm_bundle), "--max-new-tokens", "5", "--temperature", "0.8", "--top-k", "5",
+                 "--system", "Be brief."]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) >= 3  # two replies (each may hold newlines) and the final newline
+    assert main(["chat", str(lm_bundle), "--top-p", "2"]) == 2
+    assert "top" in capsys.readouterr().err
+
+
+def test_sampling_is_seeded(lm_bundle):
+    from kztts.lm import LM
+    from kztts.sampling import SamplingParams
+
+    lm = LM(lm_bundle)
+    p = SamplingParams(1.0, 0, 0.95, 1.1)
+    a = "".join(lm.generate(PROMPT, 12, params=p, seed=3))
+    b = "".join(lm.generate(PROMPT, 12, params=p, seed=3))
+    c = "".join(lm.generate(PROMPT, 12, params=p, seed=4))
+    assert a == b and a != c
+    first = lm.generate(PROMPT, 12, params=p, seed=3)
+    next(first)
+    list(lm.generate(PROMPT, 2))  # takes the KV cache over
+    with pytest.raises(KzttsError, match="has ended"):
+        list(first)
+
+
+def test_export_cli_refusals(tmp_path, capsys, lm_dir):
+    from kztts.cli import main
+
+    assert main(["export", "--gguf", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "b")]) == 2
+    assert "no such GGUF file" in capsys.readouterr().err
+    assert main(["export", str(lm_dir), "-o", str(tmp_path / "b"), "--decoder", "int8"]) == 2
+    assert "no speech decoder" in capsys.readouterr().err
+    assert main(["export", "-o", str(tmp_path / "b")]) == 2
+    assert "MODEL_DIR" in capsys.readouterr().err
+
+
+def test_a_tts_bundle_is_refused(tiny_bundle_dir):
+    from kztts.errors import BundleError
+    from kztts.lm import LM
+
+    with pytest.raises(BundleError, match="not a causal LM"):
+        LM(tiny_bundle_dir)
+
+
+@pytest.fixture(scope="module")
+def htp_bundle(lm_bundle):
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    return lm_bundle
+
+
+@pytest.mark.parametrize("placement", [None, "prefill-htp-decode-cpu"])
+def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record_property):
+    """The static graphs on the HTP simulator (strict: every node on QNN), teacher-forced against the
+    CPU; a chat's second turn extends the cache (the handover continues on the CPU)."""
+    from kztts.lm import LM
+
+    cpu = LM(htp_bundle)
+    ref = []
+    cpu.stop_ids = frozenset()
+    list(cpu.generate(PROMPT, 8, greedy=True))
+    ids = cpu.history
+    htp = LM(htp_bundle, target=small_target, placement=placement, strict=True, check_saturation=False)
+    assert htp.plan.runner == ("static" if placement is None else "handover")
+    cpu._claim(object())
+    htp._claim(object())
+    n = len(cpu.encode(PROMPT))
+    ref = [cpu.feed(ids[:n])] + [cpu.feed([t]) for t in ids[n:]]
+    got = [htp.feed(ids[:n])] + [htp.feed([t]) for t in ids[n:]]
+    cos = min(_cos(a, b) for a, b in zip(got, ref))
+    agree = np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)])
+    record_property("htp_logits_cosine_min", cos)
+    print(f"HTP simulator ({placement or 'all-htp'}): min logits cosine {cos:.6f}, top-1 agreement {agree:.2f}")
+    assert cos > 0.99 and agree >= 0.8
+    session = htp.chat_session(system="")  # the default system prompt alone would fill the small context
+    list(session.send("Hi", 3, greedy=True))
+    list(session.send("Again", 3, greedy=True))
+    assert len(session.replies) == 2
+
+
+@pytest.mark.parametrize("which", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_calibrate_and_every_placement(which, small_target, tmp_path):
+    """``kztts calibrate`` on an LM bundle writes a guarded placement; the LM runs under all five
+    placement modes on the simulator (the per-layer graphs, whose fp16 probes are checked) and
+    agrees with the CPU."""
+    import json
+
+    from kztts.cli import main
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.lm import LM
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    htp_bundle = cached_lm_bundle(cached_tiny_lm(which), target=str(small_target), segments=True)
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there.\nBonjour !\n你好\n")
+    out = tmp_path / "guarded.json"
+    assert main(["calibrate", str(htp_bundle), "--prompts", str(prompts), "--frames", "4", "-o", str(out)]) == 0
+    report = json.loads(out.with_suffix(".report.json").read_text())
+    assert report["phases"]["prefill"]["positions"] > 0 and report["phases"]["decode"]["positions"] > 0
+    explicit = tmp_path / "explicit.json"
+    explicit.write_text(json.dumps({"mode": "explicit", "prefill": {"layers": ["htp", "cpu"], "head": "cpu"},
+                                    "decode": {"layers": ["cpu", "htp"], "head": "htp"}}))
+    cpu = LM(htp_bundle)
+    cpu.stop_ids = frozenset()
+    list(cpu.generate(PROMPT, 4, greedy=True))
+    ids = list(cpu.history)
+    cpu._claim(object())
+    ref = cpu.feed(ids)
+    runners = {}
+    for placement in ("all-htp", "all-cpu", "prefill-htp-decode-cpu", str(out), str(explicit)):
+        lm = LM(htp_bundle, target=small_target, placement=placement, strict=True)
+        runners[placement] = lm.plan.runner
+        lm._claim(object())
+        got = lm.feed(ids[:-2])
+        got = lm.feed(ids[-2:])  # a second turn's extend
+        assert _cos(got, ref) > 0.999 and np.argmax(got) == np.argmax(ref), placement
+    assert runners.pop("all-cpu") == "cpu" and set(runners.values()) == {"segments"}
+
+
+def test_tts_refuses_an_lm_bundle(lm_bundle):
+    from kztts.errors import BundleError
+    from kztts.tts import TTS
+
+    with pytest.raises(BundleError, match="causal-LM bundle"):
+        TTS(lm_bundle)
+
+
+def _gguf_and_dir_bundles():
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm_tiny import cached_tiny_gguf, cached_tiny_lm
+
+    return cached_tiny_gguf(), cached_lm_bundle(cached_tiny_lm("qwen2"))
+
+
+def _same_lm(a, b) -> None:
+    from kztts.lm import LM, Reply
+    from kztts.sampling import SamplingParams
+
+    ra, rb = Reply(), Reply()
+    la, lb = LM(a), LM(b)
+    la.stop_ids = lb.stop_ids = frozenset()
+    greedy = SamplingParams.greedy_params()  # a GGUF has no generation_config: other sampling defaults
+    list(la.generate(PROMPT, STEPS, params=greedy, reply=ra))
+    list(lb.generate(PROMPT, STEPS, params=greedy, reply=rb))
+    assert ra.ids == rb.ids and len(ra.ids) == STEPS
+    assert la.encode(PROMPT) == lb.encode(PROMPT) and la.default_system == lb.default_system
+    chat = la.bundle.manifest.data["chat"]
+    assert chat["template_matches"] is True
+
+
+def test_gguf_export_equals_the_directory_export():
+    """A GGUF of the tiny Qwen2 (F32 tensors, its tokenizer and chat template in the metadata) exports
+    to a bundle that generates exactly what the directory's bundle does."""
+    from kztts.export.lm_export import cached_lm_bundle
+
+    gguf, dir_bundle = _gguf_and_dir_bundles()
+    bundle = cached_lm_bundle(gguf)
+    assert bundle.exists() and __import__("json").loads((bundle / "kztts.json").read_text())["source"]["gguf"]
+    _same_lm(bundle, dir_bundle)
+
+
+@pytest.mark.slow
+def test_export_gguf_cli(tmp_path):
+    from kztts.cli import main
+
+    gguf, dir_bundle = _gguf_and_dir_bundles()
+    assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "b")]) == 0
+    _same_lm(tmp_path / "b", dir_bundle)
+    # a variant of a CPU-only LM bundle rewrites every graph of graphs/
+    assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "v"), "--weights", "int8"]) == 0
+    from kztts.lm import LM
+
+    assert LM(tmp_path / "v").bundle.manifest.data["variant"]["weights"] == "int8"
+
+
+@pytest.mark.parametrize("weights, kv", [("int8", "fp16"), ("int4", "fp32")])
+def test_precision_variants_of_an_lm_bundle(small_target, weights, kv):
+    """``--weights`` / ``--kv`` variants (kztts.export.variants) of an LM bundle run and stay near fp32
+    (measured on the tiny Qwen3, last-position logits: int8 + kv fp16 0.9994, int4 0.926; random weights)."""
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.export.variants import cached_variant
+    from kztts.lm import LM
+
+    lm_bundle = cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), segments=True)
+    base, var = LM(lm_bundle), LM(cached_variant(lm_bundle, weights=weights, kv=kv))
+    assert var.bundle.manifest.data["variant"]["weights"] == weights
+    ids = base.encode(PROMPT)
+    base._claim(object())
+    var._claim(object())
+    cos = _cos(base.feed(ids), var.feed(ids))
+    assert cos > (0.999 if weights == "int8" else 0.9), cos
