@@ -140,8 +140,14 @@ def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target) 
 
 
 def _w8a16_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
-    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.quantize``)."""
+    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.quantize``); with the target's
+    ``kv_dtype: uint8`` their KV I/O is 8-bit with fixed scales (``kztts.export.kv_quant``)."""
     from kztts.export.quantize import quantize_talker_graphs
+
+    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
+        from kztts.export.kv_quant import quantize_uint8_kv
+
+        return quantize_uint8_kv(model, work_dir, files, target)
 
     return quantize_talker_graphs(model, work_dir, files, target)
 
@@ -199,6 +205,10 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
         files = TALKER_PRECISION_BUILDERS[precision](model, work_dir, {n: r for n, (r, _) in float_files.items()},
                                                      target)
         for name, (rel, seq) in float_files.items():
+            if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
+                from kztts.export.kv_quant import read_kv_scales
+
+                common["kv_scales"] = read_kv_scales(work_dir / files[name], talker_shape(model.talker).num_layers)
             specs[name] = _spec(work_dir, name, files[name], precision, export_id, target, seq=seq, kv_dtype=kv,
                                 **common)
 

@@ -2,8 +2,9 @@
 
 ``kztts export --target`` writes the type the target asks for (``kztts.graphs.HTP_KV_DTYPES``).
 :func:`retype_bundle_kv` turns the float graphs of an existing bundle to another float KV type
-(float32 <-> float16) without re-exporting: a Cast at each KV end (an existing one is retargeted,
-so the graph's arithmetic is the same), then the manifest entries are rewritten. Used to compare
+(float32 <-> float16) without re-exporting: float16 gets a Cast at each KV end (an existing one is
+retargeted), float32 loses them (the graph an fp32-KV export writes), so the arithmetic is the
+same; then the manifest entries are rewritten. Used to compare
 fp16 with fp32 KV on the same weights and to move older fp32-KV bundles to fp16 KV.
 """
 from __future__ import annotations
@@ -13,6 +14,12 @@ from pathlib import Path
 from kztts import graphs as G
 
 _ONNX_TYPES = {"fp32": 1, "fp16": 10}  # onnx.TensorProto.FLOAT / FLOAT16
+
+
+def _bypass(graph, old: str, new: str) -> None:
+    """Every node input ``old`` now reads ``new``."""
+    for n in graph.node:
+        n.input[:] = [new if i == old else i for i in n.input]
 
 
 def retype_kv(model, kv_dtype: str, num_layers: int):
@@ -30,7 +37,11 @@ def retype_kv(model, kv_dtype: str, num_layers: int):
             continue
         vi.type.tensor_type.elem_type = to
         users = [n for n in g.node if vi.name in n.input]
-        if all(n.op_type == "Cast" for n in users):  # already cast to float32 inside: nothing to add
+        if users and all(n.op_type == "Cast" for n in users):  # cast to float32 inside already
+            if kv_dtype == "fp32":  # an identity now: drop it, as a float32 export has none
+                for c in users:
+                    _bypass(g, c.output[0], vi.name)
+                    g.node.remove(c)
             continue
         inner = f"{vi.name}_kv_float"
         for n in users:
@@ -43,6 +54,12 @@ def retype_kv(model, kv_dtype: str, num_layers: int):
         vi.type.tensor_type.elem_type = to
         producer = next(n for n in g.node if vi.name in n.output)
         if producer.op_type == "Cast":
+            if kv_dtype == "fp32":
+                inner = next(n for n in g.node if producer.input[0] in n.output)
+                inner.output[:] = [vi.name if o == producer.input[0] else o for o in inner.output]
+                _bypass(g, producer.input[0], vi.name)
+                g.node.remove(producer)
+                continue
             for a in producer.attribute:
                 if a.name == "to":
                     a.i = to
@@ -50,7 +67,8 @@ def retype_kv(model, kv_dtype: str, num_layers: int):
         inner = f"{vi.name}_kv_float"
         producer.output[:] = [inner if o == vi.name else o for o in producer.output]
         added.append(helper.make_node("Cast", [inner], [vi.name], to=to, name=f"{vi.name}_kv_cast"))
-    g.node.extend(added)
+    for n in reversed(added):  # an input's Cast before its users, an output's after its producer
+        g.node.insert(0, n) if n.input[0] in past else g.node.append(n)
     onnx.checker.check_model(model)
     return model
 
