@@ -20,7 +20,8 @@ File layout (all keys required unless marked optional)::
       "shapes": {"prefill_chunk": 128, "context": 4096, "decoder_chunk": 25},
       "attention_mask_value": -50.0,
       "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu",
-                    "speaker_encoder": "cpu"}                                     # speaker_encoder optional
+                    "speaker_encoder": "cpu"},                                    # speaker_encoder optional
+      "kv_dtype": "fp16"                     # optional: Talker KV I/O, kztts.graphs.HTP_KV_DTYPES
     }
 
 ``soc_model``, ``htp_arch``, ``backend_path`` and ``backend_type`` are not provider
