@@ -70,24 +70,17 @@ def uint8_io(path: Path, scales: dict) -> None:
             g.initializer.append(t)
             names[G.STATIC_KV.past_name(kind, i)] = names[G.STATIC_KV.new_name(kind, i)] = t.name
     added = []
-    for vi in g.input:
-        if vi.name not in names:
-            continue
-        inner = f"{vi.name}_dequantized"
-        for n in g.node:
-            n.input[:] = [inner if x == vi.name else x for x in n.input]
-        added.append(helper.make_node("DequantizeLinear", [vi.name, names[vi.name], zp.name], [inner],
-                                      name=f"{vi.name}_kv_DequantizeLinear"))
-        vi.type.tensor_type.elem_type = onnx.TensorProto.UINT8
-    for vi in g.output:
-        if vi.name not in names:
-            continue
-        inner = f"{vi.name}_float"
-        for n in g.node:
-            n.output[:] = [inner if x == vi.name else x for x in n.output]
-        added.append(helper.make_node("QuantizeLinear", [inner, names[vi.name], zp.name], [vi.name],
-                                      name=f"{vi.name}_kv_QuantizeLinear"))
-        vi.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    for values, op, side in ((g.input, "DequantizeLinear", "input"), (g.output, "QuantizeLinear", "output")):
+        for vi in values:
+            if vi.name not in names:
+                continue
+            inner = f"{vi.name}_{side}_float"
+            for n in g.node:  # the graph's own users (inputs) or producer (outputs) now see the float tensor
+                ends = getattr(n, side)
+                ends[:] = [inner if x == vi.name else x for x in ends]
+            src, dst = (vi.name, inner) if side == "input" else (inner, vi.name)
+            added.append(helper.make_node(op, [src, names[vi.name], zp.name], [dst], name=f"{vi.name}_kv_{op}"))
+            vi.type.tensor_type.elem_type = onnx.TensorProto.UINT8
     for n in reversed(added):  # inputs' DequantizeLinear first, outputs' QuantizeLinear last: sorted
         g.node.insert(0, n) if n.op_type == "DequantizeLinear" else g.node.append(n)
     onnx.checker.check_model(m)
