@@ -215,3 +215,32 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     print(f"\nHTP w8a16 with uint8 KV vs CPU fp32 teacher-forced logits cosine: min {cos.min():.5f} "
           f"mean {cos.mean():.6f}")
     assert cos.min() >= 0.99 and cos.mean() >= 0.999  # measured: min 0.99899, mean 0.99981 (fp32 KV: 0.99900)
+
+
+def test_shared_memory_kv_buffers_fall_back_to_host_memory(caplog):
+    """A session asking for the HTP shared-memory allocator that cannot hand out its buffers (the
+    simulator has no rpcmem) gets plain host buffers after one warning; other sessions never try."""
+    from kztts.kv_binding import kv_buffers, wants_shared_memory
+
+    class Session:
+        def __init__(self, shared: str):
+            self.shared, self.tried = shared, 0
+
+        def get_provider_options(self):
+            return {"QNNExecutionProvider": {"enable_htp_shared_memory_allocator": self.shared}}
+
+        def create_ortvalue_from_shape_and_type(self, *args):
+            self.tried += 1
+            raise RuntimeError("no allocator matches the device\nsecond line")
+
+    for flag in ("1", "0"):
+        s = Session(flag)
+        assert wants_shared_memory(s) == (flag == "1")
+        with caplog.at_level("WARNING", logger="kztts.kv_binding"):
+            arrays, owners = kv_buffers(s, [(2, 1, 4, 7), (2, 1, 7, 4)], np.uint8, 128)
+        assert [a.shape for a in arrays] == [(2, 1, 4, 7), (2, 1, 7, 4)] and owners == []
+        assert all(a.dtype == np.uint8 and (a == 128).all() for a in arrays)
+        assert s.tried == (1 if flag == "1" else 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "HTP shared-memory KV buffers unavailable (no allocator matches the device); using host memory"]
+    assert not wants_shared_memory(object())
