@@ -86,15 +86,19 @@ class TalkerStaticGraph(nn.Module):
     def forward(self, inputs_embeds, attention_mask, rope_cos, rope_sin, *past):
         s = self.shape
         kv, hd, S, P = s.num_kv_heads, s.head_dim, self.seq, self.past
-        pk = [p.float().reshape(1, kv, hd, P) for p in past[0::2]]  # [kv,1,..] -> [1,kv,..]: no data movement
-        pv = [p.float().reshape(1, kv, P, hd) for p in past[1::2]]
+        if self.kv_dtype != torch.float32:  # (a float32 graph gets no identity Casts)
+            past = [p.float() for p in past]
+        pk = [p.reshape(1, kv, hd, P) for p in past[0::2]]  # [kv,1,..] -> [1,kv,..]: no data movement
+        pv = [p.reshape(1, kv, P, hd) for p in past[1::2]]
         mask = attention_mask.reshape(1, 1, 1, S, self.context)
         hidden, new_k, new_v = self.stack(inputs_embeds, rope_cos, rope_sin, pk, pv, mask=mask,
                                           keys_transposed=True)
         logits = self.codec_head(hidden)
         kv_out = []
         for k, v in zip(new_k, new_v):
-            kv_out += [k.reshape(kv, 1, hd, S).to(self.kv_dtype), v.reshape(kv, 1, S, hd).to(self.kv_dtype)]
+            kv_out += [k.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd)]
+        if self.kv_dtype != torch.float32:
+            kv_out = [t.to(self.kv_dtype) for t in kv_out]
         return (logits, hidden, *kv_out)
 
     def io_names(self) -> tuple[list[str], list[str]]:
