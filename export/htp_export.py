@@ -9,13 +9,17 @@ inputs
   ``inputs_embeds``        f32 [1, S, H]
   ``attention_mask``       f32 [1, 1, S, C]   additive: 0 = attend, ``mask_value`` = masked
   ``rope_cos``/``rope_sin`` f32 [1, S, head_dim]
-  ``past_key_{l}_in``      f32 [kv, 1, head_dim, C-S]   keys transposed
-  ``past_value_{l}_in``    f32 [kv, 1, C-S, head_dim]
+  ``past_key_{l}_in``      kv [kv, 1, head_dim, C-S]   keys transposed
+  ``past_value_{l}_in``    kv [kv, 1, C-S, head_dim]
 outputs
   ``logits``               f32 [1, S, vocab]   every position (the host picks the last valid one)
   ``hidden``               f32 [1, S, H]       final-norm hidden, every position
-  ``new_key_{l}``          f32 [kv, 1, head_dim, S]   only the new entries
-  ``new_value_{l}``        f32 [kv, 1, S, head_dim]
+  ``new_key_{l}``          kv [kv, 1, head_dim, S]   only the new entries
+  ``new_value_{l}``        kv [kv, 1, S, head_dim]
+
+``kv`` is the KV I/O type (``kztts.graphs.HTP_KV_DTYPES``, manifest ``kv_dtype``, target key
+``kv_dtype``): float16 by default for fp16 graphs (the HTP computes in fp16 anyway; a Cast at each
+end keeps the CPU EP's math in fp32), float32 for w8a16 graphs unless the target asks for uint8.
 
 Key slots 0..C-S-1 are the host's cache (the first C-S of its C-1 slots), slots
 C-S..C-1 are the S new positions; the mask says which are valid
@@ -61,8 +65,9 @@ class TalkerStaticGraph(nn.Module):
     """forward(inputs_embeds, attention_mask, rope_cos, rope_sin, past_key_0_in, past_value_0_in, ...)
     -> (logits [1,S,V], hidden [1,S,H], new_key_0, new_value_0, ...), shapes in the module docstring."""
 
-    def __init__(self, talker, seq: int, context: int, safe_norm: bool = True):
+    def __init__(self, talker, seq: int, context: int, safe_norm: bool = True, kv_dtype: str = "fp32"):
         super().__init__()
+        self.kv_dtype = getattr(torch, G.KV_NUMPY[kv_dtype])  # fp16: Casts at the KV ends, math in fp32
         check_rope_is_1d(talker)
         if not 0 < seq < context:
             raise ValueError(f"static talker: need 0 < seq ({seq}) < context ({context})")
@@ -81,6 +86,8 @@ class TalkerStaticGraph(nn.Module):
     def forward(self, inputs_embeds, attention_mask, rope_cos, rope_sin, *past):
         s = self.shape
         kv, hd, S, P = s.num_kv_heads, s.head_dim, self.seq, self.past
+        if self.kv_dtype != torch.float32:  # (a float32 graph gets no identity Casts)
+            past = [p.float() for p in past]
         pk = [p.reshape(1, kv, hd, P) for p in past[0::2]]  # [kv,1,..] -> [1,kv,..]: no data movement
         pv = [p.reshape(1, kv, P, hd) for p in past[1::2]]
         mask = attention_mask.reshape(1, 1, 1, S, self.context)
@@ -90,6 +97,8 @@ class TalkerStaticGraph(nn.Module):
         kv_out = []
         for k, v in zip(new_k, new_v):
             kv_out += [k.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd)]
+        if self.kv_dtype != torch.float32:
+            kv_out = [t.to(self.kv_dtype) for t in kv_out]
         return (logits, hidden, *kv_out)
 
     def io_names(self) -> tuple[list[str], list[str]]:
@@ -106,13 +115,14 @@ class TalkerStaticGraph(nn.Module):
         cos, sin = torch.randn(1, S, s.head_dim, generator=g), torch.randn(1, S, s.head_dim, generator=g)
         past = []
         for _ in range(s.num_layers):
-            past += [torch.randn(s.num_kv_heads, 1, s.head_dim, P, generator=g),
-                     torch.randn(s.num_kv_heads, 1, P, s.head_dim, generator=g)]
+            past += [torch.randn(s.num_kv_heads, 1, s.head_dim, P, generator=g).to(self.kv_dtype),
+                     torch.randn(s.num_kv_heads, 1, P, s.head_dim, generator=g).to(self.kv_dtype)]
         return (x, mask, cos, sin, *past)
 
 
-def export_static_talker(talker, path: Path, seq: int, context: int, safe_norm: bool = True) -> Path:
-    graph = TalkerStaticGraph(talker, seq, context, safe_norm).eval()
+def export_static_talker(talker, path: Path, seq: int, context: int, safe_norm: bool = True,
+                         kv_dtype: str = "fp32") -> Path:
+    graph = TalkerStaticGraph(talker, seq, context, safe_norm, kv_dtype).eval()
     ins, outs = graph.io_names()
     export_onnx(graph, graph.example_inputs(), path, ins, outs, None)
     check_static(path)
@@ -134,8 +144,14 @@ def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target) 
 
 
 def _w8a16_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
-    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.quantize``)."""
+    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.quantize``); with the target's
+    ``kv_dtype: uint8`` their KV I/O is 8-bit with fixed scales (``kztts.export.kv_quant``)."""
     from kztts.export.quantize import quantize_talker_graphs
+
+    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
+        from kztts.export.kv_quant import quantize_uint8_kv
+
+        return quantize_uint8_kv(model, work_dir, files, target)
 
     return quantize_talker_graphs(model, work_dir, files, target)
 
@@ -169,6 +185,11 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
         if not qnn_available():  # fail before the long work
             raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
+    try:
+        kv = G.htp_kv_dtype(precision, target.kv_dtype)
+    except ValueError as exc:
+        raise KzttsError(f"{target.path}: kv_dtype: {exc}; with --precision {precision} drop the key or pick one "
+                         "of those") from None
     work_dir = Path(work_dir)
     S, C = target.shapes.prefill_chunk, target.shapes.context
     limit = int(model.config.talker_config.max_position_embeddings)
@@ -182,7 +203,7 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
                      if target.on_htp(n) or (n == DECODE and target.on_htp(PREFILL))]
     for name, seq in talker_graphs:
         rel = f"graphs/{name}.onnx"
-        export_static_talker(model.talker, work_dir / rel, seq, C)
+        export_static_talker(model.talker, work_dir / rel, seq, C, kv_dtype=kv if kv != "uint8" else "fp32")
         float_files[name] = (rel, seq)
 
     specs: dict[str, GraphSpec] = {}
@@ -190,7 +211,12 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
         files = TALKER_PRECISION_BUILDERS[precision](model, work_dir, {n: r for n, (r, _) in float_files.items()},
                                                      target)
         for name, (rel, seq) in float_files.items():
-            specs[name] = _spec(work_dir, name, files[name], precision, export_id, target, seq=seq, **common)
+            if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
+                from kztts.export.kv_quant import read_kv_scales
+
+                common["kv_scales"] = read_kv_scales(work_dir / files[name], talker_shape(model.talker).num_layers)
+            specs[name] = _spec(work_dir, name, files[name], precision, export_id, target, seq=seq, kv_dtype=kv,
+                                **common)
 
     if segments:
         from kztts.export.segment_graphs import export_talker_segments

@@ -14,6 +14,13 @@ CPU_WEIGHT_PRECISIONS = ("fp32", "int8", "int4")  # MatMul weights of the CPU gr
 KV_PRECISIONS = ("fp32", "fp16")  # the host KV cache of the CPU graphs
 DECODER_PRECISIONS = ("fp32", "int8")  # the speech decoder's MatMuls
 HTP_PRECISIONS = ("fp16", "w8a16")  # static graphs on the HTP: float (fp16 math) or QDQ
+# The static Talker graphs' KV inputs/outputs per HTP precision (first = default). fp16 graphs take
+# and return float16 (the HTP computes in fp16 anyway: half the host memory and bytes per step);
+# w8a16 graphs fp32, or uint8 with one fixed symmetric scale per layer and kind shared by the past
+# input and the new output (as Qualcomm's LLM exports tie their KV quantizers). Target key `kv_dtype`.
+HTP_KV_DTYPES = {"fp16": ("fp16", "fp32"), "w8a16": ("fp32", "uint8")}
+KV_NUMPY = {"fp32": "float32", "fp16": "float16", "uint8": "uint8"}  # numpy names of the KV dtypes
+KV_UINT8_ZERO_POINT = 128  # symmetric 8-bit KV: value = (q - 128) * scale
 HTP_PRECISION_HELP = {
     "fp16": "float graphs, fp16 arithmetic on the HTP",
     "w8a16": "QDQ: 8-bit weights, 16-bit activations, calibrated on real prompts",
@@ -129,6 +136,18 @@ SEGMENT_EXPORT = "kztts export MODEL_DIR -o BUNDLE --target TARGET --segments"
 # The target file's ``placement`` keys, in execution order; ``speaker_encoder`` may be omitted.
 PLACEMENT_KEYS = ("talker_prefill", "talker_decode", "cp_frame", "decoder", "speaker_encoder")
 OPTIONAL_PLACEMENT_KEYS = ("speaker_encoder",)
+
+
+def htp_kv_dtype(precision: str, requested: str | None = None) -> str:
+    """The KV I/O dtype of static Talker graphs of ``precision``: ``requested`` when allowed, else the
+    default; raises ValueError naming the allowed ones."""
+    allowed = HTP_KV_DTYPES[precision]
+    if requested is None:
+        return allowed[0]
+    if requested not in allowed:
+        raise ValueError(f"KV dtype {requested!r} is not available for {precision} graphs "
+                         f"(allowed: {', '.join(allowed)})")
+    return requested
 
 
 def kind(name: str) -> GraphKind:

@@ -17,7 +17,7 @@ from kztts.errors import ContextOverflowError
 from kztts.graphs import DYNAMIC_KV
 
 INITIAL_CAPACITY = 256
-_ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
 
 
 def check_room(used: int, n: int, context: int, remedy: str) -> None:
@@ -28,8 +28,9 @@ def check_room(used: int, n: int, context: int, remedy: str) -> None:
 
 
 def kv_dtype(session, input_name: str = DYNAMIC_KV.past_name("key", 0)) -> np.dtype:
-    """The KV element type a graph takes (float32, or float16 for ``kv-fp16`` bundle variants);
-    float32 for session stand-ins that do not describe their inputs."""
+    """The KV element type a graph takes (float32; float16 for ``kv-fp16`` bundle variants and fp16
+    static HTP graphs; uint8 for static w8a16 graphs with 8-bit KV); float32 for session stand-ins
+    that do not describe their inputs."""
     get_inputs = getattr(session, "get_inputs", None)
     for i in get_inputs() if get_inputs is not None else ():
         if i.name == input_name:

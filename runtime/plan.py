@@ -131,7 +131,8 @@ class ExecutionPlan:
 
         # the handover's HTP side needs the decode graph too: a prompt tail past C - S runs through it
         static = StaticTalker(self.session(PREFILL, "htp"), self.session(DECODE, "htp"), m.talker,
-                              float(m.graphs[PREFILL].extra.get("mask_value", -50.0)))
+                              float(m.graphs[PREFILL].extra.get("mask_value", -50.0)),
+                              kv_scales=m.graphs[PREFILL].extra.get("kv_scales"))
         if self.runner == "static":
             return static
         from kztts.talker_handover import HandoverTalker

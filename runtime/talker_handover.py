@@ -49,8 +49,7 @@ class HandoverTalker:
         cache.check_room(embeds.shape[0])  # before the HTP work, not after it
         result = self.prefill_talker.prefill(embeds)
         p = self.prefill_talker.length
-        keys = [k[..., :p].transpose(1, 0, 3, 2) for k in self.prefill_talker.keys]  # [kv,1,hd,p] -> [1,kv,p,hd]
-        values = [v[:, :, :p].transpose(1, 0, 2, 3) for v in self.prefill_talker.values]
+        keys, values = self.prefill_talker.float_kv(p)  # [1, kv, p, hd] float32, whatever the HTP KV type
         cache.append(keys, values)
         if self.keep_handover:
             self.handed_over = [(k.copy(), v.copy()) for k, v in zip(keys, values)]

@@ -11,17 +11,26 @@ the new positions, so the zero-initialised tail never needs clearing.
 A prompt of ``T`` positions runs ``ceil(T / S)`` prefill chunks (the last one
 padded); positions that no longer fit a chunk (past ``C - S``) run through the
 decode graph one by one. Usable context: ``C - 1`` positions.
+
+The cache has the graphs' KV type (float32, float16 for fp16 HTP graphs, uint8 for w8a16
+graphs with 8-bit KV; read from the graph inputs, so older fp32 bundles run as before). The
+decode step is bound once (``ort.IOBinding``): the whole cache as its past inputs, small
+per-step input buffers filled in place, the new-KV outputs written into preallocated
+buffers; nothing is passed per call. ``kv_bytes`` / ``calls`` count the KV bytes each phase
+moved through the graph boundary (past inputs + new outputs).
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
 
 from kztts.errors import BundleError, KzttsError
-from kztts.graphs import STATIC_KV
-from kztts.kv_cache import check_room
+from kztts.graphs import KV_UINT8_ZERO_POINT, STATIC_KV
+from kztts.kv_cache import check_room, kv_dtype
+from kztts.kv_binding import DecodeBinding, kv_buffers
 from kztts.rope import rope_tables
 
 PREFILL = "talker_prefill"
@@ -114,15 +123,21 @@ class ChunkedTalker:
 
 
 class StaticTalker(ChunkedTalker):
-    """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H])."""
+    """``prefill(embeds[T, H])`` then ``decode(embed[H])``; both return (logits [vocab], hidden [H]).
+
+    ``io_binding``: bind the decode step once (default) or pass arrays per call (A/B runs).
+    ``kv_scales``: {"key": [per layer], "value": [...]} of uint8 KV graphs (manifest ``kv_scales``),
+    needed only to read the cache back as floats (``float_kv``, the CPU handover)."""
 
     def __init__(self, prefill_session: ort.InferenceSession, decode_session: ort.InferenceSession,
-                 config: dict, mask_value: float = -50.0):
+                 config: dict, mask_value: float = -50.0, *, io_binding: bool = True,
+                 kv_scales: dict | None = None):
         self.prefill_session, self.decode_session = prefill_session, decode_session
         self.num_layers = int(config["num_layers"])
         self.hidden_size = int(config["hidden"])
         self.vocab = int(config["vocab"])
         kv, hd = int(config["num_kv_heads"]), int(config["head_dim"])
+        self.num_kv_heads, self.head_dim = kv, hd
         self.mask_value = np.float32(mask_value)
         S = _shape(prefill_session, "inputs_embeds")[1]
         first_key = STATIC_KV.past_name("key", 0)
@@ -135,16 +150,54 @@ class StaticTalker(ChunkedTalker):
         if _shape(prefill_session, first_key) != [kv, 1, hd, P]:
             raise BundleError(f"static talker graph {first_key} is {_shape(prefill_session, first_key)}, "
                               f"the manifest config says [{kv}, 1, {hd}, {P}]")
+        self.kv_dtype = kv_dtype(prefill_session, first_key)
+        if kv_dtype(decode_session, first_key) != self.kv_dtype:
+            raise BundleError(f"static talker graphs disagree on the KV type: prefill {self.kv_dtype}, decode "
+                              f"{kv_dtype(decode_session, first_key)}; re-export the bundle")
         C = self.graph_context
         if C - 1 > int(config["max_positions"]):
             raise KzttsError(f"static talker context {C} exceeds the model's {config['max_positions']} positions")
-        self.keys = [np.zeros((kv, 1, hd, C - 1), np.float32) for _ in range(self.num_layers)]
-        self.values = [np.zeros((kv, 1, C - 1, hd), np.float32) for _ in range(self.num_layers)]
+        # uint8 slots start at the zero point (value 0.0), as the float caches start at 0.0
+        fill = KV_UINT8_ZERO_POINT if self.kv_dtype == np.uint8 else 0
+        L = self.num_layers
+        buffers, self._shared = kv_buffers(decode_session, [(kv, 1, hd, C - 1)] * L + [(kv, 1, C - 1, hd)] * L,
+                                           self.kv_dtype, fill)
+        self.keys, self.values = buffers[:L], buffers[L:]
+        self.kv_scales = kv_scales
         self._cos, self._sin = rope_tables(C + S, hd, float(config["rope_theta"]))
         self.length = 0
         self._out_names = ["logits", "hidden"] + STATIC_KV.new_names(self.num_layers)
         self._past_names = STATIC_KV.past_names(self.num_layers)
         self.on_feed: Callable[[str, dict], None] | None = None  # calibration hook: (graph name, feed)
+        self.io_binding = io_binding and hasattr(decode_session, "io_binding")
+        self._binding: DecodeBinding | None = None
+        self.kv_bytes: Counter = Counter()  # phase -> KV bytes in + out over all calls
+        self.calls: Counter = Counter()  # phase -> graph calls
+
+    def kv_bytes_per_call(self, phase: str) -> float:
+        """Mean KV bytes (past inputs + new outputs) one ``phase`` graph call moved."""
+        return self.kv_bytes[phase] / self.calls[phase] if self.calls[phase] else 0.0
+
+    def float_kv(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The first ``n`` cached positions as float32 keys and values [1, kv, n, hd] per layer."""
+        keys = [k[..., :n].transpose(1, 0, 3, 2) for k in self.keys]  # [kv,1,hd,n] -> [1,kv,n,hd]
+        values = [v[:, :, :n].transpose(1, 0, 2, 3) for v in self.values]
+        if self.kv_dtype != np.uint8:
+            return [k.astype(np.float32) for k in keys], [v.astype(np.float32) for v in values]
+        if not self.kv_scales:
+            raise BundleError("the static Talker's KV is uint8 but its scales are unknown (manifest kv_scales); "
+                              "re-export the bundle")
+
+        def deq(q: np.ndarray, scale: float) -> np.ndarray:
+            return (q.astype(np.float32) - KV_UINT8_ZERO_POINT) * np.float32(scale)
+
+        return ([deq(k, s) for k, s in zip(keys, self.kv_scales["key"])],
+                [deq(v, s) for v, s in zip(values, self.kv_scales["value"])])
+
+    def _write_new(self, p: int, n: int, new: list[np.ndarray]) -> None:
+        for i in range(self.num_layers):
+            self.keys[i][..., p:p + n] = new[2 * i][..., :n]
+            self.values[i][:, :, p:p + n] = new[2 * i + 1][:, :, :n]
 
     def _run(self, graph: str, sess: ort.InferenceSession, embeds: np.ndarray, n: int, seq: int):
         p, C = self.length, self.graph_context
@@ -162,13 +215,38 @@ class StaticTalker(ChunkedTalker):
         if self.on_feed is not None:
             self.on_feed(graph, feed)
         out = sess.run(self._out_names, feed)
-        for i in range(self.num_layers):
-            self.keys[i][..., p:p + n] = out[2 + 2 * i][..., :n]
-            self.values[i][:, :, p:p + n] = out[3 + 2 * i][:, :, :n]
+        phase = "decode" if seq == 1 else "prefill"
+        self.kv_bytes[phase] += sum(feed[k].nbytes for k in self._past_names) + sum(o.nbytes for o in out[2:])
+        self.calls[phase] += 1
+        self._write_new(p, n, out[2:])
         self.length = p + n
         return out[0][0, n - 1], out[1][0, n - 1]
+
+    def _decode_bound(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._binding is None:
+            past = dict(zip(self._past_names, [a for kv in zip(self.keys, self.values) for a in kv]))
+            self._binding = DecodeBinding(self.decode_session, past, self._past_names, self._out_names[2:])
+        b, p, C = self._binding, self.length, self.graph_context
+        b.inputs["inputs_embeds"][0, 0] = embeds[0]
+        mask = b.inputs["attention_mask"][0, 0, 0]
+        mask[:] = self.mask_value
+        mask[:p] = 0.0
+        mask[C - 1] = 0.0  # the new position itself
+        b.inputs["rope_cos"][0, 0], b.inputs["rope_sin"][0, 0] = self._cos[p], self._sin[p]
+        if self.on_feed is not None:
+            self.on_feed(DECODE, dict(b.inputs))
+        b.run()
+        new = [b.outputs[name] for name in self._out_names[2:]]
+        self.kv_bytes["decode"] += b.kv_bytes
+        self.calls["decode"] += 1
+        self._write_new(p, 1, new)
+        self.length = p + 1
+        # the output buffers are reused by the next step: hand out copies
+        return b.outputs["logits"][0, 0].copy(), b.outputs["hidden"][0, 0].copy()
 
     def _run_chunk(self, phase: str, embeds: np.ndarray, n: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
         if phase == "prefill":
             return self._run(PREFILL, self.prefill_session, embeds, n, seq)
+        if self.io_binding:
+            return self._decode_bound(embeds)
         return self._run(DECODE, self.decode_session, embeds, n, seq)

@@ -20,7 +20,8 @@ File layout (all keys required unless marked optional)::
       "shapes": {"prefill_chunk": 128, "context": 4096, "decoder_chunk": 25},
       "attention_mask_value": -50.0,
       "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu",
-                    "speaker_encoder": "cpu"}                                     # speaker_encoder optional
+                    "speaker_encoder": "cpu"},                                    # speaker_encoder optional
+      "kv_dtype": "fp16"                     # optional: Talker KV I/O, kztts.graphs.HTP_KV_DTYPES
     }
 
 ``soc_model``, ``htp_arch``, ``backend_path`` and ``backend_type`` are not provider
@@ -153,6 +154,7 @@ class Target:
     attention_mask_value: float
     placement: dict[str, str]
     layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
+    kv_dtype: str | None = None  # static Talker KV I/O (kztts.graphs.HTP_KV_DTYPES); None: the precision's default
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def qnn_options(self, backend_path: str) -> dict[str, str]:
@@ -283,7 +285,7 @@ def parse_target(data: Any, path: Path) -> Target:
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
         "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
-        {"layer_placement": dict})
+        {"layer_placement": dict, "kv_dtype": str})
     if top["schema"] != SCHEMA:
         raise _err(path, "schema", f"{top['schema']!r} is not supported (expected {SCHEMA!r})")
     if not top["name"] or not all(c.isalnum() or c in "-_." for c in top["name"]):
@@ -305,6 +307,11 @@ def parse_target(data: Any, path: Path) -> Target:
 
     if top["precision"] not in G.HTP_PRECISIONS:
         raise _err(path, "precision", f"{top['precision']!r} is not one of {', '.join(G.HTP_PRECISIONS)}")
+
+    try:
+        kv = top.get("kv_dtype") and G.htp_kv_dtype(top["precision"], top["kv_dtype"])
+    except ValueError as exc:
+        raise _err(path, "kv_dtype", str(exc)) from None
 
     options: dict[str, str] = {}
     for k, v in top["provider_options"].items():
@@ -351,4 +358,4 @@ def parse_target(data: Any, path: Path) -> Target:
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
-                  placement=dict(place), layer_placement=layers, raw=data)
+                  placement=dict(place), layer_placement=layers, kv_dtype=kv or None, raw=data)

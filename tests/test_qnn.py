@@ -216,7 +216,8 @@ bundle, target, out = sys.argv[1:4]
 saved = {}
 def probe(name, sess):
     rng = np.random.default_rng(0)
-    feed = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+    feed = {i.name: rng.standard_normal(i.shape).astype(np.float16 if "16" in i.type else np.float32)
+            for i in sess.get_inputs()}  # fp16 KV inputs
     feed["attention_mask"] = np.where(feed["attention_mask"] > 0, 0.0, -50.0).astype(np.float32)
     for k, v in feed.items():
         saved[f"{name}/in/{k}"] = v
