@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -29,8 +29,7 @@ from kztts.codec import SAMPLES_PER_FRAME
 from kztts.errors import KzttsError
 from kztts.settings import GenerationSettings
 
-if TYPE_CHECKING:  # kztts.tts imports this module
-    from kztts.tts import TTS, SynthesisResult, Voice, _Run
+# kztts.tts imports this module: its types (TTS, SynthesisResult, Voice, _Run) are named, not imported
 
 log = logging.getLogger(__name__)
 
