@@ -181,3 +181,18 @@ def test_bench_batch_rows(tmp_path):
         assert r["code_agreement"] == 1.0 and r["rows_max_diff"] == 0.0 and r["talker_cos_min"] > 0.99999
         assert r["fps"] > 0 and r["fps_talker_cp"] >= r["fps"] and r["ttfa_ms"] > 0 and r["peak_rss_mb"] > 0
     assert "frames/s (all streams)" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-o", "x.wav"], "it does not take -o/--output"),
+    (["--stream"], "it does not take --stream"),
+    (["--batch", "0"], "--batch must be >= 1"),
+])
+def test_synth_file_refuses_single_output_flags(tmp_path, capsys, extra, message):
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"text": "ok"}\n')
+    code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none", "--file", jsonl, "--out-dir", tmp_path / "o",
+                        *extra)
+    assert code == 2 and message in err, err
+    code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none")
+    assert code == 2 and "synth needs TEXT and -o/--output (or --file" in err
