@@ -93,6 +93,13 @@ def test_requests_are_checked_before_any_frame(tts, requests):
     assert tts.synthesize_many([], batch=2) == []
 
 
+def test_a_text_longer_than_the_context_is_refused(tts, requests, monkeypatch):
+    monkeypatch.setattr(tts.talker.kv, "context", 40)  # one utterance no longer fits
+    long = replace(requests[0], text="One sentence here. " * 12)
+    with pytest.raises(KzttsError, match="request 1: its text needs more than the Talker's context of 40"):
+        tts.synthesize_many([requests[2], long])
+
+
 def test_batching_needs_the_fused_cpu_graphs(eos_bundle):
     from kztts.bundle import Bundle
     from kztts.plan import resolve_plan
