@@ -422,7 +422,8 @@ class TTS:
         """``synthesize`` of each request (a ``kztts.batch_loop.BatchRequest`` or a dict of its fields:
         text, voice, language, seed, greedy, settings, max_frames, streaming_text), ``batch`` at a time
         through the batched graphs (continuous batching, ``kztts.batch_loop``); each result equals
-        that request's ``synthesize`` alone. Results in request order."""
+        that request's ``synthesize`` alone (bit for bit with fp32 weights; int8/int4 weights may differ
+        in the last bits, see docs/DESIGN.md "Continuous batching"). Results in request order."""
         from kztts.batch_loop import synthesize_many
 
         return synthesize_many(self, requests, batch)

@@ -203,3 +203,27 @@ def test_synth_file_refuses_single_output_flags(tmp_path, capsys, extra, message
     assert code == 2 and message in err, err
     code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none")
     assert code == 2 and "synth needs TEXT and -o/--output (or --file" in err
+
+
+def test_the_cpu_matmul_computes_each_row_alone():
+    """The premise of the batch contract at real sizes (the tiny model's K of 64 cannot show it): ONNX
+    Runtime's fp32 MatMul gives a row the same bits whatever rows share its run (K = 1024 here, 2
+    threads). (Its int8/int4 MatMulNBits does not once K spans several 128-blocks: see DESIGN.md.)"""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = 1024, 1536
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, n)) * 0.03).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "row",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 1, n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((8, 1, k)).astype(np.float32)
+    alone = np.concatenate([session.run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
+    for b in (2, 3, 8):
+        assert np.array_equal(session.run(None, {"x": x[:b]})[0], alone[:b]), b
