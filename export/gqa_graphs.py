@@ -20,6 +20,15 @@ ONNX Runtime recognises and then writes only the new positions in place: no KV c
 the host or in the graph. ``cp_frame_gqa`` has ``cp_frame``'s inputs and outputs; its KV
 grows inside the graph.
 
+``talker_batched`` and ``cp_frame_batched`` are the same two graphs with a batch dimension B
+(continuous batching, ``kztts.batch_loop``): ``talker_batched`` takes ``inputs_embeds``
+[B, T, H], ``seqlens_k`` [B] (each row's own total - 1: ragged KV, one [B, kv_heads,
+capacity, head_dim] buffer per layer) and returns ``logits`` [B, V], ``hidden`` [B, H];
+``cp_frame_batched`` takes ``hidden``/``c0_embed`` [B, H], one sampling setting per row
+(``temperature``, ``top_k``, ``top_p``, ``repetition_penalty`` [B]) and ``uniforms``
+[B, 15], and returns ``codes`` [B, 15] and ``embedding_sum`` [B, H]. Rows never mix, so
+each row computes what the unbatched graph computes for it alone.
+
 ONNX Runtime's CPU kernel needs head_dim to be a multiple of 16; models where it is
 not get no fused graphs (the runtime uses the plain ones). The HTP never sees these
 graphs (QNN has no such op).
@@ -32,7 +41,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kztts.export.code_predictor_graph import FRAME_INPUTS, FRAME_OUTPUTS, CodePredictorFrame, code_predictor_shape
+from kztts.export.code_predictor_graph import (FRAME_INPUTS, FRAME_OUTPUTS, CodePredictorFrame, code_predictor_shape,
+                                               sample_rows)
 from kztts.export.qwen3_stack import Qwen3Stack, head_norm, rotate_half
 from kztts.graphs import FUSED_KV
 
@@ -40,6 +50,8 @@ log = logging.getLogger(__name__)
 
 TALKER_FILE = "graphs/talker_gqa.onnx"
 CP_FRAME_FILE = "graphs/cp_frame_gqa.onnx"
+TALKER_BATCHED_FILE = "graphs/talker_batched.onnx"
+CP_FRAME_BATCHED_FILE = "graphs/cp_frame_batched.onnx"
 HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention kernel
 
 
@@ -185,34 +197,49 @@ class TalkerGqaGraph(nn.Module):
         kv_in, kv_out = gqa_io_names(self.shape.num_layers)
         return [*GQA_INPUTS, *kv_in], ["logits", "hidden", *kv_out]
 
-    def example_inputs(self, t: int = 3, p: int = 2) -> tuple[torch.Tensor, ...]:
+    def example_inputs(self, t: int = 3, p: int = 2, batch: int = 1) -> tuple[torch.Tensor, ...]:
         from kztts.export.qwen3_stack import rope_cos_sin
 
         s = self.shape
         g = torch.Generator().manual_seed(0)
         cos, sin = half_tables(*[x[0] for x in rope_cos_sin(torch.arange(16), s.head_dim, s.rope_theta)])
-        past = [torch.randn(1, s.num_kv_heads, p, s.head_dim, generator=g) for _ in range(2 * s.num_layers)]
-        return (torch.randn(1, t, s.hidden, generator=g), torch.tensor([p + t - 1], dtype=torch.int32),
+        past = [torch.randn(batch, s.num_kv_heads, p, s.head_dim, generator=g) for _ in range(2 * s.num_layers)]
+        return (torch.randn(batch, t, s.hidden, generator=g), torch.full((batch,), p + t - 1, dtype=torch.int32),
                 torch.tensor(p + t, dtype=torch.int32), cos, sin, *past)
 
 
-def export_talker_gqa(model, bundle_dir: Path, export_id: str):
-    """``graphs/talker_gqa.onnx`` and its manifest spec, or None when head_dim does not allow it."""
+def _export_talker(model, bundle_dir: Path, export_id: str, name: str, file: str, batched: bool):
+    """``file`` (``TalkerGqaGraph``, batch 1 or a dynamic batch) and its manifest spec, or None
+    when head_dim does not allow it."""
     from kztts.export.graph_parts import graph_spec
     from kztts.export.onnx_export import export_onnx
 
     from kztts.export.talker_graph import talker_shape
 
     if not gqa_supported(talker_shape(model.talker).head_dim):
-        log.info("talker head_dim is not a multiple of %d: no talker_gqa graph", HEAD_DIM_MULTIPLE)
+        log.info("talker head_dim is not a multiple of %d: no %s graph", HEAD_DIM_MULTIPLE, name)
         return None
     graph = TalkerGqaGraph(model.talker).eval()
     ins, outs = graph.io_names()
-    dyn = {"inputs_embeds": {1: "seq"}, "cos_cache": {0: "positions"}, "sin_cache": {0: "positions"}}
-    dyn.update({n: {2: "capacity"} for n in ins[len(GQA_INPUTS):]})
-    dyn.update({n: {2: "capacity"} for n in outs[2:]})
-    export_onnx(graph, graph.example_inputs(), Path(bundle_dir) / TALKER_FILE, ins, outs, dyn)
-    return graph_spec(Path(bundle_dir), "talker_gqa", TALKER_FILE, "dynamic", "fp32", export_id)
+    batch = {0: "batch"} if batched else {}
+    dyn = {"inputs_embeds": {**batch, 1: "seq"}, "cos_cache": {0: "positions"}, "sin_cache": {0: "positions"}}
+    if batched:
+        dyn.update({"seqlens_k": {0: "batch"}, "logits": {0: "batch"}, "hidden": {0: "batch"}})
+    dyn.update({n: {**batch, 2: "capacity"} for n in ins[len(GQA_INPUTS):]})
+    dyn.update({n: {**batch, 2: "capacity"} for n in outs[2:]})
+    example = graph.example_inputs(batch=2 if batched else 1)
+    export_onnx(graph, example, Path(bundle_dir) / file, ins, outs, dyn)
+    return graph_spec(Path(bundle_dir), name, file, "dynamic", "fp32", export_id)
+
+
+def export_talker_gqa(model, bundle_dir: Path, export_id: str):
+    """``graphs/talker_gqa.onnx`` and its manifest spec, or None when head_dim does not allow it."""
+    return _export_talker(model, bundle_dir, export_id, "talker_gqa", TALKER_FILE, batched=False)
+
+
+def export_talker_batched(model, bundle_dir: Path, export_id: str):
+    """``graphs/talker_batched.onnx`` (``talker_gqa`` with a batch dimension) and its spec, or None."""
+    return _export_talker(model, bundle_dir, export_id, "talker_batched", TALKER_BATCHED_FILE, batched=True)
 
 
 class CodePredictorFrameGqa(CodePredictorFrame):
@@ -245,8 +272,65 @@ def export_cp_frame_gqa(model, bundle_dir: Path, export_id: str):
     return graph_spec(Path(bundle_dir), "cp_frame_gqa", CP_FRAME_FILE, "dynamic", "fp32", export_id)  # CPU only
 
 
+class CodePredictorFrameBatched(CodePredictorFrameGqa):
+    """``cp_frame_gqa`` over B rows: each row its own hidden, c0, sampling settings and uniforms
+    (the sampler is row-wise already); the rows' KV grow together inside the graph."""
+
+    def forward(self, hidden, c0_embed, temperature, top_k, top_p, repetition_penalty, uniforms):
+        s = self.shape
+        x = self.proj(torch.stack([hidden, c0_embed], dim=1))  # [B, 2, cp_H]
+        empty = torch.zeros(1, s.num_kv_heads, 0, s.head_dim).expand(hidden.shape[0], -1, -1, -1)
+        keys, values = [empty] * s.num_layers, [empty] * s.num_layers
+        ids = torch.arange(s.vocab).unsqueeze(0)
+        seen = torch.zeros(1, s.vocab, dtype=torch.bool)  # broadcast over the rows
+        codes, total, pos = [], None, 0
+        for g in range(s.num_groups):
+            t = x.shape[1]
+            h, keys, values = self._layers(x, pos, keys, values)
+            pos += t
+            code = sample_rows(self.heads[g](h[:, -1]), seen, temperature, top_k, top_p, repetition_penalty,
+                               uniforms[:, g])
+            codes.append(code)
+            seen = seen | (ids == code.unsqueeze(-1))
+            e = self.embeds[g](code)  # [B, talker_H]
+            total = e if total is None else total + e
+            if g + 1 < s.num_groups:
+                x = self.proj(e).unsqueeze(1)
+        return torch.stack(codes, dim=1), total
+
+    def _layers(self, x, pos: int, keys, values):
+        total = pos + x.shape[1]
+        seqlens = torch.zeros_like(x[:, 0, 0], dtype=torch.int32) + (total - 1)
+        return self.gqa(x, keys, values, seqlens, torch.tensor(total, dtype=torch.int32), self.cos_cache,
+                        self.sin_cache)
+
+    def example_inputs(self, batch: int = 2):
+        s = self.shape
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(batch, s.talker_hidden, generator=g), torch.randn(batch, s.talker_hidden, generator=g),
+                torch.full((batch,), 0.9), torch.full((batch,), 50, dtype=torch.int64), torch.ones(batch),
+                torch.ones(batch), torch.rand(batch, s.num_groups, generator=g))
+
+
+def export_cp_frame_batched(model, bundle_dir: Path, export_id: str):
+    """``graphs/cp_frame_batched.onnx`` and its manifest spec, or None when head_dim does not allow it."""
+    from kztts.export.graph_parts import graph_spec
+    from kztts.export.onnx_export import export_onnx
+
+    if not gqa_supported(code_predictor_shape(model).head_dim):
+        return None
+    graph = CodePredictorFrameBatched(model).eval()
+    dyn = {n: {0: "batch"} for n in (*FRAME_INPUTS, *FRAME_OUTPUTS)}
+    export_onnx(graph, graph.example_inputs(), Path(bundle_dir) / CP_FRAME_BATCHED_FILE, FRAME_INPUTS,
+                FRAME_OUTPUTS, dyn)
+    return graph_spec(Path(bundle_dir), "cp_frame_batched", CP_FRAME_BATCHED_FILE, "dynamic", "fp32", export_id)
+
+
 def export_gqa_graphs(model, bundle_dir: Path, export_id: str) -> dict:
-    """The fused CPU graphs the model's head_dim allows, as {name: manifest spec}."""
+    """The fused CPU graphs the model's head_dim allows, as {name: manifest spec}: the batch-1
+    graphs and their batched forms (continuous batching)."""
     specs = {"talker_gqa": export_talker_gqa(model, bundle_dir, export_id),
-             "cp_frame_gqa": export_cp_frame_gqa(model, bundle_dir, export_id)}
+             "cp_frame_gqa": export_cp_frame_gqa(model, bundle_dir, export_id),
+             "talker_batched": export_talker_batched(model, bundle_dir, export_id),
+             "cp_frame_batched": export_cp_frame_batched(model, bundle_dir, export_id)}
     return {k: v for k, v in specs.items() if v is not None}

@@ -37,8 +37,9 @@ from kztts.graphs import DYNAMIC_KV, FUSED_KV
 
 log = logging.getLogger(__name__)
 
-WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa")
-KV_GRAPHS = ("talker", "cp_step", "talker_gqa")
+WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa", "talker_batched", "cp_frame_batched")
+KV_GRAPHS = ("talker", "cp_step", "talker_gqa", "talker_batched")
+FUSED_KV_GRAPHS = ("talker_gqa", "talker_batched")  # the cache is the fused attention's own buffer
 DECODER_GRAPHS = ("decoder", "decoder_stream")
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4  # int8 activations: ONNX Runtime's integer MatMulNBits kernels
@@ -259,7 +260,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
                 model = quantize_matmuls(model, bits)
                 precision = what[0]
             if "kv-fp16" in what:
-                model = fp16_gqa(model) if name == "talker_gqa" else fp16_kv_io(model)
+                model = fp16_gqa(model) if name in FUSED_KV_GRAPHS else fp16_kv_io(model)
             _save(model, work / spec.file)
             del model
             export_id = f"{spec.extra.get('export_id', 'unbundled')}-{tag}"

@@ -77,7 +77,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from kztts.settings import with_overrides
     from kztts.tts import TTS
 
-    out = check_writable(check_output_extension(args.output), "audio")
+    if args.file:  # many utterances, batched (kztts.cli_synth_many): the file is checked before loading
+        from kztts import cli_synth_many
+
+        lines = cli_synth_many.check_args(args)
+    elif args.text is None or args.output is None:
+        raise KzttsError("synth needs TEXT and -o/--output (or --file FILE.jsonl --out-dir DIR)")
+    else:
+        out = check_writable(check_output_extension(args.output), "audio")
     if args.codes_out:
         check_writable(args.codes_out, "codes")
     if args.decoder_threads is not None:
@@ -85,7 +92,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
     names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
     with_overrides(reference_settings(), flags, names)  # a flag out of range fails now, not after loading
-    if not args.text.strip():
+    if not args.file and not args.text.strip():
         raise KzttsError("the text is empty; give the words to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
@@ -119,9 +126,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
         voice = tts.voice_from_reference(*recording, args.ref_text)
     elif demo:
         voice = tts.voice_from_wav(synthetic_voice(), 24000)
+    elif args.file:
+        voice = None  # each line gives its own
     else:
         raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
                          "or --ref-audio F --ref-text T")
+    if args.file:
+        return cli_synth_many.run(args, tts, settings, voice, lines)
     kw = dict(language=args.language, streaming_text=args.streaming_text, seed=args.seed, greedy=args.greedy,
               max_frames=args.max_frames, settings=settings)
     bar = tqdm(desc="frames", unit="frame", disable=None, leave=False, file=sys.stderr)
@@ -200,8 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_validate.add_commands(sub)
     s = sub.add_parser("synth", help="text -> speech (WAV)")
-    s.add_argument("text")
-    s.add_argument("-o", "--output", required=True, help="WAV file to write")
+    s.add_argument("text", nargs="?")
+    s.add_argument("-o", "--output", help="WAV file to write")
+    s.add_argument("--file", help="JSONL requests, one utterance per line (with --out-dir, --batch)")
+    s.add_argument("--out-dir", help="with --file: one WAV per line and summary.json")
+    s.add_argument("--batch", type=int, default=4, help="with --file: utterances generated together (default 4)")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--bundle", help="bundle directory (default: the embedded tiny demo, random weights)")
     where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")

@@ -59,7 +59,8 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     return row
 
 
-_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "wall_s")
+_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "wall_s",
+          "fps", "fps_talker_cp", "fps_wall")
 
 
 def merge_rounds(rows: list[dict]) -> dict:
@@ -93,6 +94,9 @@ def run_bench(args: argparse.Namespace) -> dict:
                      G.parse_threads(args.threads), G.parse_spin(args.spin),
                      G.parse_list(args.attention, "attention"),
                      G.parse_spin(args.pipeline, "--pipeline")) if with_cpu else []
+    from kztts.bench import batch_rows
+
+    batches = batch_rows.parse_batches(args.batch)  # a bad value fails before any work
     htp_configs = G.htp_grid(htp_targets, G.parse_htp_precisions(args.htp_precision), args.htp_context)
     if args.htp_context and args.htp_context < 2:
         raise KzttsError("--htp-context must be >= 2 (0: the prompt + frames, at least 64)")
@@ -116,7 +120,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.rounds < 1:
         raise KzttsError("--rounds must be >= 1")
     steps = Steps(4 + (len(configs) + (0 if args.no_reference else len({c.threads for c in configs}))) * args.rounds
-                  + (2 + args.quality) * len(htp_configs), "bench")
+                  + (2 + args.quality) * len(htp_configs) + len(batch_rows.batch_tasks(configs, batches)) * args.rounds,
+                  "bench")
 
     steps.phase("model + fp32 bundle")
     if args.model_dir:
@@ -160,6 +165,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     htp_bundles = _htp_bundles(htp_configs, args, b, base, model_dir, work, steps)
     tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
     tasks += [("kztts", c) for c in configs]
+    tasks += batch_rows.batch_tasks(configs, batches)
     runs: dict = {task: [] for task in tasks}
     for rnd in range(args.rounds):
         # rotate the order every round, so a load burst on a shared machine does not always
@@ -174,7 +180,12 @@ def run_bench(args: argparse.Namespace) -> dict:
                 runs[(kind, what)] = [r]
                 steps.update()
                 continue
-            if kind == "reference":
+            if kind == "batch":
+                c, n = what
+                steps.phase(f"{c.name} batch {n} (round {rnd + 1}/{args.rounds})")
+                r = _worker(batch_rows.WORKER, batch_rows.spec(common, bundles[(c.weights, c.kv, c.decoder)], c, n,
+                                                               baseline), work, batch_rows.tag(c, n, rnd), c.threads)
+            elif kind == "reference":
                 steps.phase(f"qwen-tts reference, {what} threads (round {rnd + 1}/{args.rounds})")
                 r = _worker("kztts.export.bench_reference", {**common, "model_dir": str(model_dir), "threads": what,
                                                               "baseline": str(baseline)},
@@ -204,6 +215,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             r["speedup"] = round(ref["frame_ms"] / r["frame_ms"], 3)
             r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
         rows.append(r)
+    rows += [batch_rows.finish(merge_rounds(runs[t]), *t[1]) for t in tasks if t[0] == "batch"]
     for h in htp_bundles:
         r = runs[("htp", h)][0]
         r.update(kind="htp-sim", timed=False, **h.as_dict())
@@ -242,7 +254,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''} --target {args.target} "
                f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}"
-               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}")
+               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}{f' --batch {args.batch}' if args.batch else ''}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
@@ -307,6 +319,8 @@ def add_command(sub) -> None:
     s.add_argument("--chunk", type=int, default=4, help="frames per streaming-decoder call (default 4)")
     s.add_argument("--rounds", type=int, default=1,
                    help="run the whole grid this many times, order rotated; timings = median over rounds")
+    s.add_argument("--batch", help="also batched rows (continuous batching) at these batch sizes, e.g. 1,2,4,8: "
+                                   "aggregate frames/s, per-stream frame ms and first audio")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
     s.add_argument("--target", default="cpu",

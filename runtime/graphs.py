@@ -112,6 +112,12 @@ GRAPHS: dict[str, GraphKind] = {g.name: g for g in (
               ("hidden", "c0_embed", *_SAMPLER), ("codes", "embedding_sum"), placement_key="cp_frame"),
     GraphKind("cp_frame_gqa", "code_predictor", "dynamic", "cp_frame over ORT GroupQueryAttention",
               ("hidden", "c0_embed", *_SAMPLER), ("codes", "embedding_sum"), fused=True),
+    # continuous batching (kztts.batch_loop): the fused graphs with a batch dimension, one row per stream
+    GraphKind("talker_batched", "talker", "dynamic", "talker_gqa over B rows, each its own KV length",
+              ("inputs_embeds", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"),
+              ("logits", "hidden"), FUSED_KV, fused=True),
+    GraphKind("cp_frame_batched", "code_predictor", "dynamic", "cp_frame_gqa over B rows, each its own sampling",
+              ("hidden", "c0_embed", *_SAMPLER), ("codes", "embedding_sum"), fused=True),
     GraphKind("decoder", "decoder", "dynamic", "speech decoder, whole utterance", ("codes",), ("wav",)),
     GraphKind("decoder_stream", "decoder", "dynamic", "speech decoder, streaming with carried state",
               ("codes", "position"), ("wav",)),

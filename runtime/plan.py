@@ -151,6 +151,22 @@ class ExecutionPlan:
         return CodePredictor(lambda name: self.session(name), m.code_predictor, m.talker, embeddings, mode,
                              frame_graph=graph if mode == "frame" else "cp_frame")
 
+    def open_batched(self, embeddings, rows: int, capacity: int):
+        """(``BatchedTalker``, ``BatchedCodePredictor``) over ``talker_batched`` / ``cp_frame_batched``:
+        continuous batching runs where the plan runs the fused CPU graphs (their batch-1 forms), so
+        each row gets what its stream would get alone."""
+        from kztts.batch_runners import BatchedCodePredictor, BatchedTalker
+
+        used = (self.steps["talker_decode"].graphs[0], self.steps["code_predictor"].graphs[0])
+        if self.runner != "cpu" or used != ("talker_gqa", "cp_frame_gqa"):
+            raise KzttsError(f"batched synthesis runs the fused CPU graphs, but this plan runs {used[0]} and "
+                             f"{used[1]} (runner {self.runner}); run it without a target or placement, with "
+                             "fused attention and the frame Code Predictor")
+        m = self.bundle.manifest
+        return (BatchedTalker(self.session("talker_batched"), m.talker, rows, capacity),
+                BatchedCodePredictor(self.session("cp_frame_batched"), embeddings,
+                                     int(m.code_predictor["num_code_groups"]) - 1))
+
     def decoder_graph(self) -> str:
         return self.steps["decoder"].graphs[0]
 

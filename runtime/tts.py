@@ -403,6 +403,10 @@ class TTS:
             run.codes.append(frame)
             if on_frame is not None:
                 on_frame(len(run.codes))
+        return self._decoded_result(run)
+
+    def _decoded_result(self, run: _Run) -> SynthesisResult:
+        """The result of a run whose frames are all in ``run.codes``: the whole-utterance decode."""
         decoder = self._full_decoder()
         t = time.perf_counter()
         codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
@@ -414,6 +418,26 @@ class TTS:
         run.loop.times.decoder += time.perf_counter() - t
         run.loop.times.first_audio = time.perf_counter() - run.started
         return self._result(run, samples)
+
+    @one_call_at_a_time
+    def synthesize_many(self, requests: list, *, batch: int = 4) -> list[SynthesisResult]:
+        """``synthesize`` of each request (a ``kztts.batch_loop.BatchRequest`` or a dict of its fields:
+        text, voice, language, seed, greedy, settings, max_frames, streaming_text), ``batch`` at a time
+        through the batched graphs (continuous batching, ``kztts.batch_loop``); each result equals
+        that request's ``synthesize`` alone (bit for bit with fp32 weights; int8/int4 weights may differ
+        in the last bits, see docs/DESIGN.md "Continuous batching"). Results in request order."""
+        from kztts.batch_loop import synthesize_many
+
+        return synthesize_many(self, requests, batch)
+
+    @one_call_at_a_time
+    def stream_many(self, requests: list, *, batch: int = 4, chunk_frames: int = 4,
+                    results: dict | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(request index, audio chunk)`` as each request's chunks are ready (its chunks are
+        those of its ``stream`` alone); ``results`` receives each ``SynthesisResult`` by index."""
+        from kztts.batch_loop import stream_many
+
+        yield from stream_many(self, requests, batch, chunk_frames, results)
 
     def _result(self, run: _Run, samples: np.ndarray) -> SynthesisResult:
         codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)

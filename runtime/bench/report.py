@@ -38,6 +38,8 @@ COLUMNS = [
     ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
     ("runs_per_frame", "runs/frame", "{:.2f}"),
     ("speedup", "speed-up vs ref", "{:.2f}x"),
+    ("fps", "frames/s (all streams)", "{:.1f}"),  # batch rows (kztts.bench.batch_rows)
+    ("fps_talker_cp", "T+CP frames/s", "{:.1f}"),
     ("talker_cos_min", "talker cos min", "{:.6f}"),
     ("cp_cos_min", "CP cos min", "{:.6f}"),
     ("talker_argmax_agreement", "talker argmax TF", "{:.3f}"),
@@ -55,7 +57,7 @@ QUALITY_KEYS = frozenset({"natural_eos_rate", "silence_pct", "dnsmos_ovrl", "qua
 
 # columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there
 TIMING_KEYS = frozenset({"prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_wall_ms", "frame_rtf", "rtf",
-                         "ttfa_ms", "runs_per_frame", "speedup"})
+                         "ttfa_ms", "runs_per_frame", "speedup", "fps", "fps_talker_cp"})
 HTP_NOTE = ("HTP rows (htp-sim/...): the target's static graphs on onnxruntime-qnn's x86 HTP simulator, for "
             "accuracy only and NEVER timed (the simulator is 50-200x slower than a device): timing columns show "
             "'sim'; CP argmax of an HTP row = greedy cp_frame codes on the HTP from the fp32 hidden states and "
