@@ -54,7 +54,7 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     except WorkerError as e:
         log.error("%s failed: %s", tag, e.brief())
         return {"error": e.brief()[-400:], "load_avg_before": load}
-    row["load_avg_before"] = round(load, 2)
+    row["load_avg_before"], row["load_avg_after"] = round(load, 2), round(psutil.getloadavg()[0], 2)
     return row
 
 
@@ -77,11 +77,14 @@ def merge_rounds(rows: list[dict]) -> dict:
     out["rounds"] = len(ok)
     out["rounds_ms"] = {k: [r.get(k) for r in ok] for k in ("talker_ms", "cp_ms", "decoder_ms", "frame_ms")}
     out["load_avg_before"] = [r.get("load_avg_before") for r in ok]
+    out["load_avg_after"] = [r.get("load_avg_after") for r in ok]
     return out
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    from kztts.bench import e2e as bench_e2e
     from kztts.bench import grid as G
+    from kztts.bench import limits as bench_limits
     from kztts.bench import report
     from kztts.progress import Steps
 
@@ -157,6 +160,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     steps.update()
 
     htp_bundles = _htp_bundles(htp_configs, args, b, base, model_dir, work, steps)
+    thread_counts = sorted({c.threads for c in configs})
+    probes = [bench_limits.probe_threads(thread_counts)]  # the host's streaming bandwidth, again after the rows
     tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
     tasks += [("kztts", c) for c in configs]
     runs: dict = {task: [] for task in tasks}
@@ -203,6 +208,9 @@ def run_bench(args: argparse.Namespace) -> dict:
             r["speedup"] = round(ref["frame_ms"] / r["frame_ms"], 3)
             r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
         rows.append(r)
+    probes.append(bench_limits.probe_threads(thread_counts))
+    e2e = bench_e2e.run_pair(args, model_dir, base, xvector, work) if args.e2e_runs > 0 and configs else None
+    bench_limits.annotate(rows, probes, base, bundles, args)
     for h in htp_bundles:
         r = runs[("htp", h)][0]
         r.update(kind="htp-sim", timed=False, **h.as_dict())
@@ -221,6 +229,7 @@ def run_bench(args: argparse.Namespace) -> dict:
               f"{cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
               f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
               f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
+    header += bench_limits.probe_note(probes) + bench_limits.header_note(rows)
     if htp_bundles:
         header += ("\n" + report.HTP_NOTE)
     import onnxruntime as ort
@@ -230,7 +239,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''} --target {args.target} "
                f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}"
-               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}")
+               f"{f' --quality --seeds {args.seeds}' if args.quality else ''} --e2e-runs {args.e2e_runs}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
@@ -238,8 +247,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             "chunk": args.chunk}
     if htp_bundles:
         meta["htp_rows_untimed"] = report.HTP_NOTE
-    paths = report.write_all(rows, meta, out)
-    print(report.markdown(rows, header))
+    meta.update(bandwidth_probes=probes, e2e=e2e)
+    extra = "\n" + bench_e2e.markdown(e2e) if e2e else ""
+    paths = report.write_all(rows, meta, out, extra)
+    print(report.markdown(rows, header) + extra)
     if sampled:
         print("\n" + sampled["table"])
         paths.update(quality=sampled["dir"] / "quality.md", quality_index=sampled["dir"] / "index.md")
@@ -295,6 +306,8 @@ def add_command(sub) -> None:
     s.add_argument("--chunk", type=int, default=4, help="frames per streaming-decoder call (default 4)")
     s.add_argument("--rounds", type=int, default=1,
                    help="run the whole grid this many times, order rotated; timings = median over rounds")
+    s.add_argument("--e2e-runs", type=int, default=3,
+                   help="end-to-end text->WAV runs per side, kztts synth vs qwen-tts interleaved (0: none; default 3)")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
     s.add_argument("--target", default="cpu",
