@@ -206,6 +206,18 @@ class StreamingDecoder:
         return np.concatenate(out)
 
 
+def chunked_decode(stream: "StreamingDecoder", codes, frames_per_push: int) -> np.ndarray:
+    """A whole utterance on the streaming decoder, ``frames_per_push`` frames per run (from a
+    reset; reset again after): the samples ``Decoder.decode`` gives, up to float rounding."""
+    codes = check_codes(codes, stream.codebook_size)
+    stream.reset()
+    try:
+        out = [stream.push(codes[i:i + frames_per_push]) for i in range(0, codes.shape[0], frames_per_push)]
+    finally:
+        stream.reset()
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
 class StaticChunkDecoder:
     """The speech decoder on a static graph of ``frames_per_run`` frames (``decoder_chunk``, for
     the HTP), with the ``Decoder`` and ``StreamingDecoder`` APIs.
