@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""``TTS.synthesize``'s decode: one pass of the decoder graph per 300-frame segment (``Decoder``)
-against the streaming decoder fed in chunks (``StreamingDecoder.push``), interleaved in one process.
+"""``TTS.synthesize``'s decode: one pass of the decoder graph per 300-frame segment (``Decoder`` with
+``frames_per_run=None``, the old default) against the streaming decoder fed in chunks
+(``chunked_decode``; ``Decoder``'s default, ``FRAMES_PER_RUN``), interleaved in one process.
 
 Prints per variant the median wall ms per frame over ``--repeats`` decodes of the same random
 codes, and its samples against the one-pass decode: max |difference| and the share of 16-bit
@@ -35,13 +36,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from kztts.bundle import Bundle
-    from kztts.codec import chunked_decode
+    from kztts.codec import Decoder, chunked_decode
     from kztts.plan import resolve_plan
     from kztts.sessions import SessionConfig
 
     bundle = Bundle.open(args.bundle, SessionConfig(threads=args.threads), load_graphs=False)
     plan = resolve_plan(bundle)
-    full, stream = plan.open_decoder(), plan.open_streaming_decoder()
+    stream = plan.open_streaming_decoder()
+    full = Decoder(stream.session, chunk_size=stream.chunk_size, left_context=stream.left_context,
+                   codebook_size=stream.codebook_size, frames_per_run=None)  # one run per segment
     codes = np.random.default_rng(0).integers(0, full.codebook_size, (args.frames, 16), dtype=np.int64)
     variants = {"one pass": full.decode}
     for c in (int(x) for x in args.chunks.split(",")):

@@ -89,20 +89,34 @@ def _zero_state(session: ort.InferenceSession) -> dict[str, np.ndarray]:
     return zeros
 
 
+# Frames per run when a whole utterance is decoded on the stateful decoder_stream graph: one
+# pass over a whole segment was slower than streaming it in pieces (0.6B, 2 threads: 45 ms/frame
+# against 34 fed by 4 frames, issue 20; benchmarks/bench_synth_decode.py measures both), its
+# activations spilling out of the caches; 16 frames per run gave the same 16-bit samples.
+FRAMES_PER_RUN = 16
+
+
 class Decoder:
     """Codes [F, 16] -> float32 samples [F * 1920] at 24 kHz.
 
-    Runs the ``decoder`` graph; given a ``decoder_stream`` session instead it runs
-    that graph from zero state once per segment (same samples, one weight copy).
+    Runs the ``decoder`` graph once per segment; given a ``decoder_stream`` session instead it
+    streams each utterance through that graph ``frames_per_run`` frames at a time
+    (``chunked_decode``; None: one run per segment from zero state). Same samples up to float
+    rounding, one weight copy.
     """
 
     def __init__(self, session: ort.InferenceSession, *, chunk_size: int | None = REFERENCE_CHUNK,
-                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE):
+                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE,
+                 frames_per_run: int | None = FRAMES_PER_RUN):
         self.session = session
         self.chunk_size, self.left_context = _segmentation(chunk_size, left_context)
         self.codebook_size = int(codebook_size)
         stateful = len(session.get_inputs()) > 1
         self._zeros = _zero_state(session) if stateful else None
+        self._stream = (StreamingDecoder(session, chunk_size=chunk_size, left_context=left_context,
+                                         codebook_size=codebook_size)
+                        if stateful and frames_per_run else None)
+        self.frames_per_run = frames_per_run
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "Decoder":
@@ -115,6 +129,8 @@ class Decoder:
         return self.session.run(["wav"], feed)[0][0]
 
     def decode(self, codes) -> np.ndarray:
+        if self._stream is not None:
+            return chunked_decode(self._stream, codes, self.frames_per_run)
         codes = check_codes(codes, self.codebook_size)
         n = codes.shape[0]
         if n == 0:
