@@ -11,6 +11,7 @@ Predictor defaults (temperature 0.9, top-k 50) on the same uniforms. Prints the 
 frame of each, their ratio, and whether their codes agree (they must: same contract).
 
     python benchmarks/bench_cp_sampler.py --size 0.6b [--weights int4] [--threads 2] [--frames 40]
+    python benchmarks/bench_cp_sampler.py --sampler-only   # the samplers alone, 15 calls per frame
 
 Not a test; numbers only mean something next to each other in one run (hold the heavy lock).
 """
@@ -72,6 +73,44 @@ def export_pair(model_dir: Path, out: Path, revision: str, bits: int | None) -> 
     return paths
 
 
+def sampler_only(args) -> int:
+    """The in-graph sampler alone at the Code Predictor's vocabulary (2048 ids, one row), old and
+    new, 15 calls per frame as in ``cp_frame``: what the frame saves, independent of the model size."""
+    import onnxruntime as ort
+
+    from kztts.export import code_predictor_graph as cpg
+    from kztts.sessions import SessionConfig, _session_options
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    old = _old_module(args.revision, out)
+    paths = {"old": old.export_sampler(out / "sampler_old.onnx"),
+             "new": cpg.export_sampler(out / "sampler_new.onnx", select_k=True)}
+    so = _session_options(SessionConfig(threads=args.threads))
+    sessions = {k: ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]) for k, p in paths.items()}
+    rng = np.random.default_rng(0)
+    one = np.ones(1, np.float32)
+    load = [psutil.getloadavg()[0]]
+    for label, (t, k) in {"greedy": (0.0, 1), "sampled t0.9 k50": (0.9, 50)}.items():
+        times = {name: [] for name in sessions}
+        for f in range(args.frames + 3):
+            feeds = [dict(logits=rng.standard_normal((1, 2048), dtype=np.float32) * 3,
+                          seen=np.zeros((1, 2048), bool), temperature=one * t, top_k=np.array([k], np.int64),
+                          top_p=one, repetition_penalty=one, uniform=rng.random(1, dtype=np.float32))
+                     for _ in range(15)]
+            for name in (list(sessions) if f % 2 == 0 else list(sessions)[::-1]):
+                t0 = time.perf_counter()
+                tokens = [sessions[name].run(None, feed)[0] for feed in feeds]
+                if f >= 3:
+                    times[name].append(time.perf_counter() - t0)
+        old_ms, new_ms = (statistics.median(times[n]) * 1e3 for n in ("old", "new"))
+        print(f"  sampler x15 {label:<18} sort ({args.revision}) {old_ms:6.2f} ms/frame   top-k selection "
+              f"{new_ms:6.2f} ms/frame   saves {old_ms - new_ms:5.2f} ms/frame")
+    load.append(psutil.getloadavg()[0])
+    print(f"  ({args.threads} threads, {args.frames} frames interleaved, load average {load[0]:.2f} -> {load[1]:.2f})")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="0.6b", choices=["tiny", "0.6b", "1.7b"])
@@ -81,7 +120,11 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--revision", default="main")
     ap.add_argument("--out", default="/tmp/kztts-bench-cp-sampler")
+    ap.add_argument("--sampler-only", action="store_true",
+                    help="time the two samplers alone (15 calls per frame, 2048 ids): light, any model size")
     args = ap.parse_args(argv)
+    if args.sampler_only:
+        return sampler_only(args)
 
     import onnxruntime as ort
 
