@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--revision", default="main")
     ap.add_argument("--out", default="/tmp/kztts-bench-cp-sampler")
+    ap.add_argument("--profile", type=int, default=0, metavar="FRAMES",
+                    help="also print ONNX Runtime's per-op profile of both graphs over FRAMES greedy frames")
     ap.add_argument("--sampler-only", action="store_true",
                     help="time the two samplers alone (15 calls per frame, 2048 ids): light, any model size")
     args = ap.parse_args(argv)
@@ -170,7 +172,39 @@ def main(argv=None) -> int:
         old, new = (statistics.median(times[(s, k)]) * 1e3 for k in ("old", "new"))
         print(f"  {s:<18} sort ({args.revision}) {old:7.2f} ms   top-k selection {new:7.2f} ms   "
               f"{old / new:.3f}x   codes equal {same[s]}/{args.frames + 3} frames")
+    if args.profile:
+        for name, path in paths.items():
+            profile(path, _session_options(SessionConfig(threads=args.threads)), feed | {"temperature": np.zeros(1, np.float32), "top_k": np.ones(1, np.int64)},
+                    f"{name} greedy", args.profile)
     return 0
+
+
+def profile(path: Path, so, feed: dict, label: str, runs: int, top: int = 10) -> None:
+    """ONNX Runtime's per-node profile of ``runs`` frames: node ms per frame by op type."""
+    import collections
+    import json
+    import tempfile
+
+    import onnxruntime as ort
+
+    so.enable_profiling = True
+    so.profile_file_prefix = str(Path(tempfile.gettempdir()) / "kztts-cp-profile")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    for _ in range(runs + 2):
+        sess.run(["codes"], feed)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    runs_ev = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"][2:]
+    first = runs_ev[0]["ts"] if runs_ev else 0
+    by_op = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first:
+            by_op[e["args"].get("op_name", "?")] += e["dur"]
+    n = max(len(runs_ev), 1)
+    total = sum(by_op.values())
+    print(f"  profile {label}: model_run {sum(e['dur'] for e in runs_ev) / 1e3 / n:.2f} ms/frame, "
+          f"node time {total / 1e3 / n:.2f} ms/frame")
+    for op, us in by_op.most_common(top):
+        print(f"    {op:<24}{us / 1e3 / n:8.2f} ms/frame {100 * us / max(total, 1):5.1f}%")
 
 
 if __name__ == "__main__":
