@@ -89,10 +89,12 @@ def _zero_state(session: ort.InferenceSession) -> dict[str, np.ndarray]:
     return zeros
 
 
-# Frames per run when a whole utterance is decoded on the stateful decoder_stream graph: one
-# pass over a whole segment was slower than streaming it in pieces (0.6B, 2 threads: 45 ms/frame
-# against 34 fed by 4 frames, issue 20; benchmarks/bench_synth_decode.py measures both), its
-# activations spilling out of the caches; 16 frames per run gave the same 16-bit samples.
+# Frames per run when a whole utterance is decoded on the stateful decoder_stream graph. One run
+# over a whole segment costs more per frame the longer the utterance (its activations grow with
+# it and leave the caches): 0.6B decoder, 2 threads, one run 70.9 / 91.1 ms per frame at 60 / 150
+# frames against 70.0 / 70.3 fed 16 frames at a time, and a peak RSS near 3.8 GB at 150 frames
+# (benchmarks/bench_synth_decode.py, busy machine). Same samples up to float rounding (max
+# 6.8e-6; ~3% of the 16-bit samples move by one step at 0.6B, none on the tiny model's 100).
 FRAMES_PER_RUN = 16
 
 
