@@ -56,8 +56,9 @@ def fingerprint(model_dir: Path) -> dict:
             "files": [p.relative_to(model_dir).as_posix() for p in files]}
 
 
-def load_reference(model_dir: Path):
-    """The official ``Qwen3TTSModel`` wrapper, fp32, eager attention, on the CPU."""
+def load_reference(model_dir: Path, attention: str | None = "eager"):
+    """The official ``Qwen3TTSModel`` wrapper, fp32, on the CPU; ``attention``: transformers'
+    ``attn_implementation``, eager for numerics, None for qwen-tts's default (what a user gets)."""
     import torch
 
     from kztts.export.qwen_import import import_qwen_tts
@@ -69,7 +70,7 @@ def load_reference(model_dir: Path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local directory, never a hub id
     qwen_tts = import_qwen_tts()
     tts = qwen_tts.Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                 attn_implementation="eager")
+                                                 attn_implementation=attention)
     _set_pad_token(tts.model)
     return tts
 

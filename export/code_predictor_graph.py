@@ -37,7 +37,9 @@ with ``cp.codec_embedding[g-1]`` -> head g -> ``c_{g+1}``. Every input goes thro
     (c1..c_{g-1}; c0 is not counted), 1.0 = off (the reference). Greedy when
     ``temperature <= 0`` or ``top_k == 1``: exact argmax, lowest id on ties.
 
-``sample_rows`` uses only TopK (full sort), ArgMax, CumSum (over sorted values), Less/
+``sample_rows`` uses only TopK (a full sort in ``cp_frame``; in ``cp_frame_gqa``, CPU only,
+a TopK of the batch's largest k to find each row's k-th score, then a TopK of only the ids
+top-k keeps, ties included: the draw order the host sorts, cut where its top-k cuts), ArgMax, CumSum (over sorted values), Less/
 LessOrEqual -> Cast -> ReduceSum, GatherElements, Gather, Where, Floor, Min/Max and
 elementwise arithmetic: no ScatterND, Loop or If (all placed on QNN by the HTP simulator).
 The HTP computes it in fp16, so there it matches the host only up to fp16 rounding.
@@ -105,11 +107,18 @@ class GraphInputs:
 
 class Rows:
     """What the in-graph chain hands from step to step: the scores [B, V] in vocabulary order
-    until a step needs the draw order; then the sorted scores and ids (``TopK``, once) and
-    unnormalised probabilities ``e = exp_f32(s - max)`` in that order (0 = removed)."""
+    until a step needs the draw order; then the scores and ids in draw order (``TopK``, once)
+    and unnormalised probabilities ``e = exp_f32(s - max)`` in that order (0 = removed).
 
-    def __init__(self, scores: torch.Tensor):
+    ``select_k``: the top-k step sets ``limit``, how many ids of the draw order can still be
+    drawn (the largest k of the batch plus ties at each row's k-th score), and the draw order
+    is a ``TopK`` of ``limit`` ids instead of a sort of the whole vocabulary. Without it (the
+    static graph of the HTP, where TopK needs a constant k) the draw order is a full sort."""
+
+    def __init__(self, scores: torch.Tensor, select_k: bool = False):
         self.vocab = scores.shape[-1]  # read once: one Shape node in a dynamic-vocab graph
+        self.select_k = select_k
+        self.limit: torch.Tensor | None = None
         self._scores = scores
         self._sorted: tuple[torch.Tensor, torch.Tensor] | None = None
         self.probs: torch.Tensor | None = None
@@ -127,10 +136,15 @@ class Rows:
         _ = self.scores  # same check
         self._scores = value
 
+    @property
+    def width(self):
+        """Ids in the draw order: ``limit`` once the top-k step set it, else the vocabulary."""
+        return self.vocab if self.limit is None else self.limit
+
     def draw_order(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sorted scores and their ids, descending, ties by lower id (the host's draw order)."""
+        """Scores and their ids, descending, ties by lower id (the host's draw order)."""
         if self._sorted is None:
-            self._sorted = torch.topk(self._scores, self.vocab, dim=-1, largest=True, sorted=True)
+            self._sorted = torch.topk(self._scores, self.width, dim=-1, largest=True, sorted=True)
         return self._sorted
 
     def probabilities(self) -> torch.Tensor:
@@ -138,6 +152,11 @@ class Rows:
             vals = self.draw_order()[0]
             self.probs = exp_f32(vals - vals[:, :1])
         return self.probs
+
+
+def _greedy(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Rows that take the argmax (bool [B]): ``temperature <= 0`` or ``top_k == 1``."""
+    return (params["temperature"] <= _const(0.0)) | (params["top_k"] == 1)
 
 
 def _repetition_penalty(rows: Rows, inp: GraphInputs) -> None:
@@ -153,11 +172,29 @@ def _temperature(rows: Rows, inp: GraphInputs) -> None:
 
 
 def _top_k(rows: Rows, inp: GraphInputs) -> None:
-    vals, v = rows.draw_order()[0], rows.vocab
+    v = rows.vocab
     k = inp.params["top_k"].unsqueeze(-1)
-    k = torch.where((k > 0) & (k < v), k, torch.full_like(k, v))
+    on = (k > 0) & (k < v)
+    k = torch.where(on, k, torch.full_like(k, v))
+    if rows.select_k:
+        greedy = _greedy(inp.params).unsqueeze(-1)
+        k = torch.where(greedy, torch.ones_like(k), k)  # one id: the draw of a greedy row is not used
+        _select_k(rows, k, on | greedy)
+    vals = rows.draw_order()[0]
     keep = vals >= torch.gather(vals, 1, k - 1)  # a prefix of the draw order
     rows.probs = torch.where(keep, rows.probabilities(), torch.zeros_like(vals))
+
+
+def _select_k(rows: Rows, k: torch.Tensor, partial: torch.Tensor) -> None:
+    """Set ``rows.limit``: the ids the host's top-k keeps (every score >= the row's k-th
+    largest, ties included), as many as the widest row needs. A TopK of the batch's largest
+    k over the ``partial`` rows finds their k-th score; any other row keeps the whole
+    vocabulary (its k-th score is the minimum)."""
+    s = rows.scores
+    k_sel = torch.where(partial, k, torch.ones_like(k))
+    top = torch.topk(s, torch.max(k_sel), dim=-1, largest=True, sorted=True)[0]
+    kth = torch.where(partial, torch.gather(top, 1, k_sel - 1), torch.amin(s, dim=-1, keepdim=True))
+    rows.limit = torch.max((s >= kth).to(torch.int64).sum(-1))
 
 
 def _top_p(rows: Rows, inp: GraphInputs) -> None:
@@ -165,7 +202,7 @@ def _top_p(rows: Rows, inp: GraphInputs) -> None:
     e = rows.probabilities()
     asc_cum = torch.flip(torch.cumsum(torch.flip(e, [-1]), dim=-1), [-1])
     tp = inp.params["top_p"].unsqueeze(-1)
-    not_top = torch.arange(rows.vocab).unsqueeze(0) > 0
+    not_top = torch.arange(rows.width).unsqueeze(0) > 0
     remove = (asc_cum <= (_const(1.0) - tp) * asc_cum[:, :1]) & (tp < _const(1.0)) & not_top
     rows.probs = torch.where(remove, torch.zeros_like(e), e)  # removes a suffix of the draw order
 
@@ -193,46 +230,50 @@ _GRAPH_SIDE = "in-graph (kztts.export.code_predictor_graph.GRAPH_STEPS)"
 sampling_chain.implementations(sampling_chain.chain("code_predictor"), GRAPH_STEPS, _GRAPH_SIDE)
 
 
-def sample_chain(logits: torch.Tensor, inputs: GraphInputs) -> torch.Tensor:
+def sample_chain(logits: torch.Tensor, inputs: GraphInputs, select_k: bool = False) -> torch.Tensor:
     """Tokens int64 [B] from ``logits`` f32 [B, V] by the Code Predictor's chain, step by step
     as ``kztts.sampling_chain`` lists it; the greedy rows take the argmax of the scores after
-    the processors (``temperature <= 0`` or ``top_k == 1``)."""
+    the processors (``temperature <= 0`` or ``top_k == 1``). ``select_k``: see ``Rows``."""
     steps = sampling_chain.chain("code_predictor")
-    rows, greedy_token = Rows(logits), None
+    rows, greedy_token = Rows(logits, select_k), None
     for step, build in zip(steps, sampling_chain.implementations(steps, GRAPH_STEPS, _GRAPH_SIDE)):
         if step.kind != PROCESSOR and greedy_token is None:
             greedy_token = torch.argmax(rows.scores, dim=-1)
         build(rows, inputs)
-    p = inputs.params
-    greedy = (p["temperature"] <= _const(0.0)) | (p["top_k"] == 1)
-    return torch.where(greedy, greedy_token, rows.token)
+    return torch.where(_greedy(inputs.params), greedy_token, rows.token)
 
 
 def sample_rows(logits: torch.Tensor, seen: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, repetition_penalty: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+                top_p: torch.Tensor, repetition_penalty: torch.Tensor, u: torch.Tensor,
+                select_k: bool = False) -> torch.Tensor:
     """One token per row with the chain of ``kztts.sampling`` (see its determinism contract):
     repetition penalty on ``seen`` ids -> temperature -> top-k -> top-p -> inverse-CDF draw,
     or argmax when ``temperature <= 0`` or ``top_k == 1``; built by ``sample_chain`` from
     ``kztts.sampling_chain``.
 
     logits f32 [B, V]; seen bool [B, V]; temperature, top_p, repetition_penalty, u f32 [B];
-    top_k int64 [B] -> tokens int64 [B]. ONNX: TopK (full sort, descending, ties by lower
-    id), CumSum over sorted values only, GatherElements, Where, Less/LessOrEqual -> Cast ->
-    ReduceSum, elementwise ops; no ScatterND / Loop / If. (In eager torch, cumsum accumulates
-    in double on the CPU, so eager results may differ from the graph's at rounding boundaries.)
+    top_k int64 [B] -> tokens int64 [B]. ONNX: TopK (descending, ties by lower id; the whole
+    vocabulary, or with ``select_k`` only the ids top-k keeps), CumSum over sorted values
+    only, GatherElements, Where, Less/LessOrEqual -> Cast -> ReduceSum, elementwise ops; no
+    ScatterND / Loop / If. (In eager torch, cumsum accumulates in double on the CPU, so eager
+    results may differ from the graph's at rounding boundaries.)
     """
     params = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
-    return sample_chain(logits, GraphInputs(seen, params, u))
+    return sample_chain(logits, GraphInputs(seen, params, u), select_k)
 
 
 class SamplerGraph(nn.Module):
     """``sample_rows`` alone, for tests and for checking placement on an execution provider."""
 
+    def __init__(self, select_k: bool = False):
+        super().__init__()
+        self.select_k = select_k
+
     def forward(self, logits, seen, temperature, top_k, top_p, repetition_penalty, uniform):
-        return sample_rows(logits, seen, temperature, top_k, top_p, repetition_penalty, uniform)
+        return sample_rows(logits, seen, temperature, top_k, top_p, repetition_penalty, uniform, self.select_k)
 
 
-def export_sampler(path: Path) -> Path:
+def export_sampler(path: Path, select_k: bool = False) -> Path:
     """``sample_rows`` as an ONNX graph with dynamic batch and vocab: inputs SAMPLER_INPUTS, output ``token``."""
     b, v = 3, 7
     g = torch.Generator().manual_seed(0)
@@ -240,7 +281,7 @@ def export_sampler(path: Path) -> Path:
                torch.full((b,), 3, dtype=torch.int64), torch.full((b,), 0.8), torch.ones(b), torch.rand(b, generator=g))
     dyn = {"logits": {0: "batch", 1: "vocab"}, "seen": {0: "batch", 1: "vocab"}, "token": {0: "batch"}}
     dyn.update({n: {0: "batch"} for n in SAMPLER_INPUTS[2:]})
-    return export_onnx(SamplerGraph().eval(), example, Path(path), SAMPLER_INPUTS, ["token"], dyn)
+    return export_onnx(SamplerGraph(select_k).eval(), example, Path(path), SAMPLER_INPUTS, ["token"], dyn)
 
 
 # ---------------------------------------------------------------- shapes
@@ -374,7 +415,12 @@ def export_cp_step(model, path: Path) -> Path:
 
 # ---------------------------------------------------------------- cp_frame
 class CodePredictorFrame(nn.Module):
-    """All 15 code-predictor steps of one frame, unrolled, sampling in the graph."""
+    """All 15 code-predictor steps of one frame, unrolled, sampling in the graph.
+
+    ``SELECT_K`` (``sample_rows``' ``select_k``): False here, a static graph the HTP runs
+    too (its TopK sorts the whole vocabulary); the CPU-only subclass sets it."""
+
+    SELECT_K = False
 
     def __init__(self, model):
         super().__init__()
@@ -402,7 +448,8 @@ class CodePredictorFrame(nn.Module):
             h, keys, values = self._layers(x, pos, keys, values)
             pos += t
             logits = self.heads[g](h[:, -1])  # [1, vocab]
-            code = sample_rows(logits, seen, temperature, top_k, top_p, repetition_penalty, uniforms[g:g + 1])
+            code = sample_rows(logits, seen, temperature, top_k, top_p, repetition_penalty, uniforms[g:g + 1],
+                               self.SELECT_K)
             codes.append(code)
             seen = seen | (ids == code.unsqueeze(-1))
             e = self.embeds[g](code)  # [1, talker_H]

@@ -244,7 +244,9 @@ def export_talker_batched(model, bundle_dir: Path, export_id: str):
 
 class CodePredictorFrameGqa(CodePredictorFrame):
     """``cp_frame`` over ``GqaStack``: same inputs, outputs and sampler
-    (the CPU graph; the HTP keeps the plain one)."""
+    (the CPU graph; the HTP keeps the plain one). Its sampler selects top-k ids, no full sort."""
+
+    SELECT_K = True
 
     def __init__(self, model):
         super().__init__(model)

@@ -55,7 +55,7 @@ def _worker(module: str, spec: dict, work: Path, tag: str, threads: int) -> dict
     except WorkerError as e:
         log.error("%s failed: %s", tag, e.brief())
         return {"error": e.brief()[-400:], "load_avg_before": load}
-    row["load_avg_before"] = round(load, 2)
+    row["load_avg_before"], row["load_avg_after"] = round(load, 2), round(psutil.getloadavg()[0], 2)
     return row
 
 
@@ -79,11 +79,14 @@ def merge_rounds(rows: list[dict]) -> dict:
     out["rounds"] = len(ok)
     out["rounds_ms"] = {k: [r.get(k) for r in ok] for k in ("talker_ms", "cp_ms", "decoder_ms", "frame_ms")}
     out["load_avg_before"] = [r.get("load_avg_before") for r in ok]
+    out["load_avg_after"] = [r.get("load_avg_after") for r in ok]
     return out
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    from kztts.bench import e2e as bench_e2e
     from kztts.bench import grid as G
+    from kztts.bench import limits as bench_limits
     from kztts.bench import report
     from kztts.progress import Steps
 
@@ -163,6 +166,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     steps.update()
 
     htp_bundles = _htp_bundles(htp_configs, args, b, base, model_dir, work, steps)
+    thread_counts = sorted({c.threads for c in configs})
+    probes = [bench_limits.probe_threads(thread_counts)]  # the host's streaming bandwidth, again after the rows
     tasks: list = [] if args.no_reference else [("reference", t) for t in sorted({c.threads for c in configs})]
     tasks += [("kztts", c) for c in configs]
     tasks += batch_rows.batch_tasks(configs, batches)
@@ -216,6 +221,9 @@ def run_bench(args: argparse.Namespace) -> dict:
             r["speedup_talker_cp"] = round((ref["talker_ms"] + ref["cp_ms"]) / (r["talker_ms"] + r["cp_ms"]), 3)
         rows.append(r)
     rows += [batch_rows.finish(merge_rounds(runs[t]), *t[1]) for t in tasks if t[0] == "batch"]
+    probes.append(bench_limits.probe_threads(thread_counts))
+    e2e = bench_e2e.run_pair(args, model_dir, base, xvector, work) if args.e2e_runs > 0 and configs else None
+    bench_limits.annotate(rows, probes, base, bundles, args)
     for h in htp_bundles:
         r = runs[("htp", h)][0]
         r.update(kind="htp-sim", timed=False, **h.as_dict())
@@ -245,6 +253,7 @@ def run_bench(args: argparse.Namespace) -> dict:
               f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
     if random_weights:
         header += f"\nRANDOM weights ({random_weights_label(random_weights)}): speed and agreement are real, audio is not speech"
+    header += bench_limits.probe_note(probes) + bench_limits.header_note(rows)
     if htp_bundles:
         header += ("\n" + report.HTP_NOTE)
     import onnxruntime as ort
@@ -254,7 +263,8 @@ def run_bench(args: argparse.Namespace) -> dict:
                f"--threads {args.threads} --spin {args.spin} --frames {args.frames} --warmup {args.warmup} --chunk {args.chunk} --rounds {args.rounds}"
                f"{' --no-reference' if args.no_reference else ''} --target {args.target} "
                f"--htp-precision {args.htp_precision} --htp-context {args.htp_context}"
-               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}{f' --batch {args.batch}' if args.batch else ''}")
+               f"{f' --quality --seeds {args.seeds}' if args.quality else ''}{f' --batch {args.batch}' if args.batch else ''}"
+               f" --e2e-runs {args.e2e_runs}")
     meta = {"header": header, "command": command, "model_dir": str(model_dir), "base_bundle": str(base),
             "load_average_end": load, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
@@ -262,8 +272,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             "chunk": args.chunk}
     if htp_bundles:
         meta["htp_rows_untimed"] = report.HTP_NOTE
-    paths = report.write_all(rows, meta, out)
-    print(report.markdown(rows, header))
+    meta.update(bandwidth_probes=probes, e2e=e2e)
+    extra = "\n" + bench_e2e.markdown(e2e) if e2e else ""
+    paths = report.write_all(rows, meta, out, extra)
+    print(report.markdown(rows, header) + extra)
     if sampled:
         print("\n" + sampled["table"])
         paths.update(quality=sampled["dir"] / "quality.md", quality_index=sampled["dir"] / "index.md")
@@ -321,6 +333,8 @@ def add_command(sub) -> None:
                    help="run the whole grid this many times, order rotated; timings = median over rounds")
     s.add_argument("--batch", help="also batched rows (continuous batching) at these batch sizes, e.g. 1,2,4,8: "
                                    "aggregate frames/s, per-stream frame ms and first audio")
+    s.add_argument("--e2e-runs", type=int, default=3,
+                   help="end-to-end text->WAV runs per side, kztts synth vs qwen-tts interleaved (0: none; default 3)")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
     s.add_argument("--target", default="cpu",

@@ -89,20 +89,36 @@ def _zero_state(session: ort.InferenceSession) -> dict[str, np.ndarray]:
     return zeros
 
 
+# Frames per run when a whole utterance is decoded on the stateful decoder_stream graph. One run
+# over a whole segment costs more per frame the longer the utterance (its activations grow with
+# it and leave the caches): 0.6B decoder, 2 threads, one run 70.9 / 91.1 ms per frame at 60 / 150
+# frames against 70.0 / 70.3 fed 16 frames at a time, and a peak RSS near 3.8 GB at 150 frames
+# (benchmarks/bench_synth_decode.py, busy machine). Same samples up to float rounding (max
+# 6.8e-6; ~3% of the 16-bit samples move by one step at 0.6B, none on the tiny model's 100).
+FRAMES_PER_RUN = 16
+
+
 class Decoder:
     """Codes [F, 16] -> float32 samples [F * 1920] at 24 kHz.
 
-    Runs the ``decoder`` graph; given a ``decoder_stream`` session instead it runs
-    that graph from zero state once per segment (same samples, one weight copy).
+    Runs the ``decoder`` graph once per segment; given a ``decoder_stream`` session instead it
+    streams each utterance through that graph ``frames_per_run`` frames at a time
+    (``chunked_decode``; None: one run per segment from zero state). Same samples up to float
+    rounding, one weight copy.
     """
 
     def __init__(self, session: ort.InferenceSession, *, chunk_size: int | None = REFERENCE_CHUNK,
-                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE):
+                 left_context: int = REFERENCE_LEFT_CONTEXT, codebook_size: int = CODEBOOK_SIZE,
+                 frames_per_run: int | None = FRAMES_PER_RUN):
         self.session = session
         self.chunk_size, self.left_context = _segmentation(chunk_size, left_context)
         self.codebook_size = int(codebook_size)
         stateful = len(session.get_inputs()) > 1
         self._zeros = _zero_state(session) if stateful else None
+        self._stream = (StreamingDecoder(session, chunk_size=chunk_size, left_context=left_context,
+                                         codebook_size=codebook_size)
+                        if stateful and frames_per_run else None)
+        self.frames_per_run = frames_per_run
 
     @classmethod
     def from_bundle(cls, bundle, **kw) -> "Decoder":
@@ -115,6 +131,8 @@ class Decoder:
         return self.session.run(["wav"], feed)[0][0]
 
     def decode(self, codes) -> np.ndarray:
+        if self._stream is not None:
+            return chunked_decode(self._stream, codes, self.frames_per_run)
         codes = check_codes(codes, self.codebook_size)
         n = codes.shape[0]
         if n == 0:
@@ -204,6 +222,18 @@ class StreamingDecoder:
         if not out:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(out)
+
+
+def chunked_decode(stream: "StreamingDecoder", codes, frames_per_push: int) -> np.ndarray:
+    """A whole utterance on the streaming decoder, ``frames_per_push`` frames per run (from a
+    reset; reset again after): the samples ``Decoder.decode`` gives, up to float rounding."""
+    codes = check_codes(codes, stream.codebook_size)
+    stream.reset()
+    try:
+        out = [stream.push(codes[i:i + frames_per_push]) for i in range(0, codes.shape[0], frames_per_push)]
+    finally:
+        stream.reset()
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
 class StaticChunkDecoder:

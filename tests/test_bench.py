@@ -42,7 +42,8 @@ def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
     res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32,int8",
                           "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
-                          "--attention", "fused,plain", "--out", str(out)], capture_output=True, text=True)
+                          "--attention", "fused,plain", "--e2e-runs", "1", "--out", str(out)], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     for name in ("results.json", "results.csv", "results.md", "pareto.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -67,14 +68,59 @@ def test_bench_smoke(tmp_path):
     assert "frame_wall_ms" not in ref and fp32["frame_wall_ms"] > 0 and fp32["pipeline"] is False
     assert fp32["runs_per_frame"] == pytest.approx(14 / 6, abs=1e-3)
     assert fp32["speedup"] > 0
+    # the speed reference is what a user runs (qwen-tts's default attention), eager only for the accuracy columns
+    assert ref["attention"] == "sdpa" and ref["accuracy_attention"] == "eager"
+    assert "timed with attention sdpa" in data["header"]
+    # % of the streaming bandwidth the probe measured in this run; load averages around every row
+    probes = data["bandwidth_probes"]
+    assert len(probes) == 2 and all(p["1"]["gb_s"] > 0 for p in probes)
+    for r in (ref, fp32, int8, plain):
+        assert 0 < r["talker_limit_pct"] and 0 < r["cp_limit_pct"], r["name"]
+        assert len(r["load_avg_before"]) == len(r["load_avg_after"]) == 1 and isinstance(r["busy"], bool)
+    assert int8["cp_read_mb"] < fp32["cp_read_mb"] == ref["cp_read_mb"]
+    # the end-to-end row: both sides ran, interleaved, the same frames
+    e2e = data["e2e"]
+    assert e2e["frames"] == 6 and e2e["reference_attention"] == "sdpa" and e2e["runs"] == 1
+    assert e2e["ratio"] == pytest.approx(e2e["reference_ms_per_frame"] / e2e["kztts_ms_per_frame"], rel=1e-2)
+    assert "text->wav fp32" in res.stdout
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 5
     md = (out / "results.md").read_text()
     assert "codes equal" in md and "qwen-tts PyTorch" in md
-    # the printed report is that table: a line per row, in the order of results.json
-    printed = [ln.split("|")[1].strip() for ln in res.stdout.splitlines() if ln.startswith("| ")][1:]
+    # the printed report is that table: a line per row, in the order of results.json, then the end-to-end table
+    main_table = res.stdout.split("\ntext -> WAV file")[0]
+    printed = [ln.split("|")[1].strip() for ln in main_table.splitlines() if ln.startswith("| ")][1:]
     assert printed == [r["name"] for r in data["rows"]], res.stdout[-2000:]
     assert res.stdout.strip() == md.strip()
+
+
+def test_graph_read_bytes_counts_each_use_and_not_gathered_tables(tmp_path):
+    """A weight used by two MatMuls is read twice per run; a table a Gather indexes is not read whole."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kztts.bench.bandwidth import graph_read_bytes, limit_pct
+
+    w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")  # 256 bytes
+    table = numpy_helper.from_array(np.ones((100, 8), np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["a"]),
+             helper.make_node("MatMul", ["a", "w"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w, table])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    assert graph_read_bytes(path) == 2 * 256
+    assert limit_pct(1e9, 1000.0, 2.0) == 50.0 and limit_pct(None, 1.0, 1.0) is None
+
+
+def test_busy_rows_are_flagged():
+    from kztts.bench.metrics import is_busy
+    from kztts.bench.report import load_cell
+
+    assert not is_busy([2.4, 2.5], 2) and is_busy([2.4, 2.6], 2) and is_busy([1.6], 1)
+    assert load_cell({"load_avg_before": [0.8], "load_avg_after": [3.1], "busy": True}) == "0.8/3.1 BUSY"
+    assert load_cell({}) == "-"
 
 
 # ------------------------------------------------------------------ HTP simulator rows

@@ -35,9 +35,12 @@ def exported(reference, variant, tmp_path_factory):
     from kztts.export.code_predictor_graph import export_code_predictor
     from kztts.export.embeddings import export_embeddings
 
+    from kztts.export.gqa_graphs import export_cp_frame_gqa
+
     model = reference.model
     out = tmp_path_factory.mktemp(f"cp_{variant}")
     specs = export_code_predictor(model, out)
+    specs["cp_frame_gqa"] = export_cp_frame_gqa(model, out, "unbundled")  # the CPU frame graph: top-k selection
     tables = EmbeddingTables(out, export_embeddings(model, out), special_ids(model))
     sessions = {name: ort.InferenceSession(str(out / spec.file), providers=["CPUExecutionProvider"])
                 for name, spec in specs.items()}
@@ -45,9 +48,10 @@ def exported(reference, variant, tmp_path_factory):
     return dict(dir=out, specs=specs, tables=tables, sessions=sessions, config=cfg)
 
 
-def make_cp(exported, mode):
+def make_cp(exported, mode, frame_graph="cp_frame"):
     cfg = exported["config"]
-    return CodePredictor(exported["sessions"], cfg["code_predictor"], cfg["talker"], exported["tables"], mode=mode)
+    return CodePredictor(exported["sessions"], cfg["code_predictor"], cfg["talker"], exported["tables"], mode=mode,
+                         frame_graph=frame_graph)
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +78,14 @@ def reference_cp_logits(model, hidden: np.ndarray, codes: np.ndarray) -> np.ndar
 
 
 # ---------------------------------------------------------------- reference parity
-@pytest.mark.parametrize("mode", ["frame", "step"])
-def test_greedy_codes_match_reference(exported, frames, mode):
+@pytest.mark.parametrize("mode,frame_graph,params", [
+    ("frame", "cp_frame", GREEDY), ("step", "cp_frame", GREEDY), ("frame", "cp_frame_gqa", GREEDY),
+    ("frame", "cp_frame_gqa", SamplingParams(0.0, 50, 0.9)),  # greedy by temperature, top-k on
+])
+def test_greedy_codes_match_reference(exported, frames, mode, frame_graph, params):
     codes, hidden = frames
-    cp = make_cp(exported, mode)
-    got = np.stack([cp.predict(hidden[k], int(codes[k, 0]), GREEDY, XorShift32(k))[0] for k in range(len(codes))])
+    cp = make_cp(exported, mode, frame_graph)
+    got = np.stack([cp.predict(hidden[k], int(codes[k, 0]), params, XorShift32(k))[0] for k in range(len(codes))])
     assert got.shape == (len(codes), 15) and got.dtype == np.int64
     match = got == codes[:, 1:]
     assert match.all(), f"{mode}: {match.sum()}/{match.size} codes match; first frame off: {np.nonzero(~match.all(1))[0][:5]}"
@@ -111,15 +118,21 @@ def test_embedding_sum_and_next_talker_input(reference, exported, frames):
             np.testing.assert_allclose(nxt, codec_input(reference.model, codes[k]).numpy(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("params", [
+SAMPLED = [
     SamplingParams(0.9, 50, 1.0),
     SamplingParams(0.9, 50, 1.0, repetition_penalty=1.05),  # the seed's in-frame preset
-    SamplingParams(1.3, 0, 0.8, repetition_penalty=1.3),
+    SamplingParams(1.3, 0, 0.8, repetition_penalty=1.3),  # top-k off: the selection keeps every id
     SamplingParams(0.5, 3, 0.95, repetition_penalty=0.8),
-])
-def test_frame_and_step_modes_sample_identically(exported, frames, params):
+]
+
+
+@pytest.mark.parametrize("frame_graph,params", [("cp_frame", p) for p in SAMPLED]
+                         + [("cp_frame_gqa", p) for p in SAMPLED[1:]])
+def test_frame_and_step_modes_sample_identically(exported, frames, params, frame_graph):
+    """The frame graphs' in-graph samplers (full sort in cp_frame, top-k selection in
+    cp_frame_gqa) against the host sampler on the step graph's logits, same seeds."""
     codes, hidden = frames
-    frame_cp, step_cp = make_cp(exported, "frame"), make_cp(exported, "step")
+    frame_cp, step_cp = make_cp(exported, "frame", frame_graph), make_cp(exported, "step")
     rf, rs = XorShift32(99), XorShift32(99)
     differs_from_greedy = 0
     for k in range(0, len(codes), 6):
@@ -249,23 +262,58 @@ def _host(x, seen, t, k, p, rp, u):
     return sample_token(repetition_penalty(x, np.nonzero(seen)[0], float(rp)), params, float(u))
 
 
-def test_in_graph_sampler_matches_host_sampler(tmp_path_factory):
+@pytest.mark.parametrize("select_k", [False, True])
+def test_in_graph_sampler_matches_host_sampler(tmp_path_factory, select_k):
+    """Every batch whole (mixed settings), and with ``select_k`` also the rows where top-k is on
+    or greedy alone (a row without top-k makes the whole batch sort the vocabulary) and, for a
+    sample, each row alone (its own limit: k plus the ties at its k-th score)."""
     from kztts.export.code_predictor_graph import export_sampler
 
-    path = export_sampler(tmp_path_factory.mktemp("sampler") / "sampler.onnx")
+    path = export_sampler(tmp_path_factory.mktemp("sampler") / "sampler.onnx", select_k=select_k)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     total = agree = 0
     bad = []
-    for x, seen, t, k, p, rp, u in _draw_cases(np.random.default_rng(2024)):
+
+    def check(x, seen, t, k, p, rp, u):
+        nonlocal total, agree
         tok, = sess.run(None, dict(logits=x, seen=seen, temperature=t, top_k=k, top_p=p, repetition_penalty=rp,
                                    uniform=u))
         host = np.array([_host(*row) for row in zip(x, seen, t, k, p, rp, u)])
         total += len(host)
         agree += int((tok == host).sum())
-        bad += [(x.shape[1], float(t[i]), int(k[i]), float(p[i]), float(rp[i]), float(u[i]))
-                for i in np.nonzero(tok != host)[0][:3]]
+        bad.extend((x.shape[1], float(t[i]), int(k[i]), float(p[i]), float(rp[i]), float(u[i]))
+                   for i in np.nonzero(tok != host)[0][:3])
+
+    for case in _draw_cases(np.random.default_rng(2024)):
+        x, _, t, k, *_ = case
+        if not select_k or x.shape[1] < 2048:  # mixed batches: the small vocabularies (the host is slow on 2048)
+            check(*case)
+        if select_k:
+            selective = ((k > 0) & (k < x.shape[1])) | (t <= 0) | (k == 1)
+            check(*(a[selective] for a in case))
+            for i in range(0, len(x), 50):
+                check(*(a[i:i + 1] for a in case))
     assert total >= 10_000
     assert agree == total, f"{agree}/{total} agree; e.g. (V, T, k, p, rp, u) = {bad[:5]}"
+
+
+def test_top_k_selection_reads_only_the_kept_ids(tmp_path_factory):
+    """With ``select_k`` no TopK of the graph takes a constant k (the vocabulary): its k comes
+    from the top_k input; the draw order is as long as top-k keeps, ties at the k-th included."""
+    from kztts.export.code_predictor_graph import export_sampler
+
+    path = export_sampler(tmp_path_factory.mktemp("sampler_k") / "sampler.onnx", select_k=True)
+    m = onnx.load(str(path))
+    consts = {o for n in m.graph.node if n.op_type == "Constant" for o in n.output}
+    topk = [n for n in m.graph.node if n.op_type == "TopK"]
+    assert len(topk) == 2 and not any(n.input[1] in consts for n in topk)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.array([[5, 4, 4, 4, 1, 0, 3, 2]], np.float32)
+    f = np.ones(1, np.float32)
+    for k, u, want in [(2, 0.99, 3), (2, 0.0, 0), (1, 0.5, 0), (5, 0.999, 6)]:  # k=2 keeps 0-3 (ties), k=5 0-3 and 6
+        tok, = sess.run(None, dict(logits=x, seen=np.zeros_like(x, bool), temperature=f * 1e3, top_k=np.array([k]),
+                                   top_p=f, repetition_penalty=f, uniform=f * u))
+        assert int(tok[0]) == want == _host(x[0], np.zeros(8, bool), 1e3, k, 1.0, 1.0, u), (k, u)
 
 
 def test_sample_rows_torch_function_matches_host():

@@ -76,3 +76,23 @@ def accuracy(codes, tf_talker, tf_cp, wav_on_base, wav_own, base: dict) -> dict:
         n = min(len(wav_own), len(base["wav"]))
         out["e2e_snr_db"] = snr_db(wav_own[:n], base["wav"][:n])
     return out
+
+
+# A timed row is flagged busy when the 1-minute load average before or after it exceeds the
+# cores the row itself uses plus this margin: something else competed for the cores (a busy
+# 2-core machine made a 2-thread reference 9x slower than its 1-thread run once, issue 20).
+# The load average lags by about a minute, so a row right after a heavier one can be flagged
+# for that one's load: compare a flagged row again in a quiet run.
+BUSY_MARGIN = 0.5
+
+
+def is_busy(loads: list[float | None], threads: int, margin: float = BUSY_MARGIN) -> bool:
+    """Whether any of the load averages taken around a row exceeds ``threads + margin``."""
+    return any(x is not None and x > threads + margin for x in loads)
+
+
+def as_list(x) -> list:
+    """A row field that is one value (one round) or a list (merged rounds) as a list; None -> []."""
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]

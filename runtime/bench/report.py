@@ -8,6 +8,7 @@ import math
 import platform
 from pathlib import Path
 
+from kztts.bench.metrics import as_list
 from kztts.graphs import PRECISION_COLOURS
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ COLUMNS = [
     ("speedup", "speed-up vs ref", "{:.2f}x"),
     ("fps", "frames/s (all streams)", "{:.1f}"),  # batch rows (kztts.bench.batch_rows)
     ("fps_talker_cp", "T+CP frames/s", "{:.1f}"),
+    ("talker_limit_pct", "talker % of limit", "{:.0f}%"),
+    ("cp_limit_pct", "CP % of limit", "{:.0f}%"),
+    ("load", "load avg before/after", "{}"),
     ("talker_cos_min", "talker cos min", "{:.6f}"),
     ("cp_cos_min", "CP cos min", "{:.6f}"),
     ("talker_argmax_agreement", "talker argmax TF", "{:.3f}"),
@@ -82,7 +86,19 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return "sim"
     if key == "cp_argmax_agreement" and row.get(key) is None and row.get("cp_codes_match") is not None:
         return f"{row['cp_codes_match']:.3f} codes"
+    if key == "load":
+        return load_cell(row)
     return _fmt(row.get(key), fmt)
+
+
+def load_cell(row: dict) -> str:
+    """The 1-minute load averages around the row's rounds, "BUSY" when ``kztts.bench.metrics.is_busy``."""
+    before, after = as_list(row.get("load_avg_before")), as_list(row.get("load_avg_after"))
+    if not before and not after:
+        return "-"
+    cell = " ".join(f"{b if b is not None else '-'}/{a if a is not None else '-'}"
+                    for b, a in zip(before, after + [None] * (len(before) - len(after))))
+    return cell + (" BUSY" if row.get("busy") else "")
 
 
 def markdown(rows: list[dict], header: str) -> str:
@@ -141,11 +157,12 @@ def pareto(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_all(rows: list[dict], meta: dict, out_dir: Path) -> dict[str, Path]:
+def write_all(rows: list[dict], meta: dict, out_dir: Path, extra: str = "") -> dict[str, Path]:
+    """The four outputs; ``extra``: markdown appended after the table (the end-to-end table)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "md": out_dir / "results.md",
              "png": out_dir / "pareto.png"}
-    table = markdown(rows, meta["header"])
+    table = markdown(rows, meta["header"]) + extra
     paths["json"].write_text(json.dumps({**meta, "rows": rows, "table": table}, indent=1, default=str) + "\n")
     write_csv(rows, paths["csv"])
     paths["md"].write_text(table)

@@ -1,0 +1,45 @@
+"""The kztts side of the bench's end-to-end row: ``python -m kztts.bench.e2e_worker SPEC.json``.
+
+What ``kztts synth`` does for one text (``TTS.synthesize`` with the default plan and decode,
+then ``write_wav``), greedy with EOS blocked for ``spec["frames"]`` frames, timed from the
+call to the written file; served run by run (``kztts.bench.e2e.serve``). numpy + ONNX Runtime.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    from kztts.audio import write_wav
+    from kztts.bench.e2e import serve
+    from kztts.bundle import Bundle
+    from kztts.sessions import SessionConfig
+    from kztts.tts import TTS, Voice
+
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    tts = TTS(Bundle.open(spec["bundle"], SessionConfig(threads=int(spec["threads"]))))
+    voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
+    n = int(spec["frames"])
+    settings = replace(tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
+    wav = Path(spec["wav"].format(side="kztts"))
+
+    def run_once() -> dict:
+        t = time.perf_counter()
+        result = tts.synthesize(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings)
+        write_wav(wav, result.samples, result.sample_rate)
+        return {"s": time.perf_counter() - t, "frames": int(result.frames)}
+
+    graphs = tts.plan.graphs(("talker_decode", "code_predictor", "decoder"))
+    return serve(run_once, {"graphs": graphs})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
