@@ -123,9 +123,10 @@ class StaticTalker(ChunkedTalker):
         S = _shape(prefill_session, "inputs_embeds")[1]
         first_key = STATIC_KV.past_name("key", 0)
         P = _shape(prefill_session, first_key)[3]
-        Pd = _shape(decode_session, first_key)[3]
+        Pd = P + S - 1 if decode_session is None else _shape(decode_session, first_key)[3]  # None: prefill-only
         self.chunk, self.graph_context = S, P + S
-        if _shape(decode_session, "inputs_embeds")[1] != 1 or Pd + 1 != self.graph_context:
+        if decode_session is not None and _shape(decode_session, "inputs_embeds")[1] != 1 \
+                or Pd + 1 != self.graph_context:
             raise BundleError(f"static talker graphs disagree: prefill context {P + S}, decode context {Pd + 1} "
                               "(decode must take one position); re-export the bundle")
         if _shape(prefill_session, first_key) != [kv, 1, hd, P]:

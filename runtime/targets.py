@@ -41,6 +41,9 @@ from kztts import graphs as G
 
 SCHEMA = "kztts-qnn-target/1"
 RUNS_ON = ("device", "simulator")
+# optional "talker_graphs": the static Talker as prompt + token graphs, or the prompt graph alone
+# (decode steps run as padded prefill chunks: one weight copy where weight sharing is unavailable)
+TALKER_GRAPHS = ("prefill+decode", "prefill-only")
 
 
 class TargetError(KzttsError):
@@ -153,6 +156,7 @@ class Target:
     attention_mask_value: float
     placement: dict[str, str]
     layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
+    talker_graphs: str = TALKER_GRAPHS[0]  # see TALKER_GRAPHS
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def qnn_options(self, backend_path: str) -> dict[str, str]:
@@ -182,7 +186,7 @@ class Target:
                 "shapes": {"prefill_chunk": self.shapes.prefill_chunk, "context": self.shapes.context,
                            "decoder_chunk": self.shapes.decoder_chunk},
                 "attention_mask_value": self.attention_mask_value, "placement": dict(self.placement),
-                "provider_options": dict(self.provider_options)}
+                "provider_options": dict(self.provider_options), "talker_graphs": self.talker_graphs}
 
 
 def configs_dir() -> Path:
@@ -283,7 +287,10 @@ def parse_target(data: Any, path: Path) -> Target:
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
         "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
-        {"layer_placement": dict})
+        {"layer_placement": dict, "talker_graphs": str})
+    talker_graphs = top.get("talker_graphs", TALKER_GRAPHS[0])
+    if talker_graphs not in TALKER_GRAPHS:
+        raise _err(path, "talker_graphs", f"{talker_graphs!r} is not one of {', '.join(TALKER_GRAPHS)}")
     if top["schema"] != SCHEMA:
         raise _err(path, "schema", f"{top['schema']!r} is not supported (expected {SCHEMA!r})")
     if not top["name"] or not all(c.isalnum() or c in "-_." for c in top["name"]):
@@ -351,4 +358,4 @@ def parse_target(data: Any, path: Path) -> Target:
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
-                  placement=dict(place), layer_placement=layers, raw=data)
+                  placement=dict(place), layer_placement=layers, talker_graphs=talker_graphs, raw=data)
