@@ -11,9 +11,10 @@ position ``p`` is then a prefill chunk of ``S`` positions, padded:
   ``C - S`` and recomputes positions ``C-S..p-1`` from their inputs (kept here) before ``p``, so
   the whole context ``C - 1`` stays usable.
 
-Cost on a device (``kztts.export.htp_export.padded_decode_cost``): ``S`` times the linear-layer
-and attention MACs of an AR-1 step, the same weight bytes read; on a bandwidth-bound NPU the
-weights dominate a step, so the extra MACs are the price of the halved memory.
+Cost per decode step on a device (qnn_configs/README.md, "Weight sharing", counted from the 0.6B
+shapes): ``S`` times the linear-layer and attention MACs of an AR-1 step, the same weight bytes
+read. The extra MACs are the price of one weight copy without QNN weight sharing; device targets
+keep ``prefill+decode`` in one shared context.
 """
 from __future__ import annotations
 
