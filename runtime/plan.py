@@ -299,6 +299,8 @@ class _Resolver:
         if self.htp_refusal:
             return self.step(role, cpu_graphs, "cpu", f"fallback: {self.htp_refusal}")
         if self.has(graph):
+            if role == "talker_decode" and graph == "talker_prefill":
+                where += "; decode steps as padded prefill chunks (talker_graphs prefill-only)"
             return self.step(role, [graph], "htp", where)
         how = G.GRAPHS[graph].exported_by if graph in G.GRAPHS else G.SEGMENT_EXPORT
         if self.strict:
