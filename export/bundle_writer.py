@@ -154,7 +154,7 @@ def random_weight_provenance(model_dir: Path) -> dict | None:
 # for benchmarks or validate a bundle: they do not shape the base export, so editing them must not
 # re-export every cached bundle (the variants carry their own code key).
 _DERIVED_ONLY = frozenset({"variants.py", "bench_reference.py", "validate.py", "validate_htp.py",
-                           "validate_placement.py"})
+                           "validate_placement.py", "validate_decoder.py"})
 
 
 def exporter_code_key() -> str:

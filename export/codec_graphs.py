@@ -71,7 +71,7 @@ class DecoderOptions:
 PLAIN = DecoderOptions()
 # What export_decoder writes for the CPU: benchmarks/bench_decoder.py on the 0.6B decoder, 1 thread,
 # chunk 4: 7-10% less CPU per frame than PLAIN at >= 109 dB SNR against it. The HTP export
-# (htp_export.export_decoder_chunk) keeps DecoderStep's default, PLAIN.
+# (htp_export.export_decoder_chunk) uses fold_snake only: the HTP computes Pow inexactly in fp16.
 DEFAULT_OPTIONS = DecoderOptions(conv2d=True, tconv_as_conv=True, fold_snake=True)
 
 

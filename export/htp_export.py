@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from kztts.errors import KzttsError
+from kztts.export.codec_graphs import DecoderOptions
 from kztts.export.onnx_export import export_onnx
 from kztts.export.static_layers import SafeRMSNorm, StaticLayer, check_static
 from kztts.export.qwen3_stack import Qwen3Stack
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 PREFILL = "talker_prefill"
 DECODE = "talker_decode"
 DECODER_CHUNK = "decoder_chunk"
+HTP_DECODER_OPTIONS = DecoderOptions(fold_snake=True)  # no Pow on the HTP: see export_decoder_chunk
 
 
 class TalkerStaticGraph(nn.Module):
@@ -217,6 +219,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
                 common["kv_scales"] = read_kv_scales(work_dir / files[name], talker_shape(model.talker).num_layers)
             specs[name] = _spec(work_dir, name, files[name], precision, export_id, target, seq=seq, kv_dtype=kv,
                                 **common)
+        if target.talker_graphs == "prefill-only" and PREFILL in specs:
+            _drop_graph(work_dir, specs, DECODE, {float_files[DECODE][0], files[DECODE]})
 
     if segments:
         from kztts.export.segment_graphs import export_talker_segments
@@ -240,6 +244,15 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     return specs
 
 
+def _drop_graph(work_dir: Path, specs: dict[str, GraphSpec], name: str, files: set[str]) -> None:
+    """Remove graph ``name`` from the export (``talker_graphs: prefill-only``: the decode graph was
+    only needed to calibrate w8a16; ``kztts.talker_prefill_only`` serves decode steps)."""
+    specs.pop(name, None)
+    for rel in files:
+        for f in (work_dir / rel, work_dir / f"{rel}.data"):
+            f.unlink(missing_ok=True)
+
+
 def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec | None:
     """The Code Predictor frame graph (15 unrolled steps, in-graph sampling) for the HTP.
 
@@ -261,13 +274,16 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
     """The streaming speech decoder (``kztts.export.codec_graphs.DecoderStep``) over a fixed
     chunk of ``shapes.decoder_chunk`` frames: graph ``decoder_chunk`` with the I/O of
     ``decoder_stream`` (codes [1, F, 16], position [1], state_* -> wav [1, F*1920], new_state_*)
-    at static shapes. Measured on the simulator (tiny model, 10 chunks of 4 frames, fp16):
-    SNR 22.5 dB vs the CPU EP, too coarse for audio, so the shipped targets keep the
-    decoder on the CPU."""
+    at static shapes, with SnakeBeta folded (``HTP_DECODER_OPTIONS``).
+
+    Why folded: SnakeBeta's ``pow(sin(x * alpha), 2)`` is inexact on the HTP in fp16 (measured on the
+    simulator, tiny model, one 5-frame run, per-tensor SNR vs the CPU EP: 55 dB at the third ``Sin``,
+    25.7 dB at the ``Add`` after its ``Pow``); written ``s * s`` it stays exact to fp16. Whole
+    decoder on 10 frames: 21 dB plain, 46.9 dB folded (``tests/test_htp_decoder.py``)."""
     from kztts.export.codec_graphs import DecoderStep, _decoder_of, _example_codes
 
     st = _decoder_of(model)
-    step = DecoderStep(st.decoder).eval()
+    step = DecoderStep(st.decoder, HTP_DECODER_OPTIONS).eval()
     frames = target.shapes.decoder_chunk
     names = [n for n, _ in step.state_specs]
     ins = ["codes", "position"] + [f"state_{n}" for n in names]
@@ -282,7 +298,7 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
 
 
 def make_context_binaries(work_dir: Path, files: dict[str, str], target: Target,
-                          on_session=None) -> dict[str, dict]:
+                          on_session=None, share: bool | None = None) -> dict[str, dict]:
     """EPContext models ``graphs/<graph>_ctx.onnx`` (+ ``_qnn.bin``) prepared for ``target``.
 
     Device targets: the graphs are compiled in one process with ``ep.share_ep_contexts``
@@ -292,14 +308,18 @@ def make_context_binaries(work_dir: Path, files: dict[str, str], target: Target,
     context per graph: the x86 HTP emulator segfaults reloading a multi-graph,
     weight-shared context (measured with onnxruntime-qnn 2.7.0), so it could not be
     checked here. ``on_session(name, session)`` sees each generating session (tests
-    compare its outputs with the reloaded model's).
+    compare its outputs with the reloaded model's). ``share`` overrides the choice (tests make a
+    weight-shared context for the simulator to show how it fails: SIGSEGV in ``libQnnHtp.so``,
+    ``QnnBackendManager::CreateContextHandleFromBinary``, right after ``Graph count from QNN
+    context: 2``). Targets with ``talker_graphs: prefill-only`` have one Talker graph: one weight
+    copy without sharing.
     """
     from kztts.qnn import create_session, qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
     names = list(files)
-    shared = len(names) > 1 and target.runs_on == "device"
+    shared = len(names) > 1 and (target.runs_on == "device" if share is None else share)
     out: dict[str, dict] = {}
     for i, name in enumerate(names):
         src = work_dir / files[name]

@@ -115,13 +115,20 @@ def _talker_worker(spec: dict) -> dict:
     plan = resolve_plan(bundle, target=target, placement="all-htp", strict=strict)
     if spec["cpu_static"]:  # the static graphs on the CPU EP (fp32): checks the graphs, not the HTP
         mask_value = bundle.manifest.graphs[PREFILL].extra.get("mask_value", -50.0)
-        talker = StaticTalker(plan.session(PREFILL, "cpu"), plan.session(DECODE, "cpu"), bundle.manifest.talker,
-                              mask_value)
+        if plan.steps["talker_decode"].graphs == (DECODE,):
+            talker = StaticTalker(plan.session(PREFILL, "cpu"), plan.session(DECODE, "cpu"), bundle.manifest.talker,
+                                  mask_value)
+        else:  # talker_graphs prefill-only
+            from kztts.talker_prefill_only import PrefillOnlyTalker
+
+            talker = PrefillOnlyTalker(plan.session(PREFILL, "cpu"), bundle.manifest.talker, mask_value)
     else:
         talker = plan.open_talker()
     arrays = replay_sequences(talker, spec_sequences(spec))
     info = {}
     for name, sess in ((PREFILL, talker.prefill_session), (DECODE, talker.decode_session)):
+        if sess is None:  # prefill-only: the prefill graph serves the decode steps
+            continue
         pl = Placement.of(sess)
         info[name] = {"qnn_nodes": pl.qnn_nodes, "cpu_nodes": pl.cpu_nodes, "cpu_op_types": pl.cpu_op_types,
                       "precision": session_precision(bundle.manifest.graphs[name].precision, sess)}

@@ -46,15 +46,22 @@ def cmd_validate_cpu(args: argparse.Namespace) -> int:
 def cmd_validate_target(args: argparse.Namespace) -> int:
     from kztts.export.validate_htp import validate_target
 
+    from kztts.export.validate_decoder import htp_decoder_snr
+
     report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
                              args.frames, strict=not args.lenient)
-    bounds = BOUNDS["htp-fp16"] if report["precision"] == "fp16" else {}
+    report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
+                                  strict=not args.lenient))
+    bounds = dict(BOUNDS["htp-fp16"]) if report["precision"] == "fp16" else {}
+    if report["decoder_snr_db"] is not None:
+        bounds.update(BOUNDS["htp-decoder"])
 
     def text() -> None:
         print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
         for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
-                                          "cp_codes_match", "fp16_max_abs_activation"), bounds):
+                                          "cp_codes_match", "fp16_max_abs_activation", "decoder_snr_db"), bounds):
             print(line)
+        print(f"{'decoder':<26}{report['decoder_graph']} on the {report['decoder_device']}")
 
     return _finish(args, report, bounds, text)
 

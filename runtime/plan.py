@@ -130,9 +130,16 @@ class ExecutionPlan:
         from kztts.talker_static import DECODE, PREFILL, StaticTalker
 
         # the handover's HTP side needs the decode graph too: a prompt tail past C - S runs through it
-        static = StaticTalker(self.session(PREFILL, "htp"), self.session(DECODE, "htp"), m.talker,
-                              float(m.graphs[PREFILL].extra.get("mask_value", -50.0)),
-                              kv_scales=m.graphs[PREFILL].extra.get("kv_scales"))
+        mask_value = float(m.graphs[PREFILL].extra.get("mask_value", -50.0))
+        kv_scales = m.graphs[PREFILL].extra.get("kv_scales")
+        only = DECODE not in m.graphs or (self.target is not None and self.target.talker_graphs == "prefill-only")
+        if not only:
+            static = StaticTalker(self.session(PREFILL, "htp"), self.session(DECODE, "htp"), m.talker, mask_value,
+                                  kv_scales=kv_scales)
+        else:  # decode steps (and a prompt tail past C - S) as padded prefill chunks
+            from kztts.talker_prefill_only import PrefillOnlyTalker
+
+            static = PrefillOnlyTalker(self.session(PREFILL, "htp"), m.talker, mask_value, kv_scales=kv_scales)
         if self.runner == "static":
             return static
         from kztts.talker_handover import HandoverTalker
@@ -311,6 +318,8 @@ class _Resolver:
         if self.htp_refusal:
             return self.step(role, cpu_graphs, "cpu", f"fallback: {self.htp_refusal}")
         if self.has(graph):
+            if role == "talker_decode" and graph == "talker_prefill":
+                where += "; decode steps as padded prefill chunks (talker_graphs prefill-only)"
             return self.step(role, [graph], "htp", where)
         how = G.GRAPHS[graph].exported_by if graph in G.GRAPHS else G.SEGMENT_EXPORT
         if self.strict:
@@ -355,9 +364,9 @@ class _Resolver:
                 self._need_target(why)
                 G.require(self.m, "talker_prefill", feature=f"Talker prefill on the HTP ({why})")
                 pre_step = self.step("talker_prefill", ["talker_prefill"], "htp", why)
-                G.require(self.m, "talker_decode", feature=f"the static Talker ({why})")
+                G.require(self.m, self.decode_graph(), feature=f"the static Talker ({why})")
                 if dec == "htp":
-                    return "static", pre_step, self.step("talker_decode", ["talker_decode"], "htp", why)
+                    return "static", pre_step, self.step("talker_decode", [self.decode_graph()], "htp", why)
                 return "handover", pre_step, self.step("talker_decode", [cpu_graph], "cpu",
                                                        f"{why}: decode on the CPU (KV handed over)")
             if any(d == "htp" for ph in ("prefill", "decode") for d in pl.phase(ph).devices):
@@ -386,7 +395,7 @@ class _Resolver:
         fallback = [cpu_graph]
         p = self.htp_or_fallback("talker_prefill", "talker_prefill", "talker_prefill", fallback)
         if dec == "htp":
-            d = self.htp_or_fallback("talker_decode", "talker_decode", "talker_decode", fallback)
+            d = self.htp_or_fallback("talker_decode", self.decode_graph(), "talker_decode", fallback)
         else:
             d = self.step("talker_decode", [cpu_graph], "cpu",
                           f"target {self.target.name}: placement.talker_decode=cpu; {cpu_why}")
@@ -395,8 +404,16 @@ class _Resolver:
             return "cpu", p, self.step("talker_decode", [cpu_graph], "cpu", p.reason)
         if d.device == "htp":
             return "static", p, d
-        G.require(self.m, "talker_decode", feature="the HTP prefill's prompt tail (handover to CPU decode)")
+        G.require(self.m, self.decode_graph(), feature="the HTP prefill's prompt tail (handover to CPU decode)")
         return "handover", p, d
+
+    def decode_graph(self) -> str:
+        """The static graph of HTP decode steps: ``talker_prefill`` itself (``kztts.talker_prefill_only``)
+        when the target says ``talker_graphs: prefill-only`` or the bundle has no decode graph."""
+        only = self.target is not None and self.target.talker_graphs == "prefill-only"
+        if self.has("talker_prefill") and (only or not self.has("talker_decode")):
+            return "talker_prefill"
+        return "talker_decode"
 
     def _need_target(self, why: str) -> None:
         """HTP work without a target runs on the target the bundle's static graphs were made for."""

@@ -142,16 +142,17 @@ class StaticTalker(ChunkedTalker):
         S = _shape(prefill_session, "inputs_embeds")[1]
         first_key = STATIC_KV.past_name("key", 0)
         P = _shape(prefill_session, first_key)[3]
-        Pd = _shape(decode_session, first_key)[3]
+        Pd = P + S - 1 if decode_session is None else _shape(decode_session, first_key)[3]  # None: prefill-only
         self.chunk, self.graph_context = S, P + S
-        if _shape(decode_session, "inputs_embeds")[1] != 1 or Pd + 1 != self.graph_context:
+        if decode_session is not None and _shape(decode_session, "inputs_embeds")[1] != 1 \
+                or Pd + 1 != self.graph_context:
             raise BundleError(f"static talker graphs disagree: prefill context {P + S}, decode context {Pd + 1} "
                               "(decode must take one position); re-export the bundle")
         if _shape(prefill_session, first_key) != [kv, 1, hd, P]:
             raise BundleError(f"static talker graph {first_key} is {_shape(prefill_session, first_key)}, "
                               f"the manifest config says [{kv}, 1, {hd}, {P}]")
         self.kv_dtype = kv_dtype(prefill_session, first_key)
-        if kv_dtype(decode_session, first_key) != self.kv_dtype:
+        if decode_session is not None and kv_dtype(decode_session, first_key) != self.kv_dtype:
             raise BundleError(f"static talker graphs disagree on the KV type: prefill {self.kv_dtype}, decode "
                               f"{kv_dtype(decode_session, first_key)}; re-export the bundle")
         C = self.graph_context
@@ -160,7 +161,7 @@ class StaticTalker(ChunkedTalker):
         # uint8 slots start at the zero point (value 0.0), as the float caches start at 0.0
         fill = KV_UINT8_ZERO_POINT if self.kv_dtype == np.uint8 else 0
         L = self.num_layers
-        buffers, self._shared = kv_buffers(decode_session, [(kv, 1, hd, C - 1)] * L + [(kv, 1, C - 1, hd)] * L,
+        buffers, self._shared = kv_buffers(decode_session or prefill_session, [(kv, 1, hd, C - 1)] * L + [(kv, 1, C - 1, hd)] * L,
                                            self.kv_dtype, fill)
         self.keys, self.values = buffers[:L], buffers[L:]
         self.kv_scales = kv_scales

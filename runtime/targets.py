@@ -42,6 +42,9 @@ from kztts import graphs as G
 
 SCHEMA = "kztts-qnn-target/1"
 RUNS_ON = ("device", "simulator")
+# optional "talker_graphs": the static Talker as prompt + token graphs, or the prompt graph alone
+# (decode steps run as padded prefill chunks: one weight copy where weight sharing is unavailable)
+TALKER_GRAPHS = ("prefill+decode", "prefill-only")
 
 
 class TargetError(KzttsError):
@@ -155,6 +158,7 @@ class Target:
     placement: dict[str, str]
     layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
     kv_dtype: str | None = None  # static Talker KV I/O (kztts.graphs.HTP_KV_DTYPES); None: the precision's default
+    talker_graphs: str = TALKER_GRAPHS[0]  # see TALKER_GRAPHS
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def qnn_options(self, backend_path: str) -> dict[str, str]:
@@ -184,7 +188,7 @@ class Target:
                 "shapes": {"prefill_chunk": self.shapes.prefill_chunk, "context": self.shapes.context,
                            "decoder_chunk": self.shapes.decoder_chunk},
                 "attention_mask_value": self.attention_mask_value, "placement": dict(self.placement),
-                "provider_options": dict(self.provider_options)}
+                "provider_options": dict(self.provider_options), "talker_graphs": self.talker_graphs}
 
 
 def configs_dir() -> Path:
@@ -285,7 +289,10 @@ def parse_target(data: Any, path: Path) -> Target:
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
         "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
-        {"layer_placement": dict, "kv_dtype": str})
+        {"layer_placement": dict, "kv_dtype": str, "talker_graphs": str})
+    talker_graphs = top.get("talker_graphs", TALKER_GRAPHS[0])
+    if talker_graphs not in TALKER_GRAPHS:
+        raise _err(path, "talker_graphs", f"{talker_graphs!r} is not one of {', '.join(TALKER_GRAPHS)}")
     if top["schema"] != SCHEMA:
         raise _err(path, "schema", f"{top['schema']!r} is not supported (expected {SCHEMA!r})")
     if not top["name"] or not all(c.isalnum() or c in "-_." for c in top["name"]):
@@ -358,4 +365,5 @@ def parse_target(data: Any, path: Path) -> Target:
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
-                  placement=dict(place), layer_placement=layers, kv_dtype=kv or None, raw=data)
+                  placement=dict(place), layer_placement=layers, kv_dtype=kv or None, talker_graphs=talker_graphs,
+                  raw=data)

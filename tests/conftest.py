@@ -62,6 +62,7 @@ def small_target(tmp_path_factory):
     data = json.loads((configs_dir() / "simulator.json").read_text())
     data["shapes"].update(prefill_chunk=SMALL_CHUNK, context=SMALL_CONTEXT, decoder_chunk=5)  # divides the decoder segments (300, 275)
     data["placement"]["decoder"] = "htp"  # the shipped targets keep it on the CPU (fp16 SNR, see htp_export)
+    data["talker_graphs"] = "prefill+decode"  # simulator.json ships prefill-only; the tests check both graphs
     p = tmp_path_factory.mktemp("targets") / "simulator_small.json"
     p.write_text(json.dumps(data, indent=1))
     return p

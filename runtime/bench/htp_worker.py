@@ -49,6 +49,18 @@ def _placement(tts) -> dict:
     return out
 
 
+def _open_sessions(tts) -> dict:
+    """Open the plan's sessions one by one, each graph once (a prefill-only Talker serves decode with
+    its prefill graph): the process's resident MB after each, which says where the peak RSS goes."""
+    import psutil
+
+    out = {"start": round(psutil.Process().memory_info().rss / 2 ** 20, 1)}
+    for name in tts.plan.graphs(("talker_prefill", "talker_decode", "code_predictor", "decoder")):
+        tts.plan.session(name)
+        out[f"{name} ({tts.plan.device_of(name)})"] = round(psutil.Process().memory_info().rss / 2 ** 20, 1)
+    return out
+
+
 def run(spec: dict) -> dict:
     """Run one HTP row; return its result row (see the module docstring)."""
     from kztts.bundle import Bundle
@@ -66,6 +78,7 @@ def run(spec: dict) -> dict:
     base = dict(np.load(spec["baseline"]))
     g = base["codes"]
 
+    rss_after_open = _open_sessions(tts)
     prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
     tf_talker, _ = teacher_forced(tts, prompt, g)
     settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
@@ -83,11 +96,14 @@ def run(spec: dict) -> dict:
     row = {"kind": "htp-sim", "timed": False, "untimed_reason": UNTIMED, "frames": frames,
            "prefill_positions": int(prompt.embeds.shape[0]), "context": target.shapes.context,
            "prefill_chunk": target.shapes.prefill_chunk, "soc": target.soc.name,
-           "cp_device": cp_device, "decoder_device": decoder_device, "placement": _placement(tts)}
+           "cp_device": cp_device, "decoder_device": decoder_device, "placement": _placement(tts),
+           "talker_graphs": target.talker_graphs, "rss_mb_after_open": rss_after_open}
     row.update(metrics.accuracy(codes, tf_talker, None, None, wav_own, base))
     row["cp_codes_match"] = cp_match
-    # the decoder of the plan (decoder_chunk on the HTP when the target puts it there) on G
+    # the decoder of the plan (decoder_chunk on the HTP when the target puts it there) on G, against the
+    # fp32 CPU decoder's audio of G (the baseline's)
     row["snr_db"] = metrics.snr_db(tts._full_decoder().decode(g), base["wav"])
+    row["decoder_snr_db"] = row["snr_db"] if decoder_device == "htp" else None
     row["peak_rss_mb"] = metrics.peak_rss_mb()
     return row
 
