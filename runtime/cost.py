@@ -5,10 +5,13 @@ For each graph a synthesis calls at the target (the static HTP graph when the ta
 HTP and the bundle has it for the target's shapes, else the CPU graph at the target's context) it
 counts, per call:
 
-- weights: every initializer and ``Constant`` tensor (``kztts.onnx_wire``), as stored in the file and
-  as held on the graph's device (float32 constants of a graph on the HTP count at 2 bytes for fp16,
-  1 byte for w8a16); "after sharing" counts a tensor held by an earlier graph on the same device
-  once (the Talker's prefill and decode graphs carry the same weights);
+- weights held: every initializer and ``Constant`` tensor (``kztts.onnx_wire``), as stored in the file
+  and as held on the graph's device (float32 constants of a graph on the HTP count at 2 bytes for
+  fp16, 1 byte for w8a16); "after sharing" counts a tensor held by an earlier graph on the same
+  device once (the Talker's prefill and decode graphs carry the same weights);
+- weights read per call: each use of a constant by a node (through ``Identity`` aliases) reads it
+  once, so ``cp_frame``'s 15 unrolled steps read the Code Predictor's layers 15 times (they do not fit
+  in on-chip memory); a table only gathered from (``Gather`` data) reads just the rows gathered;
 - KV / carried state read (``past_*``, ``state_*`` inputs) and written (``new_*``, ``present_*``
   outputs), all graph inputs and outputs (``io_bytes``; on the HTP these cross host <-> NPU), and the
   intermediate tensors the graph writes (``activation_bytes``, as ONNX Runtime's CPU EP sizes them);
@@ -16,8 +19,8 @@ counts, per call:
   sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
 
 A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call. Its paper
-estimate is, per graph, max(bytes / bandwidth, MACs / throughput) with bytes = weights on the device
-+ graph inputs and outputs, summed over the frame. Bandwidth is the target's ``cost.effective_gbps``
+estimate is, per graph, max(bytes / bandwidth, MACs / throughput) with bytes = weights read on the
+device + graph inputs and outputs, summed over the frame. Bandwidth is the target's ``cost.effective_gbps``
 (a published LLM token rate x its weight bytes) or else ``cost.dram_gbps`` (the memory's peak);
 throughput is ``cost.htp_int8_tops`` for HTP graphs (no fp16 figure is published: the compute term
 is then a lower bound) and none for CPU graphs (their term is bytes only). It is an estimate from
@@ -25,6 +28,7 @@ published figures, not a measurement; a simulator target gets none (its host tim
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from kztts.errors import BundleError
-from kztts.onnx_wire import read_constants
+from kztts.onnx_wire import read_graph
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,8 @@ class GraphCost:
     weight_bytes: int = 0  # constants as stored in the graph file
     device_weight_bytes: int = 0  # as held on the device
     shared_weight_bytes: int = 0  # of those, held already by an earlier graph on the same device
+    gather_table_bytes: int = 0  # of those, tables only gathered from (a call reads rows of them)
+    weight_read_bytes: int = 0  # weights a call reads on the device: per use, gathered rows only
     kv_read_bytes: int = 0
     kv_write_bytes: int = 0
     io_bytes: int = 0  # all inputs + outputs
@@ -74,8 +80,8 @@ class GraphCost:
 
     @property
     def bytes_per_call(self) -> int:
-        """Weights on the device + every graph input and output: what one call reads and writes in DRAM."""
-        return self.device_weight_bytes + self.io_bytes
+        """Weights read on the device + every graph input and output: what one call moves in DRAM."""
+        return self.weight_read_bytes + self.io_bytes
 
     @property
     def fp16_kv_bytes_per_call(self) -> int:
@@ -176,11 +182,20 @@ def node_macs(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> int
     return _numel(inputs[0]) * _numel(inputs[1][1:])  # ConvTranspose: W [C_in, C_out / group, k...]
 
 
-def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int]:
+def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int, dict]:
     """Run ``path`` once on the CPU EP on zero inputs, unoptimised (the file's own nodes), with ONNX
     Runtime's profiler: MACs per op type, input and output arrays' bytes by name, and the bytes of
-    the intermediate tensors the nodes wrote."""
+    the intermediate tensors the nodes wrote, and each Gather node's output bytes. Kept per file version and shapes (several targets of
+    one bundle share most of their graphs' shapes)."""
+    st = Path(path).stat()
+    return _profile(str(path), st.st_size, st.st_mtime_ns, tuple(sorted(dims.items())), threads)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> tuple[dict, dict, dict, int, dict]:
     import onnxruntime as ort
+
+    dims = dict(dims)
 
     with tempfile.TemporaryDirectory(prefix="kztts-cost-") as tmp:
         so = ort.SessionOptions()
@@ -190,13 +205,14 @@ def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict,
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
-        sess = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
-        feeds = _feeds(sess, dims, path)
+        sess = ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"])
+        feeds = _feeds(sess, dims, Path(path))
         names = [o.name for o in sess.get_outputs()]
         outs = sess.run(names, feeds)
         with open(sess.end_profiling()) as fh:
             events = json.load(fh)
     macs: dict[str, int] = {}
+    gathered: dict[str, int] = {}
     written = 0
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
@@ -209,21 +225,58 @@ def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict,
         if n:
             macs[op] = macs.get(op, 0) + n
         written += int(a.get("output_size", 0) or 0)
+        if op == "Gather":
+            gathered[e["name"][:-len("_kernel_time")]] = int(a.get("output_size", 0) or 0)
     ins = {k: (v.nbytes, str(v.dtype)) for k, v in feeds.items()}
     outputs = {k: (v.nbytes, str(v.dtype)) for k, v in zip(names, outs)}
-    return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values()))
+    return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
+
+
+def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, int]:
+    """(bytes of weights one call reads, bytes of the tables it only gathers rows from), on the device.
+    Every use of a constant by a main-graph node reads it (``Identity`` outputs alias their input);
+    a ``Gather`` from a constant reads the rows it outputs (``gathered``: output bytes by node name)."""
+    consts = {t.name: t for t in graph.tensors}
+    alias = {n.outputs[0]: n.inputs[0] for n in graph.nodes if n.op == "Identity" and n.inputs and n.outputs}
+
+    def const(x: str):
+        seen = 0
+        while x in alias and seen < len(alias):
+            x, seen = alias[x], seen + 1
+        return consts.get(x)
+
+    read, tables = 0, {}
+    for n in graph.nodes:
+        if n.op == "Identity" or n.subgraph:
+            continue
+        for k, x in enumerate(n.inputs):
+            c = const(x) if x else None
+            if c is None:
+                continue
+            if n.op == "Gather" and k == 0:
+                tables[c.name] = device_bytes(c)
+                read += gathered.get(n.name, 0) * device_bytes(c) // max(1, c.nbytes)
+            else:
+                read += device_bytes(c)
+    return read, sum(tables.values())
 
 
 def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
                note: str = "", threads: int = 0) -> tuple[GraphCost, list]:
     """The counts of one graph (and its constant tensors, for the sharing pass)."""
     path = Path(bundle_path) / spec.file
-    tensors, _ = read_constants(path)
-    macs, ins, outs, written = profile_graph(path, dims, threads)
+    graph = read_graph(path)
+    tensors = graph.tensors
+    macs, ins, outs, written, gathered = profile_graph(path, dims, threads)
     float_bytes = _DEVICE_FLOAT_BYTES.get(precision, 4) if device == "htp" else 4
+
+    def device_bytes(t) -> int:
+        return t.elements * float_bytes if t.dtype == "float32" else t.nbytes
+
     c = GraphCost(role, spec.name, device, precision, calls, dict(dims), note=note)
     c.weight_bytes = sum(t.nbytes for t in tensors)
-    c.device_weight_bytes = sum(t.elements * float_bytes if t.dtype == "float32" else t.nbytes for t in tensors)
+    c.device_weight_bytes = sum(device_bytes(t) for t in tensors)
+    c.weight_read_bytes, c.gather_table_bytes = weight_reads(graph, device_bytes, gathered)
     c.kv_read_bytes = sum(b for k, (b, _) in ins.items() if k.startswith(KV_INPUTS))
     c.kv_write_bytes = sum(b for k, (b, _) in outs.items() if k.startswith(KV_OUTPUTS))
     c.kv_dtype = next((t for k, (_, t) in ins.items() if k.startswith(KV_INPUTS)), "")
@@ -231,8 +284,8 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     c.host_npu_bytes = c.io_bytes if device == "htp" else 0
     c.activation_bytes = written
     c.macs = sum(macs.values())
-    c.macs_by_op = macs
-    return c, [(t.digest, t.elements * float_bytes if t.dtype == "float32" else t.nbytes) for t in tensors]
+    c.macs_by_op = dict(macs)
+    return c, [(t.digest, device_bytes(t)) for t in tensors]
 
 
 # ------------------------------------------------------------------ the frame
@@ -288,7 +341,8 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
                ms_per_frame=total, ms_per_frame_at_dram_peak=total_peak if cost.get("dram_gbps") else None,
                ms_per_frame_fp16_kv=total_fp16, frame_period_ms=period, realtime_factor=period / total,
                parts=parts,
-               assumptions=["bytes per call = weights on the device + all graph inputs and outputs; "
+               assumptions=["bytes per call = weights read on the device (each use; gathered rows only) + "
+                            "all graph inputs and outputs; "
                             "intermediates assumed on chip",
                             "HTP compute term uses the published INT8 TOPS (1 MAC = 2 ops); fp16 is not "
                             "published and is slower, so that term is a lower bound",
@@ -342,11 +396,12 @@ def format_cost(report: dict) -> str:
     lines = [f"cost per call at {report['target']} (context {report['shapes']['context']}, prefill chunk "
              f"{report['shapes']['prefill_chunk']}, decoder chunk {report['shapes']['decoder_chunk']}); MB = 1e6 "
              f"bytes; MACs of {', '.join(report['counted_ops'])}",
-             f"{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'KV read':>10}"
-             f"{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
+             f"{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'read/call':>11}"
+             f"{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
     for r in report["graphs"]:
         lines.append(f"{r['graph']:<16}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
                      f"{_mb(r['device_weight_bytes']):>12}{_mb(r['unique_weight_bytes']):>10}"
+                     f"{_mb(r['weight_read_bytes']):>11}"
                      f"{_mb(r['kv_read_bytes']):>10}{_mb(r['kv_write_bytes']):>10}{_mb(r['host_npu_bytes']):>12}"
                      f"{_mb(r['activation_bytes']):>11}{r['macs'] / 1e9:>10.3f}"
                      + (f"  ({r['note']})" if r["note"] else ""))

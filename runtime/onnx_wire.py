@@ -4,7 +4,8 @@ The ``onnx`` package is an export extra, not a runtime dependency, and ONNX Runt
 expose a model's initializers; this reader walks the file's protobuf fields (memory-mapped, the
 tensor payloads are skipped, not copied) and lists every initializer and every ``Constant``
 node's tensor, in the main graph and in subgraphs (``If`` branches), with its type, shape, byte
-count and a digest of its data (so that two graphs holding the same weights can be recognised).
+count and a digest of its data (so that two graphs holding the same weights can be recognised),
+and every node's name, op type, inputs and outputs (so that a weight's uses can be counted).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ DTYPES: dict[int, tuple[str, int]] = {
 # AttributeProto.t/g/tensors/graphs, TensorProto.dims/data_type/name/raw_data/external_data/data_location)
 _MODEL_GRAPH = 7
 _GRAPH_NODE, _GRAPH_INIT = 1, 5
-_NODE_OP, _NODE_ATTR = 4, 5
+_NODE_IN, _NODE_OUT, _NODE_NAME, _NODE_OP, _NODE_ATTR = 1, 2, 3, 4, 5
 _ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS = 5, 6, 10, 11
 _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
 _T_TYPED_DATA = (4, 5, 6, 7, 10, 11)  # float_data, int32_data, string_data, int64_data, double_data, uint64_data
@@ -49,6 +50,23 @@ class ConstTensor:
         for d in self.shape:
             n *= d
         return n
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    subgraph: bool  # inside an If/Loop body (runs when its branch does)
+
+
+@dataclass(frozen=True)
+class OnnxGraph:
+    """What ``read_graph`` finds in a file: its constants and its nodes (subgraphs included)."""
+
+    tensors: list[ConstTensor]
+    nodes: list[Node]
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -95,7 +113,8 @@ class _Reader:
     def __init__(self, path: Path, buf) -> None:
         self.path, self.buf = path, buf
         self.tensors: list[ConstTensor] = []
-        self.ops: dict[str, int] = {}
+        self.nodes: list[Node] = []
+        self.depth = 0
 
     def text(self, span: tuple[int, int]) -> str:
         return bytes(self.buf[span[0]:span[1]]).decode("utf-8", "replace")
@@ -108,21 +127,31 @@ class _Reader:
                 self.node(v)
 
     def node(self, span: tuple[int, int]) -> None:
-        op, attrs = "", []
+        op, name, attrs, ins, outs = "", "", [], [], []
         for field, wire, v in _fields(self.buf, *span):
-            if field == _NODE_OP and wire == 2:
+            if wire != 2:
+                continue
+            if field == _NODE_OP:
                 op = self.text(v)
-            elif field == _NODE_ATTR and wire == 2:
+            elif field == _NODE_NAME:
+                name = self.text(v)
+            elif field == _NODE_IN:
+                ins.append(self.text(v))
+            elif field == _NODE_OUT:
+                outs.append(self.text(v))
+            elif field == _NODE_ATTR:
                 attrs.append(v)
-        self.ops[op] = self.ops.get(op, 0) + 1
+        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0))
         for a in attrs:
             for field, wire, v in _fields(self.buf, *a):
                 if field in (_ATTR_T, _ATTR_TENSORS) and wire == 2 and op == "Constant":
-                    self.tensor(v, "Constant")
+                    self.tensor(v, outs[0] if outs else "")  # named by the value it defines
                 elif field in (_ATTR_G, _ATTR_GRAPHS) and wire == 2:
+                    self.depth += 1
                     self.graph(v)
+                    self.depth -= 1
 
-    def tensor(self, span: tuple[int, int], prefix: str) -> None:
+    def tensor(self, span: tuple[int, int], output: str) -> None:
         dims: list[int] = []
         dtype, name, data, external, location = 0, "", None, {}, 0
         typed: list[tuple[int, int]] = []
@@ -157,7 +186,7 @@ class _Reader:
         else:
             for s in typed:
                 h.update(self.buf[s[0]:s[1]])
-        self.tensors.append(ConstTensor(name or prefix, kind, tuple(dims), (elements * bits + 7) // 8, h.hexdigest()))
+        self.tensors.append(ConstTensor(output or name, kind, tuple(dims), (elements * bits + 7) // 8, h.hexdigest()))
 
     def _hash_external(self, h, external: dict[str, str], name: str) -> None:
         f = self.path.parent / external.get("location", "")
@@ -171,9 +200,9 @@ class _Reader:
                               "re-export the bundle") from exc
 
 
-def read_constants(path: str | Path) -> tuple[list[ConstTensor], dict[str, int]]:
-    """Every constant tensor of the ONNX file ``path`` (initializers and ``Constant`` values, subgraphs
-    included) and the count of nodes per op type."""
+def read_graph(path: str | Path) -> OnnxGraph:
+    """Every constant tensor of the ONNX file ``path`` (initializers and ``Constant`` values, the latter
+    named by their output; subgraphs included) and every node."""
     path = Path(path)
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -185,6 +214,6 @@ def read_constants(path: str | Path) -> tuple[list[ConstTensor], dict[str, int]]
                     found = True
             if not found:
                 raise BundleError(f"{path}: no graph in this ONNX file; re-export the bundle")
-            return r.tensors, r.ops
+            return OnnxGraph(r.tensors, r.nodes)
     except (ValueError, IndexError) as exc:
         raise BundleError(f"{path}: not a readable ONNX file ({exc}); re-export the bundle") from exc

@@ -48,6 +48,40 @@ def constants(graph) -> list[np.ndarray]:
     return out
 
 
+def weight_uses(graph) -> tuple[int, int, int]:
+    """(fp16 bytes of constants read by each use outside Gather tables, number of Gathers from constant
+    tables, fp16 bytes of those tables); Identity outputs stand for their input."""
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                   if n.op_type == "Constant" and n.attribute[0].type == onnx.AttributeProto.TENSOR})
+    alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+
+    def source(x):
+        while x in alias:
+            x = alias[x]
+        return x
+
+    uses, gathers, tables = 0, 0, {}
+    for n in graph.node:
+        if n.op_type == "Identity":
+            continue
+        for k, x in enumerate(n.input):
+            a = consts.get(source(x))
+            if a is None:
+                continue
+            if n.op_type == "Gather" and k == 0:
+                gathers += 1
+                tables[source(x)] = fp16(a)
+            else:
+                uses += fp16(a)
+    return uses, gathers, sum(tables.values())
+
+
+def fp16(a: np.ndarray) -> int:
+    """Bytes of a constant on an fp16 HTP (float32 held in 2 bytes)."""
+    return a.size * 2 if a.dtype == np.float32 else a.nbytes
+
+
 def io_bytes(graph, dims: dict, prefixes: tuple[str, ...] | None = None, which=("input", "output")) -> int:
     total = 0
     for kind in which:
@@ -87,13 +121,20 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
         arrays = constants(model.graph)
         assert r["weight_bytes"] == sum(a.nbytes for a in arrays), name
         # fp16 on the HTP: float32 constants are held in 2 bytes
-        assert r["device_weight_bytes"] == sum(a.size * 2 if a.dtype == np.float32 else a.nbytes for a in arrays)
+        assert r["device_weight_bytes"] == sum(fp16(a) for a in arrays)
+        # a call reads each use of a weight, and from a gathered table only its rows
+        uses, gathers, tables = weight_uses(model.graph)
+        assert r["gather_table_bytes"] == tables, name
+        if gathers:
+            assert 0 < r["weight_read_bytes"] - uses < tables, name
+        else:
+            assert r["weight_read_bytes"] == uses, name
         assert r["dims"] == {} and r["device"] == "htp"
         assert r["io_bytes"] == r["host_npu_bytes"] == io_bytes(model.graph, {})
         assert r["kv_read_bytes"] == io_bytes(model.graph, {}, ("past_", "state_"), ("input",))
         assert r["kv_write_bytes"] == io_bytes(model.graph, {}, ("new_",), ("output",))
         keys = [hashlib.sha256(a.tobytes() + str((a.dtype, a.shape)).encode()).digest() for a in arrays]
-        shared = sum(a.size * 2 if a.dtype == np.float32 else a.nbytes for k, a in zip(keys, arrays) if k in held)
+        shared = sum(fp16(a) for k, a in zip(keys, arrays) if k in held)
         assert r["shared_weight_bytes"] == shared, name
         held.update(keys)
     # the decode graph holds the prefill graph's weights: nearly all of it is shared
@@ -106,6 +147,10 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
         assert rows[name]["macs"] == talker_macs(model, cfg, seq, s.context), name
         assert set(rows[name]["macs_by_op"]) == {"MatMul"}
     assert rows["decoder_chunk"]["macs_by_op"].keys() >= {"Conv", "MatMul"}
+    # the Talker reads each weight once per call; cp_frame reads its layers once per unrolled step
+    assert rows["talker_decode"]["weight_read_bytes"] == rows["talker_decode"]["device_weight_bytes"]
+    cp = rows["cp_frame"]
+    assert cp["weight_read_bytes"] > cp["device_weight_bytes"] - cp["gather_table_bytes"]
     assert rows["decoder_chunk"]["calls_per_frame"] == 1 / s.decoder_chunk
     # the frame: one decode, one cp_frame, the decoder's share; fp16 KV halves the Talker's KV bytes
     frame = [rows["talker_decode"], rows["cp_frame"], rows["decoder_chunk"]]
