@@ -330,7 +330,7 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
         total += terms["ms"]
         total_peak += terms.get("ms_at_dram_peak", 0.0)
         total_fp16 += terms["ms_fp16_kv"]
-        parts.append({"graph": r.graph, "device": r.device, "calls_per_frame": r.calls_per_frame,
+        parts.append({"role": r.role, "graph": r.graph, "device": r.device, "calls_per_frame": r.calls_per_frame,
                       "bytes_ms_per_call": r.bytes_per_call / (bw * 1e9) * 1e3,
                       "compute_ms_per_call": compute, "bound": "compute" if compute and compute >
                       r.bytes_per_call / (bw * 1e9) * 1e3 else "bytes", **terms})
@@ -396,10 +396,10 @@ def format_cost(report: dict) -> str:
     lines = [f"cost per call at {report['target']} (context {report['shapes']['context']}, prefill chunk "
              f"{report['shapes']['prefill_chunk']}, decoder chunk {report['shapes']['decoder_chunk']}); MB = 1e6 "
              f"bytes; MACs of {', '.join(report['counted_ops'])}",
-             f"{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'read/call':>11}"
+             f"{'role':<16}{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'read/call':>11}"
              f"{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
     for r in report["graphs"]:
-        lines.append(f"{r['graph']:<16}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
+        lines.append(f"{r['role']:<16}{r['graph']:<16}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
                      f"{_mb(r['device_weight_bytes']):>12}{_mb(r['unique_weight_bytes']):>10}"
                      f"{_mb(r['weight_read_bytes']):>11}"
                      f"{_mb(r['kv_read_bytes']):>10}{_mb(r['kv_write_bytes']):>10}{_mb(r['host_npu_bytes']):>12}"
@@ -422,6 +422,6 @@ def format_cost(report: dict) -> str:
                  f"{est['frame_period_ms']:.0f} ms of audio: {est['realtime_factor']:.1f}x real time on paper")
     for p in est["parts"]:
         comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
-        lines.append(f"  {p['graph']:<16}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, compute "
+        lines.append(f"  {p['role']:<16}{p['graph']:<16}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, compute "
                      f"{comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/frame")
     return "\n".join(lines)
