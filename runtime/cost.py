@@ -125,8 +125,8 @@ def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str
             return
         for g in cpu:
             if g in graphs:
-                note = "" if device == "cpu" else \
-                    f"the bundle has no {static} for these shapes: counted on {g} at them"
+                note = f"the bundle has no {static} for these shapes: counted on {g} at them" if device == "htp" \
+                    else "at the full context: a CPU step reads only the positions so far" if "past" in dims else ""
                 out.append((role, g, device, dims, calls, note))
                 return
         log.info("%s: the bundle has none of %s", role, ", ".join((static, *cpu)))
