@@ -72,7 +72,7 @@ class GraphCost:
     kv_write_bytes: int = 0
     io_bytes: int = 0  # all inputs + outputs
     host_npu_bytes: int = 0  # io_bytes when on the HTP, else 0
-    activation_bytes: int = 0  # intermediate tensors written (CPU EP sizes, unfused graph)
+    activation_bytes: int = 0  # intermediate tensors written (CPU EP sizes, unfused graph, no Identity copies)
     macs: int = 0
     macs_by_op: dict = field(default_factory=dict)
     kv_dtype: str = ""
@@ -224,7 +224,8 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
         n = node_macs(op, shapes_in, shapes_out)
         if n:
             macs[op] = macs.get(op, 0) + n
-        written += int(a.get("output_size", 0) or 0)
+        if op != "Identity":  # an alias on a device (the CPU EP copies it: cp_frame's per-step weights)
+            written += int(a.get("output_size", 0) or 0)
         if op == "Gather":
             gathered[e["name"][:-len("_kernel_time")]] = int(a.get("output_size", 0) or 0)
     ins = {k: (v.nbytes, str(v.dtype)) for k, v in feeds.items()}
