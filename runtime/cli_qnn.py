@@ -1,4 +1,5 @@
-"""``kztts inspect``: where each graph of a bundle runs (QNN/HTP or CPU) and in which precision."""
+"""``kztts inspect``: where each graph of a bundle runs (QNN/HTP or CPU) and in which precision; with a
+target, also what each graph call costs on paper (``kztts.cost``)."""
 from __future__ import annotations
 
 import argparse
@@ -77,10 +78,13 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
         row.update(qnn_nodes=pl.qnn_nodes, cpu_nodes=pl.cpu_nodes, cpu_op_types=pl.cpu_op_types,
                    precision=session_precision(spec.precision, sess))
         rows.append(row)
+    from kztts.cost import bundle_cost
+
     return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
             "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
             "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
-            "random_weights": bundle.manifest.random_weights, "graphs": rows}
+            "random_weights": bundle.manifest.random_weights, "graphs": rows,
+            "cost": bundle_cost(bundle_dir, tcfg, bundle.session_config.threads) if tcfg else None}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -121,11 +125,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         args.target = None
         print()
         return cmd_plan(args)
+    from kztts.cost import format_cost
+
+    print()
+    print(format_cost(report["cost"]))
     return 0
 
 
 def add_commands(sub) -> None:
-    s = sub.add_parser("inspect", help="show where each graph of a bundle runs (QNN/HTP or CPU) and its precision")
+    s = sub.add_parser("inspect", help="show where each graph of a bundle runs (QNN/HTP or CPU) and its precision; "
+                                       "with --target, each graph call's bytes and MACs and a paper estimate per frame")
     s.add_argument("bundle")
     s.add_argument("--target", help="qnn_configs target (name or file); default: the one the bundle was exported for")
     s.add_argument("--strict", action="store_true", help="fail if any node of a static graph would fall back to CPU")

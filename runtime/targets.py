@@ -21,7 +21,8 @@ File layout (all keys required unless marked optional)::
       "attention_mask_value": -50.0,
       "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu",
                     "speaker_encoder": "cpu"},                                    # speaker_encoder optional
-      "kv_dtype": "fp16"                     # optional: Talker KV I/O, kztts.graphs.HTP_KV_DTYPES
+      "kv_dtype": "fp16",                    # optional: Talker KV I/O, kztts.graphs.HTP_KV_DTYPES
+      "cost": {"dram_gbps": 76.8, "dram_source": "...", ...}                       # optional, see COST_FIGURES
     }
 
 ``soc_model``, ``htp_arch``, ``backend_path`` and ``backend_type`` are not provider
@@ -134,6 +135,11 @@ _OWNED_OPTIONS = {
 }
 
 
+# Published figures for ``kztts.cost``'s paper estimate (optional ``cost`` object of a device target):
+# each number with the key that must cite its public source. A source without its number says why none is given.
+COST_FIGURES = {"dram_gbps": "dram_source", "effective_gbps": "effective_source", "htp_int8_tops": "tops_source"}
+
+
 @dataclass(frozen=True)
 class Shapes:
     """Static shapes of the HTP graphs."""
@@ -159,6 +165,7 @@ class Target:
     layer_placement: dict | None = None  # per-layer Talker devices (kztts.placement), checked per model
     kv_dtype: str | None = None  # static Talker KV I/O (kztts.graphs.HTP_KV_DTYPES); None: the precision's default
     talker_graphs: str = TALKER_GRAPHS[0]  # see TALKER_GRAPHS
+    cost: dict | None = None  # published bandwidth/throughput figures with their sources (COST_FIGURES)
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def qnn_options(self, backend_path: str) -> dict[str, str]:
@@ -289,7 +296,7 @@ def parse_target(data: Any, path: Path) -> Target:
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
         "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
-        {"layer_placement": dict, "kv_dtype": str, "talker_graphs": str})
+        {"layer_placement": dict, "kv_dtype": str, "talker_graphs": str, "cost": dict})
     talker_graphs = top.get("talker_graphs", TALKER_GRAPHS[0])
     if talker_graphs not in TALKER_GRAPHS:
         raise _err(path, "talker_graphs", f"{talker_graphs!r} is not one of {', '.join(TALKER_GRAPHS)}")
@@ -362,8 +369,25 @@ def parse_target(data: Any, path: Path) -> Target:
             parse_phases(layers, str(path), None, "layer_placement.")
         except PlacementError as exc:
             raise TargetError(str(exc)) from None
+    cost = _check_cost(path, top.get("cost"), top["runs_on"])
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
                   placement=dict(place), layer_placement=layers, kv_dtype=kv or None, talker_graphs=talker_graphs,
-                  raw=data)
+                  cost=cost, raw=data)
+
+
+def _check_cost(path: Path, cost: Any, runs_on: str) -> dict | None:
+    """The ``cost`` figures: positive numbers, each with a non-empty source; none for a simulator."""
+    if cost is None:
+        return None
+    if runs_on == "simulator":
+        raise _err(path, "cost", "a simulator target takes no cost figures (its host times are not a device)")
+    _obj(path, cost, "cost", {}, {**{k: (int, float) for k in COST_FIGURES},
+                                  **{s: str for s in COST_FIGURES.values()}, "note": str})
+    for k, src in COST_FIGURES.items():
+        if k in cost and not cost[k] > 0:
+            raise _err(path, f"cost.{k}", f"{cost[k]} must be a positive number")
+        if k in cost and not cost.get(src, "").strip():
+            raise _err(path, f"cost.{src}", f"missing: cost.{k} needs its public source (a URL and what it says)")
+    return dict(cost)

@@ -1,0 +1,247 @@
+"""kztts.cost: the per-graph bytes and MACs of a frame at a target, checked against an independent count
+made here with the ``onnx`` package (initializers, Constant values, declared I/O shapes, the Talker's
+MatMul weights and attention shapes), and the paper estimate's arithmetic and labels."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")  # the export extra: the independent count reads the files with it
+from onnx import numpy_helper  # noqa: E402
+
+from kztts.cost import bundle_cost, format_cost, paper_estimate  # noqa: E402
+from kztts.targets import TargetError, load_target  # noqa: E402
+
+PROJ = pytest.mark.parametrize("variant", ["proj"], indirect=True)  # one tiny model is enough here
+
+
+@pytest.fixture(scope="module")
+def htp_bundle(tiny_model_dir, small_target):
+    from kztts.export.bundle_writer import cached_target_bundle
+
+    return cached_target_bundle(tiny_model_dir, small_target)
+
+
+def device_target(small_target, tmp_path, **cost) -> str:
+    """The small simulator target as a device target with published-figure keys (made-up sources are fine:
+    only the arithmetic is checked)."""
+    data = json.loads(small_target.read_text())
+    data["runs_on"] = "device"
+    data["cost"] = cost
+    p = tmp_path / "device_small.json"
+    p.write_text(json.dumps(data))
+    return str(p)
+
+
+def constants(graph) -> list[np.ndarray]:
+    """Initializers and Constant values of a graph and its subgraphs, as arrays."""
+    out = [numpy_helper.to_array(t) for t in graph.initializer]
+    for n in graph.node:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR:
+                out.append(numpy_helper.to_array(a.t))
+            if a.type == onnx.AttributeProto.GRAPH:
+                out += constants(a.g)
+    return out
+
+
+def weight_uses(graph) -> tuple[int, int, int]:
+    """(fp16 bytes of constants read by each use outside Gather tables, number of Gathers from constant
+    tables, fp16 bytes of those tables); Identity outputs stand for their input."""
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                   if n.op_type == "Constant" and n.attribute[0].type == onnx.AttributeProto.TENSOR})
+    alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+
+    def source(x):
+        while x in alias:
+            x = alias[x]
+        return x
+
+    uses, gathers, tables = 0, 0, {}
+    for n in graph.node:
+        if n.op_type == "Identity":
+            continue
+        for k, x in enumerate(n.input):
+            a = consts.get(source(x))
+            if a is None:
+                continue
+            if n.op_type == "Gather" and k == 0:
+                gathers += 1
+                tables[source(x)] = fp16(a)
+            else:
+                uses += fp16(a)
+    return uses, gathers, sum(tables.values())
+
+
+def fp16(a: np.ndarray) -> int:
+    """Bytes of a constant on an fp16 HTP (float32 held in 2 bytes)."""
+    return a.size * 2 if a.dtype == np.float32 else a.nbytes
+
+
+def io_bytes(graph, dims: dict, prefixes: tuple[str, ...] | None = None, which=("input", "output")) -> int:
+    total = 0
+    for kind in which:
+        for v in getattr(graph, kind):
+            if prefixes is not None and not v.name.startswith(prefixes):
+                continue
+            t = v.type.tensor_type
+            shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in t.shape.dim]
+            total += int(np.prod(shape)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
+    return total
+
+
+def talker_macs(model, cfg: dict, seq: int, context: int) -> int:
+    """Weight MatMuls (B an initializer [K, N]) over ``seq`` rows, plus attention scores and values over
+    ``context`` keys per head and layer."""
+    inits = {t.name: t.dims for t in model.graph.initializer}
+    weights = sum(inits[n.input[1]][0] * inits[n.input[1]][1] for n in model.graph.node
+                  if n.op_type == "MatMul" and n.input[1] in inits)
+    attention = 2 * cfg["num_layers"] * cfg["num_heads"] * seq * context * cfg["head_dim"]
+    return seq * weights + attention
+
+
+@PROJ
+def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
+    from kztts.manifest import read_manifest
+
+    manifest = read_manifest(htp_bundle)
+    target = load_target(small_target)
+    report = bundle_cost(htp_bundle, target)
+    rows = {r["graph"]: r for r in report["graphs"]}
+    assert [r["role"] for r in report["graphs"]] == ["talker_prefill", "talker_decode", "code_predictor", "decoder"]
+    # the small target places the decoder on the HTP, and this bundle has its static graphs
+    assert list(rows) == ["talker_prefill", "talker_decode", "cp_frame", "decoder_chunk"]
+    held: set[bytes] = set()
+    for name, r in rows.items():
+        model = onnx.load(str(htp_bundle / manifest.graphs[name].file))
+        arrays = constants(model.graph)
+        assert r["weight_bytes"] == sum(a.nbytes for a in arrays), name
+        # fp16 on the HTP: float32 constants are held in 2 bytes
+        assert r["device_weight_bytes"] == sum(fp16(a) for a in arrays)
+        # a call reads each use of a weight, and from a gathered table only its rows
+        uses, gathers, tables = weight_uses(model.graph)
+        assert r["gather_table_bytes"] == tables, name
+        if gathers:
+            assert 0 < r["weight_read_bytes"] - uses < tables, name
+        else:
+            assert r["weight_read_bytes"] == uses, name
+        assert r["dims"] == {} and r["device"] == "htp"
+        assert r["io_bytes"] == r["host_npu_bytes"] == io_bytes(model.graph, {})
+        assert r["kv_read_bytes"] == io_bytes(model.graph, {}, ("past_", "state_"), ("input",))
+        assert r["kv_write_bytes"] == io_bytes(model.graph, {}, ("new_",), ("output",))
+        keys = [hashlib.sha256(a.tobytes() + str((a.dtype, a.shape)).encode()).digest() for a in arrays]
+        shared = sum(fp16(a) for k, a in zip(keys, arrays) if k in held)
+        assert r["shared_weight_bytes"] == shared, name
+        held.update(keys)
+    # the decode graph holds the prefill graph's weights: nearly all of it is shared
+    assert rows["talker_decode"]["shared_weight_bytes"] > 0.99 * rows["talker_decode"]["device_weight_bytes"]
+    assert report["weights"]["after_sharing"] == report["weights"]["per_graph"] - sum(
+        r["shared_weight_bytes"] for r in rows.values())
+    cfg, s = manifest.talker, target.shapes
+    for name, seq in (("talker_prefill", s.prefill_chunk), ("talker_decode", 1)):
+        model = onnx.load(str(htp_bundle / manifest.graphs[name].file))
+        assert rows[name]["macs"] == talker_macs(model, cfg, seq, s.context), name
+        assert set(rows[name]["macs_by_op"]) == {"MatMul"}
+    assert rows["decoder_chunk"]["macs_by_op"].keys() >= {"Conv", "MatMul"}
+    # the Talker reads each weight once per call; cp_frame reads its layers once per unrolled step
+    assert rows["talker_decode"]["weight_read_bytes"] == rows["talker_decode"]["device_weight_bytes"]
+    cp = rows["cp_frame"]
+    assert cp["weight_read_bytes"] > cp["device_weight_bytes"] - cp["gather_table_bytes"]
+    assert rows["decoder_chunk"]["calls_per_frame"] == 1 / s.decoder_chunk
+    # the frame: one decode, one cp_frame, the decoder's share; fp16 KV halves the Talker's KV bytes
+    frame = [rows["talker_decode"], rows["cp_frame"], rows["decoder_chunk"]]
+    assert report["frame"]["bytes"] == pytest.approx(sum(r["bytes_per_call"] * r["calls_per_frame"] for r in frame))
+    dec = rows["talker_decode"]
+    assert dec["fp16_kv_bytes_per_call"] == dec["bytes_per_call"] - (dec["kv_read_bytes"] + dec["kv_write_bytes"]) // 2
+    assert report["paper_estimate"] == {"label": "paper estimate", "available": False,
+                                        "reason": "not for a simulator: its host times are not a device"}
+
+
+@PROJ
+def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(htp_bundle, small_target, tmp_path):
+    """Talker and decoder on the CPU: the dynamic graphs at the target's shapes, weights at their stored size."""
+    from kztts.manifest import read_manifest
+
+    data = json.loads(small_target.read_text())
+    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", decoder="cpu")
+    data["shapes"]["context"] = 48
+    p = tmp_path / "cpu_small.json"
+    p.write_text(json.dumps(data))
+    report = bundle_cost(htp_bundle, str(p))
+    rows = {r["role"]: r for r in report["graphs"]}
+    assert rows["talker_decode"]["graph"] == "talker" and rows["talker_decode"]["device"] == "cpu"
+    assert rows["talker_decode"]["dims"] == {"seq": 1, "past": 47}
+    assert rows["talker_prefill"]["dims"] == {"seq": 16, "past": 32}
+    assert rows["decoder"]["graph"] == "decoder_stream" and rows["decoder"]["dims"] == {"frames": 5}
+    model = onnx.load(str(htp_bundle / read_manifest(htp_bundle).graphs["talker"].file))
+    for r in (rows["talker_decode"], rows["talker_prefill"]):
+        assert r["device_weight_bytes"] == r["weight_bytes"] == sum(a.nbytes for a in constants(model.graph))
+        cfg = read_manifest(htp_bundle).talker
+        new_kv = cfg["num_layers"] * 2 * cfg["num_kv_heads"] * r["dims"]["seq"] * cfg["head_dim"] * 4
+        assert r["kv_write_bytes"] == new_kv
+        assert r["io_bytes"] == io_bytes(model.graph, r["dims"], which=("input",)) + new_kv + \
+            io_bytes(model.graph, {}, ("logits", "hidden"), ("output",))
+        assert r["kv_read_bytes"] == io_bytes(model.graph, r["dims"], ("past_",), ("input",))
+        assert r["host_npu_bytes"] == 0
+    # one CPU decode step reads 47 past positions per layer, key and value, fp32
+    cfg = read_manifest(htp_bundle).talker
+    assert rows["talker_decode"]["kv_read_bytes"] == cfg["num_layers"] * 2 * cfg["num_kv_heads"] * 47 * cfg["head_dim"] * 4
+
+
+@PROJ
+def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(htp_bundle, small_target, tmp_path):
+    t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a", effective_gbps=50.0,
+                      effective_source="b", htp_int8_tops=40, tops_source="c")
+    report = bundle_cost(htp_bundle, t)
+    est = report["paper_estimate"]
+    assert est["available"] and est["label"] == "paper estimate" and est["bandwidth_kind"] == "effective"
+    want = peak = 0.0
+    for r in report["graphs"]:
+        compute = r["macs"] / 20e12 * 1e3  # 40 TOPS = 20e12 MAC/s
+        want += max(r["bytes_per_call"] / 50e9 * 1e3, compute) * r["calls_per_frame"]
+        peak += max(r["bytes_per_call"] / 80e9 * 1e3, compute) * r["calls_per_frame"]
+    assert est["ms_per_frame"] == pytest.approx(want) and est["ms_per_frame_at_dram_peak"] == pytest.approx(peak)
+    assert est["realtime_factor"] == pytest.approx(80.0 / want)
+    text = format_cost(report)
+    assert "paper estimate: " in text and f"{want:.2f} ms per frame at 50.0 GB/s (effective, 40 INT8 TOPS)" in text
+    # without a bandwidth figure there is no estimate, and it says why
+    t = device_target(small_target, tmp_path, tops_source="not published")
+    assert "no cost.effective_gbps or cost.dram_gbps" in paper_estimate([], load_target(t))["reason"]
+
+
+def test_cost_keys_are_validated(small_target, tmp_path):
+    with pytest.raises(TargetError, match="cost: a simulator target takes no cost figures"):
+        data = json.loads(small_target.read_text())
+        data["cost"] = {"dram_gbps": 1.0, "dram_source": "x"}
+        (tmp_path / "s.json").write_text(json.dumps(data))
+        load_target(tmp_path / "s.json")
+    with pytest.raises(TargetError, match=r"cost\.dram_source: missing: cost\.dram_gbps needs its public source"):
+        load_target(device_target(small_target, tmp_path, dram_gbps=70.0))
+    with pytest.raises(TargetError, match=r"cost\.htp_int8_tops: -1 must be a positive number"):
+        load_target(device_target(small_target, tmp_path, htp_int8_tops=-1, tops_source="x"))
+    with pytest.raises(TargetError, match=r"cost\.tops: unknown key"):
+        load_target(device_target(small_target, tmp_path, tops=1))
+    for name in ("sm8650", "sm8750", "x_elite", "x2_elite"):  # every shipped device target cites its figures
+        cost = load_target(name).cost
+        assert cost["dram_gbps"] > 0 and "http" in cost["dram_source"], name
+        assert all(cost.get(src) for src in ("dram_source", "effective_source", "tops_source")), name
+    assert load_target("simulator").cost is None
+
+
+@PROJ
+def test_inspect_json_carries_the_cost(htp_bundle, small_target, tmp_path, capsys, monkeypatch):
+    """``kztts inspect --target T --json`` includes the same report (QNN off: nothing compiled here)."""
+    from kztts import qnn
+    from kztts.cli import main
+
+    monkeypatch.setattr(qnn, "_STATE", qnn._State())
+    monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")
+    t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a")
+    assert main(["inspect", str(htp_bundle), "--target", t, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cost"] == json.loads(json.dumps(bundle_cost(htp_bundle, t)))
+    assert report["cost"]["paper_estimate"]["bandwidth_kind"] == "dram"
