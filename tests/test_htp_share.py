@@ -76,8 +76,13 @@ def test_prefill_only_runner_equals_prefill_and_decode_on_the_cpu(htp_bundle):
         pairs.append((both.decode(e), only.decode(e)))
     assert only.length == both.length == both.context  # every usable position
     assert only.graph_context - only.chunk < only.length  # the window past C - S ran
+    # fp16 KV (the fp16 graphs' default): the window re-runs positions from their inputs, the AR-1 graph reads
+    # them back from the fp16 cache, so the two differ by fp16 rounding (relative eps 4.9e-4; measured up to
+    # 2.2e-3 on logits of ~19): the bound is relative to the values' scale there
+    rel = 1e-4 if both.kv_dtype == np.float32 else 1e-3
     for (la, ha), (lb, hb) in pairs:
-        assert np.abs(la - lb).max() < 1e-4 and np.abs(ha - hb).max() < 1e-4
+        assert np.abs(la - lb).max() < rel * max(1.0, np.abs(la).max())
+        assert np.abs(ha - hb).max() < rel * max(1.0, np.abs(ha).max())
         assert la.argmax() == lb.argmax()
 
 
