@@ -222,7 +222,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         rows.append(r)
     rows += [batch_rows.finish(merge_rounds(runs[t]), *t[1]) for t in tasks if t[0] == "batch"]
     probes.append(bench_limits.probe_threads(thread_counts))
-    e2e = bench_e2e.run_pair(args, model_dir, base, xvector, work) if args.e2e_runs > 0 and configs else None
+    with_e2e = args.e2e_runs > 0 and configs and not args.no_reference  # the row compares with the reference
+    e2e = bench_e2e.run_pair(args, model_dir, base, xvector, work) if with_e2e else None
     bench_limits.annotate(rows, probes, base, bundles, args)
     for h in htp_bundles:
         r = runs[("htp", h)][0]
@@ -334,7 +335,8 @@ def add_command(sub) -> None:
     s.add_argument("--batch", help="also batched rows (continuous batching) at these batch sizes, e.g. 1,2,4,8: "
                                    "aggregate frames/s, per-stream frame ms and first audio")
     s.add_argument("--e2e-runs", type=int, default=3,
-                   help="end-to-end text->WAV runs per side, kztts synth vs qwen-tts interleaved (0: none; default 3)")
+                   help="end-to-end text->WAV runs per side, kztts synth vs qwen-tts interleaved "
+                        "(0 or --no-reference: none; default 3)")
     s.add_argument("--text", default=DEFAULT_TEXT)
     s.add_argument("--language", default=DEFAULT_LANGUAGE)
     s.add_argument("--target", default="cpu",
