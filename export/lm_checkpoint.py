@@ -123,14 +123,14 @@ def _check_gguf(path: Path) -> tuple[str, int, int | None]:
 
 def _check_directory(path: Path) -> str:
     cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise KzttsError(f"{cfg_path}: missing; {path} is not a Hugging Face checkpoint directory "
-                         "(give one, or a .gguf file)")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KzttsError(f"{cfg_path}: missing; {path} is not a Hugging Face checkpoint directory "
+                         "(give one, or a .gguf file)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise KzttsError(f"{cfg_path}: not valid JSON ({exc})") from exc
-    model_type = cfg.get("model_type")
+    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
     if model_type not in MODEL_TYPES:
         raise KzttsError(f"{cfg_path}: model_type is {model_type!r}, not qwen2/qwen3; kztts loads Qwen2/Qwen3 "
                          "causal LMs only (a Qwen3-TTS checkpoint goes to kztts export as a TTS model)")

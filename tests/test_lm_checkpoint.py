@@ -184,6 +184,12 @@ def test_refusals_are_one_line(tiny_lms, tmp_path, monkeypatch):
     refused(llama, r"a GGUF of architecture 'llama', not qwen2/qwen3")
     gguf_path = tiny_lms["qwen2"][1]
     assert check_causal_lm(gguf_path) == "qwen2"
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (weightless / name).write_bytes((tiny_lms["qwen2"][0] / name).read_bytes())
+    with pytest.raises(KzttsError, match=r"weightless: transformers cannot load this qwen2 checkpoint \(OSError"):
+        load_causal_lm(weightless, tmp_path / "tok")
     import importlib.util
 
     real = importlib.util.find_spec
