@@ -23,12 +23,13 @@ from pathlib import Path
 
 from kztts.cache import cache_dir
 from kztts.errors import KzttsError
+from kztts.export.gguf_meta import GGUFMeta, read_gguf_meta
 
 log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("qwen2", "qwen3")
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-_GGUF_MAGIC = b"GGUF"
+_CONTROL, _USER_DEFINED = 3, 4  # GGUF token types (tokenizer.ggml.token_type)
 TOKENIZER_FILE = "tokenizer.json"
 
 # Encoded by the saved tokenizer.json and by transformers' tokenizer: they must give the same ids.
@@ -81,44 +82,31 @@ class LoadedLM:
     gguf_tensors: int | None = None
 
 
-def _need_gguf(path: Path):
-    if importlib.util.find_spec("gguf") is None:
-        raise KzttsError(f"{path}: reading a GGUF file needs the gguf package: pip install gguf "
-                         "(it is part of the export extra: pip install -e '.[export]')")
-    import gguf
-
-    return gguf
-
-
-def _gguf_string(reader, key: str) -> str | None:
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-
-
-def _gguf_int(reader, key: str) -> int | None:
-    field = reader.fields.get(key)
-    return int(field.parts[field.data[0]][0]) if field is not None and field.data else None
-
-
-def _check_gguf(path: Path) -> tuple[str, int, int | None]:
-    """(architecture, tensor count, head_dim or None) of a GGUF file of a Qwen2/Qwen3 LM."""
-    with path.open("rb") as f:
-        if f.read(4) != _GGUF_MAGIC:
-            raise KzttsError(f"{path}: not a GGUF file (no GGUF magic); give a .gguf file or a Hugging Face "
-                             "checkpoint directory")
-    gguf = _need_gguf(path)
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # a torn or foreign file: the reader raises many kinds
-        raise KzttsError(f"{path}: cannot read the GGUF file ({type(exc).__name__}: {exc}); "
-                         "is the download complete? (kztts fetch-lm checks its sha256)") from exc
-    arch = _gguf_string(reader, "general.architecture")
+def _check_gguf(path: Path) -> GGUFMeta:
+    """The header of a GGUF file of a Qwen2/Qwen3 LM that this environment can load."""
+    meta = read_gguf_meta(path)
+    arch = meta.values.get("general.architecture")
     if arch not in MODEL_TYPES:
         raise KzttsError(f"{path}: a GGUF of architecture {arch!r}, not qwen2/qwen3; kztts loads Qwen2/Qwen3 "
                          "causal LMs only")
-    return arch, len(reader.tensors), _gguf_int(reader, f"{arch}.attention.key_length")
+    if importlib.util.find_spec("gguf") is None:  # transformers dequantizes the tensors with it
+        raise KzttsError(f"{path}: loading a GGUF file needs the gguf package: pip install gguf "
+                         "(it is part of the export extra: pip install -e '.[export]')")
+    return meta
+
+
+def _add_gguf_special_tokens(tokenizer, meta: GGUFMeta) -> None:
+    """Make the GGUF's control tokens (``<|fim_prefix|>``, ...) special and its user-defined ones
+    (``<tool_call>``) added tokens, as in the original tokenizer: transformers' GGUF converter registers
+    only ``<|endoftext|>``, ``<|im_start|>`` and ``<|im_end|>``, so the others would be split into pieces."""
+    from tokenizers import AddedToken
+
+    tokens = meta.values.get("tokenizer.ggml.tokens") or []
+    types = meta.values.get("tokenizer.ggml.token_type") or []
+    control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED]
+    tokenizer.add_special_tokens({"additional_special_tokens": control}, replace_additional_special_tokens=False)
+    tokenizer.add_tokens(user)
 
 
 def _check_directory(path: Path) -> str:
@@ -148,7 +136,7 @@ def check_causal_lm(path: str | Path) -> str:
     if path.is_dir():
         return _check_directory(path)
     if path.is_file():
-        return _check_gguf(path)[0]
+        return _check_gguf(path).values["general.architecture"]
     raise KzttsError(f"{path}: no such file or directory; give a Qwen2/Qwen3 checkpoint directory or a .gguf file "
                      "(kztts fetch-lm downloads one)")
 
@@ -214,27 +202,27 @@ def load_causal_lm(path: str | Path, tokenizer_dir: str | Path | None = None) ->
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if path.is_file():
-        model_type, gguf_tensors, head_dim = _check_gguf(path)
-        folder, kw = path.parent, {"gguf_file": path.name}
-        # transformers 4.57 maps no GGUF key to head_dim, so Qwen3 would get its config default (128)
-        config_kw = {"head_dim": head_dim} if model_type == "qwen3" and head_dim else {}
-    else:
-        model_type, gguf_tensors = check_causal_lm(path), None
-        folder, kw, config_kw = path, {}, {}
+    meta = _check_gguf(path) if path.is_file() else None
+    model_type = meta.values["general.architecture"] if meta else check_causal_lm(path)
+    folder, kw, config_kw = (path.parent, {"gguf_file": path.name}, {}) if meta else (path, {}, {})
+    head_dim = meta.values.get(f"{model_type}.attention.key_length") if meta else None
+    if model_type == "qwen3" and head_dim:
+        config_kw["head_dim"] = head_dim  # transformers 4.57 maps no GGUF key to it: Qwen3 would get 128
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kw, **config_kw)
     except (OSError, ValueError, KeyError) as exc:  # missing files, unsupported metadata
         raise KzttsError(f"{path}: transformers cannot load this {model_type} checkpoint "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    if meta:
+        _add_gguf_special_tokens(tokenizer, meta)
     model = model.float().eval()
     tokenizer_json = save_tokenizer(tokenizer, Path(tokenizer_dir) if tokenizer_dir else default_tokenizer_dir(path),
                                     path)
     facts = _facts(model, tokenizer)
     log.info("loaded %s: %s", path, facts)
     return LoadedLM(model=model, tokenizer_json=tokenizer_json, chat_template=tokenizer.chat_template,
-                    facts=facts, source=path, gguf_tensors=gguf_tensors)
+                    facts=facts, source=path, gguf_tensors=meta.tensor_count if meta else None)
 
 
 __all__ = ["CHECK_STRINGS", "LMFacts", "LoadedLM", "MODEL_TYPES", "check_causal_lm", "default_tokenizer_dir",

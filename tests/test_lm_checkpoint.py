@@ -16,7 +16,8 @@ from kztts.errors import KzttsError  # noqa: E402
 from kztts.export.lm_checkpoint import CHECK_STRINGS, check_causal_lm, load_causal_lm  # noqa: E402
 from kztts.export.lm_magnitudes import LAYER_HOOK_STATS, hook_magnitudes  # noqa: E402
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>"]  # the last: beyond transformers' 3
+USER_DEFINED = "<tool_call>"  # an added token that is not special, as in Qwen2.5
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CORPUS = list(CHECK_STRINGS) * 10 + ["print('hello world')", "Bonjour, ça va très bien.", "你好，世界"]
@@ -37,6 +38,7 @@ def _tiny_tokenizer(folder: Path):
     tok = Qwen2TokenizerFast(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"),
                              unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.add_tokens([USER_DEFINED])
     tok.chat_template = TEMPLATE
     return tok
 
@@ -87,7 +89,7 @@ def _write_gguf(model, tok, path: Path) -> int:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_types([3 if t in SPECIAL else 4 if t == USER_DEFINED else 1 for t in tokens])
     w.add_token_merges(merges)
     w.add_eos_token_id(c.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
@@ -151,7 +153,8 @@ def test_loads_model_tokenizer_template_and_facts(tiny_lms, tmp_path, model_type
     # the saved tokenizer.json encodes like the checkpoint directory's own tokenizer
     assert lm.tokenizer_json == tmp_path / "tok" / "tokenizer.json"
     saved, own = Tokenizer.from_file(str(lm.tokenizer_json)), AutoTokenizer.from_pretrained(str(folder))
-    for text in CHECK_STRINGS + ("x = [i ** 2 for i in range(10)]  # carrés", "快速排序是一种分治算法。"):
+    for text in CHECK_STRINGS + ("x = [i ** 2 for i in range(10)]  # carrés", "快速排序是一种分治算法。",
+                                 "<|fim_prefix|>def f():<tool_call>{}</tool_call><|endoftext|>"):
         assert saved.encode(text, add_special_tokens=False).ids == own.encode(text, add_special_tokens=False)
     assert saved.token_to_id("<|im_end|>") == im_end
 
@@ -182,6 +185,8 @@ def test_refusals_are_one_line(tiny_lms, tmp_path, monkeypatch):
     w.write_tensors_to_file()
     w.close()
     refused(llama, r"a GGUF of architecture 'llama', not qwen2/qwen3")
+    (tmp_path / "torn.gguf").write_bytes(tiny_lms["qwen2"][1].read_bytes()[:200])
+    refused(tmp_path / "torn.gguf", r"torn\.gguf: the GGUF header ends early")
     gguf_path = tiny_lms["qwen2"][1]
     assert check_causal_lm(gguf_path) == "qwen2"
     weightless = tmp_path / "weightless"
