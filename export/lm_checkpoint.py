@@ -72,7 +72,8 @@ class LoadedLM:
     """A loaded checkpoint: ``model`` (transformers ``Qwen2ForCausalLM``/``Qwen3ForCausalLM``, fp32,
     eval mode, CPU), ``tokenizer_json`` (a ``tokenizers.Tokenizer.from_file`` path), ``chat_template``
     (the checkpoint's Jinja template, None when it has none), ``facts``, ``source`` (the directory or
-    GGUF file) and ``gguf_tensors`` (the GGUF's tensor count, None for a directory)."""
+    GGUF file), ``gguf_tensors`` (the GGUF's tensor count, None for a directory) and ``hf_tokenizer``
+    (transformers' fast tokenizer the file was saved from: it renders the chat template)."""
 
     model: object
     tokenizer_json: Path
@@ -80,6 +81,7 @@ class LoadedLM:
     facts: LMFacts
     source: Path
     gguf_tensors: int | None = None
+    hf_tokenizer: object = None
 
 
 def _check_gguf(path: Path) -> GGUFMeta:
@@ -222,7 +224,8 @@ def load_causal_lm(path: str | Path, tokenizer_dir: str | Path | None = None) ->
     facts = _facts(model, tokenizer)
     log.info("loaded %s: %s", path, facts)
     return LoadedLM(model=model, tokenizer_json=tokenizer_json, chat_template=tokenizer.chat_template,
-                    facts=facts, source=path, gguf_tensors=meta.tensor_count if meta else None)
+                    facts=facts, source=path, gguf_tensors=meta.tensor_count if meta else None,
+                    hf_tokenizer=tokenizer)
 
 
 __all__ = ["CHECK_STRINGS", "LMFacts", "LoadedLM", "MODEL_TYPES", "check_causal_lm", "default_tokenizer_dir",

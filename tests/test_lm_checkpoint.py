@@ -147,6 +147,9 @@ def test_loads_model_tokenizer_template_and_facts(tiny_lms, tmp_path, model_type
     assert f.im_end_id == im_end and im_end in f.eos_ids
     assert lm.gguf_tensors == (n_tensors if form == "gguf" else None)
     assert lm.chat_template == TEMPLATE
+    chat = [{"role": "user", "content": "Salut"}]
+    assert lm.hf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>user\nSalut<|im_end|>\n<|im_start|>assistant\n")
     assert not lm.model.training and next(lm.model.parameters()).dtype == torch.float32
     for ids in IDS:  # the GGUF holds F32 tensors: the same numbers, bit for bit
         assert torch.equal(_logits(lm.model, ids), _logits(reference, ids))
