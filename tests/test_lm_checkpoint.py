@@ -229,8 +229,9 @@ def test_hook_magnitudes_match_the_hidden_states(tiny_lms):
         hook_magnitudes(model, [[]])
 
 
-REAL_PROMPTS = ("def quicksort(xs):", "Explique ce qu'est une liste chaînée.",
-                "Explain what a hash table is.", "请解释什么是递归。")
+REAL_PROMPTS = ("Write a Python function that checks whether a number is prime.",
+                "Explique en une phrase ce qu'est une liste chaînée.",
+                "Explain in one sentence what a hash table is.", "请用一句话解释什么是递归。")
 
 
 @pytest.mark.slow
@@ -249,8 +250,10 @@ def test_real_qwen25_coder_checkpoint(tmp_path):
     assert f.qkv_bias and not f.qk_norm and f.im_end_id == 151645
     assert "<|im_start|>" in lm.chat_template
     tok = Tokenizer.from_file(str(lm.tokenizer_json))
-    mags = hook_magnitudes(lm.model, [tok.encode(t).ids for t in REAL_PROMPTS])
+    chats = [lm.hf_tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                 add_generation_prompt=True) for t in REAL_PROMPTS]
+    mags = hook_magnitudes(lm.model, [tok.encode(c, add_special_tokens=False).ids for c in chats])
     residual = [row["residual_out"] for row in mags["layers"]]
     assert all(3.5e3 < r < 5e3 for r in residual[2:26]), residual
     assert residual[0] < 1e3 and residual[26] < 1e3, residual  # before layers 1-2 write it, after 26 cancels it
-    assert mags["layers"][26]["mlp_out"] > 3.5e3
+    assert mags["layers"][26]["mlp_out"] > 3.5e3  # measured 4787 (residual 4113..4409 in layers 2-25)
