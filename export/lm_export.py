@@ -116,14 +116,6 @@ def chat_facts(hf_tokenizer) -> dict:
     return {"format": "chatml", "template": True, "default_system": default, "template_matches": matches}
 
 
-def _hf_tokenizer(source: Path):
-    from transformers import AutoTokenizer
-
-    if source.is_file():
-        return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-    return AutoTokenizer.from_pretrained(str(source))
-
-
 def fingerprint_source(source: Path) -> dict:
     """sha256 of a checkpoint directory (``kztts.export.checkpoint.fingerprint``) or of one GGUF file."""
     from kztts.export.checkpoint import fingerprint
@@ -159,11 +151,12 @@ def save_tokenizer(tokenizer, out_dir: Path) -> None:
 
 
 def _load(source: Path):
-    try:  # the real-checkpoint loader (GGUF parts, dequantization checks) when present
-        from kztts.export.lm_checkpoint import load_causal_lm
-    except ImportError:
-        from kztts.export.lm_load import load_causal_lm
-    return load_causal_lm(source)
+    """(model fp32, tokenizer.json path, transformers tokenizer) of a Qwen2/Qwen3 directory or GGUF file
+    (``kztts.export.lm_checkpoint``: GGUF head_dim and special tokens as the original checkpoint has them)."""
+    from kztts.export.lm_checkpoint import load_causal_lm
+
+    loaded = load_causal_lm(source)
+    return loaded.model, loaded.tokenizer_json, loaded.hf_tokenizer
 
 
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
@@ -190,8 +183,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         check_output(out_dir, overwrite)
         steps = progress.Steps(4 + (target is not None), "export")
         steps.phase("loading checkpoint")
-        lm, tokenizer, _info = _load(source)
-        hf_tok = _hf_tokenizer(source)
+        lm, tokenizer, hf_tok = _load(source)
         steps.update()
         steps.phase("hashing checkpoint")
         src = fingerprint_source(source)

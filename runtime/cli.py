@@ -255,12 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the execution plan first: every graph's device, precision, threads and why")
     s.set_defaults(func=cmd_synth)
 
-    from kztts import cli_devices, cli_placement, cli_qnn
+    from kztts import cli_devices, cli_fetch, cli_placement, cli_qnn
 
     cli_qnn.add_commands(sub)
     cli_devices.add_commands(sub)
     cli_placement.add_commands(sub)
     cli_lm.add_commands(sub)
+    cli_fetch.add_commands(sub)
     from kztts.cli_bench import add_command as add_bench
 
     add_bench(sub)
