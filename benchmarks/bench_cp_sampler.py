@@ -22,6 +22,7 @@ import importlib.util
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--revision", default="main")
-    ap.add_argument("--out", default="/tmp/kztts-bench-cp-sampler")
+    ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "kztts-bench-cp-sampler"))
     ap.add_argument("--profile", type=int, default=0, metavar="FRAMES",
                     help="also print ONNX Runtime's per-op profile of both graphs over FRAMES greedy frames")
     ap.add_argument("--sampler-only", action="store_true",

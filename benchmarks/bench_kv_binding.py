@@ -10,10 +10,10 @@ of each, their same-run ratio, whether the logits are identical, and the KV byte
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
+import psutil
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
             logits[bound], kv_bytes[bound] = np.stack(out), talker.kv_bytes_per_call("decode")
     print(f"{args.device}: ms per decode step: bound {1e3 * best[True]:.3f}, arrays per call {1e3 * best[False]:.3f}, "
           f"ratio {best[True] / best[False]:.3f}; identical logits {np.array_equal(logits[True], logits[False])}; "
-          f"KV bytes per decode step {kv_bytes[True]:.0f}; load average {os.getloadavg()[0]:.1f}")
+          f"KV bytes per decode step {kv_bytes[True]:.0f}; load average {psutil.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -113,9 +113,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
               session_config=config, pipeline=args.pipeline)
     if args.explain:
         print(tts.plan.table())
-    if tts.bundle.manifest.random_weights and not demo:
-        print(f"kztts: {bundle} has random weights ({random_weights_label(tts.bundle.manifest.random_weights)}): "
-              "the audio is not speech", file=sys.stderr)
     settings = with_environment(PRESETS[args.preset](tts.bundle.manifest.generation))
     settings = with_overrides(settings, flags, names)
     if args.xvector:
@@ -145,6 +142,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
         result = tts.synthesize(args.text, voice, on_frame=lambda n: bar.update(1), **kw)
     bar.close()
     write_wav(out, result.samples, result.sample_rate)
+    if tts.bundle.manifest.random_weights and not demo:  # said once the WAV exists: errors stay one line
+        print(f"kztts: {bundle} has random weights ({random_weights_label(tts.bundle.manifest.random_weights)}): "
+              "the audio is not speech", file=sys.stderr)
     if args.codes_out:
         with atomic_outputs([args.codes_out]) as (tmp,):
             with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy

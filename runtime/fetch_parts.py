@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from kztts import progress
-from kztts.atomic import atomic_path
+from kztts.atomic import atomic_path, check_writable_dir
 from kztts.cache import cache_dir
 from kztts.errors import KzttsError
 
@@ -172,6 +172,7 @@ def fetch_checkpoint(spec: PartedCheckpoint | None = None, folder: Path | None =
     final = checkpoint_path(spec, folder)
     if final.is_file() and final.stat().st_size == spec.size:
         return final  # only a checked file is ever renamed to this name
+    check_writable_dir(final.parent, "checkpoint folder", create_parents=True)  # before 1 GB of downloads
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.parent / f".{spec.file_name}.parts"
     _check_space(spec, final.parent, work)

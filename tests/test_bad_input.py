@@ -125,6 +125,7 @@ SUBCOMMANDS = {
     "inspect": ["inspect", "{loc}/bundle"],
     "generate": ["generate", "{loc}/bundle", "hi"],
     "chat": ["chat", "{loc}/bundle"],
+    "fetch-lm": ["fetch-lm", "--dir", "{loc}/checkpoints"],
     "devices": None,
 }
 
