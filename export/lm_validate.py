@@ -22,24 +22,22 @@ log = logging.getLogger(__name__)
 
 
 def check_lm_reference(bundle_dir: Path, reference: Path) -> None:
-    """Refuse a reference other than the checkpoint the LM bundle was exported from."""
+    """Refuse a reference other than the checkpoint the LM bundle was exported from (its sha256)."""
     from kztts.export.lm_export import fingerprint_source
     from kztts.manifest import read_manifest
 
-    source = read_manifest(bundle_dir).data.get("source") or {}
     if not reference.exists():
         raise KzttsError(f"{reference}: no such checkpoint directory or GGUF file")
-    expected = source.get("sha256")
-    if not expected:
-        log.warning("%s: the manifest records no checkpoint sha256; the reference's identity is not checked",
-                    bundle_dir)
-        return
-    phase("validate: hashing the reference checkpoint %s", reference)
-    got = fingerprint_source(reference)["sha256"]
-    if got != expected:
+    source = read_manifest(bundle_dir).data.get("source") or {}
+    if source.get("sha256"):
+        phase("validate: hashing the reference checkpoint %s", reference)
+        got = fingerprint_source(reference)["sha256"]
+        if got == source["sha256"]:
+            return
         raise KzttsError(f"{reference}: not the checkpoint this LM bundle was exported from (sha256 {got[:12]}..., "
-                         f"the bundle's {expected[:12]}..., exported from {source.get('path', '?')}); "
+                         f"the bundle's {source['sha256'][:12]}..., exported from {source.get('path', '?')}); "
                          "give that checkpoint (directory or GGUF file) as --reference")
+    log.warning("%s: no checkpoint sha256 in the manifest; the reference's identity is not checked", bundle_dir)
 
 
 def validate_lm(bundle_dir: str | Path, reference: str | Path, *, steps: int = 32, context: int = 512,
