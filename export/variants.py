@@ -225,6 +225,16 @@ def _save(model, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- bundles
+def _external_data_files(bundle: Path, rel: str) -> set[str]:
+    """Bundle-relative paths of the external-data files graph ``rel`` reads (graphs over 2 GB)."""
+    import onnx
+
+    model = onnx.load(str(bundle / rel), load_external_data=False)
+    where = Path(rel).parent
+    return {(where / e.value).as_posix() for t in model.graph.initializer for e in t.external_data
+            if e.key == "location"}
+
+
 def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv: str = "fp32",
                  decoder: str = "fp32") -> Path:
     """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
@@ -248,7 +258,9 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
         changes.setdefault(name, []).append(decoder)
     changes = {n: c for n, c in changes.items() if n in manifest.graphs}
     with staged_dir(out) as work:
-        link_tree(base, work, {manifest.graphs[n].file for n in changes})
+        rewritten = {manifest.graphs[n].file for n in changes}
+        # their external-data files too: onnx.load refuses a data file with a second hard link
+        link_tree(base, work, rewritten | {f for r in rewritten for f in _external_data_files(base, r)})
         for name, what in changes.items():
             spec = manifest.graphs[name]
             model = onnx.load(str(base / spec.file))

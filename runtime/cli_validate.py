@@ -1,5 +1,5 @@
 """CLI: ``kztts validate``: a bundle against qwen-tts (CPU), its static graphs on an HTP target
-(``--target``), or a Talker layer placement (``--placement``)."""
+(``--target``), or a Talker layer placement (``--placement``); an LM bundle against transformers."""
 from __future__ import annotations
 
 import argparse
@@ -88,12 +88,35 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
     return _finish(args, report, bounds, text)
 
 
+def cmd_validate_lm(args: argparse.Namespace) -> int:
+    from kztts.export.lm_validate import check_lm_reference, validate_lm
+
+    if args.target or args.placement:
+        raise KzttsError(f"{args.bundle}: an LM bundle's HTP rows and placements are compared with its fp32 CPU "
+                         "bundle by benchmarks/bench_lm.py; kztts validate checks its CPU graphs")
+    check_lm_reference(Path(args.bundle), Path(args.reference))
+    report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames)
+    bounds = BOUNDS["lm"]
+
+    def text() -> None:
+        print(f"{'prompt':<10}{'tokens':>7}{'steps':>6}{'greedy':>8}{'logits cos min':>16}{'mean':>12}{'max|d|':>10}")
+        for p in report["prompts"]:
+            print(f"{p['name']:<10}{p['prompt_tokens']:>7}{p['steps']:>6}{'equal' if p['greedy_equal'] else 'DIFF':>8}"
+                  f"{p['logits_cos_min']:>16.7f}{p['logits_cos_mean']:>12.7f}{p['logits_max_abs_diff']:>10.2e}")
+        print("\n".join(metric_lines(report, ("logits_cos_min", "logits_cos_mean", "greedy_match"), bounds)))
+
+    return _finish(args, report, bounds, text)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from kztts.extras import need_export_extra
+    from kztts.manifest import KIND_LM, read_manifest
 
     if args.frames < 1:
         raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
     need_export_extra()
+    if read_manifest(Path(args.bundle)).kind == KIND_LM:
+        return cmd_validate_lm(args)
     from kztts.export.validate import check_reference
 
     check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
@@ -107,8 +130,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
     s.add_argument("bundle")
-    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from")
-    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode")
+    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from "
+                                                      "(an LM bundle: its directory or GGUF file)")
+    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode "
+                                                          "(an LM bundle: greedy tokens per prompt)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
                                     "and compare them with the CPU/reference")

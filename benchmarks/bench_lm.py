@@ -1,0 +1,144 @@
+"""Accuracy beside speed for a causal LM (issue 17): which precision and placement are safe.
+
+Rows (``kztts.lm_accuracy``, all against the fp32 CPU bundle, teacher-forced over its fixed
+multilingual text set, plus 32 greedy tokens per prompt):
+
+- CPU fp32 / int8 / int4 (``kztts export --weights``: MatMulNBits, blocks of 128), with the
+  median ms per decode step at ``--threads`` and the load average beside it;
+- with ``--target``: the HTP simulator in fp16 under all-htp (the static graphs),
+  guarded (``kztts calibrate``'s placement, run on the layer graphs with the fp16 guard on) and
+  prefill-htp-decode-cpu (KV handover). HTP rows are never timed (the simulator is not a device).
+  w8a16: LM bundles have fp16 HTP graphs only; the exporter's refusal is quoted in the report.
+
+Writes ``lm_accuracy.md`` (the table, its caveats, the command) and ``lm_accuracy.json`` in
+``--out``. A separate script rather than ``kztts bench`` rows: the rows need torch (variant
+export, calibration) and measure text metrics the TTS bench has no column for.
+
+    python benchmarks/bench_lm.py --gguf ~/.cache/kztts/checkpoints/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
+        --bundle BUNDLE --weights fp32,int8,int4 --threads 2 --out /tmp/lm_bench
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
+INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit grid (Q4_K_M): re-quantizing them "
+               "to int4 (blocks of 128) flatters int4; on a full-precision checkpoint int4 would lose more.")
+
+
+def w8a16_refusal(source: Path, target: str) -> str:
+    """The exporter's own message for an LM w8a16 HTP export (refused before anything loads)."""
+    from kztts.errors import KzttsError
+    from kztts.export.lm_export import export_lm_bundle
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            export_lm_bundle(source, Path(tmp) / "b", target=target, precision="w8a16", segments=True)
+        except KzttsError as e:
+            return str(e)
+    return "accepted (unexpected: add w8a16 rows)"
+
+
+def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
+    """``kztts calibrate`` over ``prompts`` (default: the text set's prompts; each as a chat message):
+    the guarded placement."""
+    from kztts.cli import main
+    from kztts.lm_accuracy import SAMPLES
+
+    if prompts is None:
+        prompts = out / "prompts.txt"
+        prompts.write_text("\n".join(s.prompt.replace("\n", " ") for s in SAMPLES) + "\n", encoding="utf-8")
+    placement = out / "guarded.json"
+    if main(["calibrate", str(bundle), "--prompts", str(prompts), "--frames", "4", "-o", str(placement)]) != 0:
+        raise SystemExit("kztts calibrate failed")
+    return placement
+
+
+def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
+              calibrate_prompts: Path | None = None) -> list:
+    from kztts.export.variants import cached_variant
+    from kztts.lm_accuracy import RowSpec
+
+    specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
+    for p in placements if target else []:
+        if p == "guarded":
+            specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target,
+                                 placement=str(guarded_placement(bundle, out, calibrate_prompts)), check_saturation=True))
+        else:
+            specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p))
+    return specs
+
+
+def report_markdown(rows: list[dict], manifest: dict, args, w8a16: str | None, command: str) -> str:
+    from kztts.lm_accuracy import GREEDY_STEPS, markdown_table
+
+    src = manifest.get("source") or {}
+    lines = [f"LM `{manifest.get('model_type')}` from `{Path(src.get('path', '?')).name}` "
+             f"(sha256 {str(src.get('sha256', ''))[:12]}...), {args.threads} threads, "
+             f"{rows[0].get('tokens')} teacher-forced positions, {GREEDY_STEPS} greedy tokens per prompt.", "",
+             markdown_table(rows), ""]
+    if src.get("gguf"):
+        lines.append(f"- **int4 caveat**: {INT4_CAVEAT}")
+    lines += ["- logits cos / top-1 agree: teacher-forced against the fp32 CPU bundle; greedy prefix: mean "
+              "fraction of the greedy tokens equal to fp32's before the first divergence; greedy equal: prompts "
+              "whose tokens are all equal.",
+              "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
+              "of one run, not absolute figures."]
+    if w8a16 is not None:
+        lines.append(f"- HTP w8a16: not measured: `{w8a16}`")
+    lines += ["", "Command:", "", f"    {command}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", type=Path, help="a Qwen2/Qwen3 GGUF file")
+    src.add_argument("--model", type=Path, help="a Qwen2/Qwen3 Hugging Face directory")
+    ap.add_argument("--bundle", type=Path, help="its fp32 LM bundle (default: exported into the cache; with "
+                                                "--target it must hold that target's graphs and --segments)")
+    ap.add_argument("--weights", default="fp32,int8,int4", help="CPU rows (fp32 first: the reference)")
+    ap.add_argument("--target", help="HTP simulator rows for this target (the bundle's static graphs)")
+    ap.add_argument("--placements", default=",".join(PLACEMENTS))
+    ap.add_argument("--calibrate-prompts", type=Path, help="kztts calibrate's prompts for the guarded row "
+                                                           "(default: the text set's prompts)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=512, help="CPU KV positions (texts are cut to it)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.lm_accuracy import run_rows
+    from kztts.manifest import read_manifest
+
+    source = args.gguf or args.model
+    weights = [w.strip() for w in args.weights.split(",") if w.strip()]
+    if weights[0] != "fp32":
+        ap.error("--weights must start with fp32 (the reference row)")
+    placements = [p.strip() for p in args.placements.split(",") if p.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    bundle = args.bundle or cached_lm_bundle(source, target=args.target, segments=args.target is not None)
+    manifest = read_manifest(bundle).data
+    w8a16 = w8a16_refusal(source, args.target) if args.target else None
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_lm.py", *(argv or sys.argv[1:])])
+    rows = run_rows(row_specs(bundle, weights, args.target, placements, args.out, args.calibrate_prompts), threads=args.threads,
+                    context=args.context, on_row=lambda r: logging.info("row %s", json.dumps(r)))
+    (args.out / "lm_accuracy.json").write_text(json.dumps(
+        {"bundle": str(bundle), "source": manifest.get("source"), "threads": args.threads, "w8a16": w8a16,
+         "load_avg_end": os.getloadavg(), "command": command, "rows": rows}, indent=1), encoding="utf-8")
+    md = report_markdown(rows, manifest, args, w8a16, command)
+    (args.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

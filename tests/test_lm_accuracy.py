@@ -1,0 +1,107 @@
+"""LM accuracy rows (``kztts.lm_accuracy``) and ``kztts validate`` on LM bundles (issue 17), on the
+tiny random Qwen2 / Qwen3 LMs of tests/test_lm.py (same cached bundles)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kztts.lm_accuracy import SAMPLES, RowSpec, common_prefix, markdown_table, perplexity, run_rows
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir():
+    from kztts.export.lm_tiny import cached_tiny_lm
+
+    return cached_tiny_lm("qwen3")
+
+
+@pytest.fixture(scope="module")
+def qwen3_bundle(qwen3_dir, small_target):
+    """test_lm.py's bundle: CPU graphs, static HTP graphs and layer segments of the small target."""
+    from kztts.export.lm_export import cached_lm_bundle
+
+    return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)
+
+
+def test_metrics_on_known_values():
+    vocab = 10
+    assert perplexity(np.zeros((3, vocab)), [1, 2, 3]) == pytest.approx(vocab)  # uniform: ppl = vocab
+    sure = np.full((2, vocab), -30.0)
+    sure[0, 4] = sure[1, 7] = 30.0
+    assert perplexity(sure, [4, 7]) == pytest.approx(1.0)
+    assert perplexity(sure, [7, 4]) > 1e20
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([5], [6]) == 0
+    assert {s.name for s in SAMPLES} == {"code", "english", "french", "chinese"}
+    assert all(s.text.startswith(s.prompt) and len(s.text) > len(s.prompt) for s in SAMPLES)
+
+
+def test_rows_cpu_variant(qwen3_bundle):
+    """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so."""
+    from kztts.export.variants import cached_variant
+
+    specs = [RowSpec("cpu fp32", qwen3_bundle),
+             RowSpec("cpu int4", cached_variant(qwen3_bundle, weights="int4"), weights="int4")]
+    rows = run_rows(specs, threads=1, context=64)
+    ref, int4 = rows
+    assert all(0 < n <= 64 for n in ref["positions"].values())
+    assert ref["logits_cos_min"] == pytest.approx(1.0) and ref["top1_agree"] == 1.0
+    assert ref["greedy_equal"] == 4 and ref["greedy_prefix_mean"] == 1.0 and ref["ms_per_token"] > 0
+    assert math.isfinite(ref["ppl"]) and ref["ppl"] > 1 and set(ref["ppl_per_sample"]) == {s.name for s in SAMPLES}
+    assert 0.5 < int4["logits_cos_mean"] < 0.9999 and int4["top1_agree"] < 1.0 and int4["ppl"] != ref["ppl"]
+    assert int4["greedy_equal"] < 4 and int4["ms_per_token"] > 0 and int4["tokens"] == ref["tokens"]
+    table = markdown_table(rows).splitlines()
+    assert len(table) == 4 and table[2].startswith("| cpu fp32 | cpu | 1.000000 |")
+    with pytest.raises(ValueError, match="first row"):
+        run_rows(specs[1:])
+
+
+@pytest.mark.slow
+def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
+    """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded
+    (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 quoted as refused."""
+    import importlib.util
+    from pathlib import Path
+
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_lm.py"
+    spec = importlib.util.spec_from_file_location("bench_lm", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there.\nBonjour !\n你好\n")  # chat-wrapped, they fit the small context
+    assert bench.main(["--model", str(qwen3_dir), "--target", str(small_target), "--threads", "1",
+                       "--calibrate-prompts", str(prompts), "--out", str(tmp_path)]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
+    assert list(rows) == ["cpu fp32", "cpu int8", "cpu int4", "htp-sim fp16 all-htp", "htp-sim fp16 guarded",
+                          "htp-sim fp16 prefill-htp-decode-cpu"]
+    assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover"]
+    for name in list(rows)[3:]:
+        r = rows[name]
+        assert r["error"] is None and r["ms_per_token"] is None and r["logits_cos_min"] > 0.99, r
+    assert rows["cpu int8"]["logits_cos_min"] > rows["cpu int4"]["logits_cos_min"]
+    md = (tmp_path / "lm_accuracy.md").read_text()
+    assert "w8a16" in md and "fp16 HTP graphs only" in md and "bench_lm.py" in md
+    assert "int4 caveat" not in md  # a directory checkpoint, not a GGUF
+
+
+def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
+    """``kztts validate`` on an LM bundle: transformers' greedy tokens and logits; a reference other than
+    the bundle's checkpoint is refused in one line."""
+    from kztts.cli import main
+    from kztts.export.lm_tiny import cached_tiny_lm
+
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--frames", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["pass"] and report["greedy_match"] == 1.0 and report["logits_cos_min"] >= 0.99999
+    assert [p["name"] for p in report["prompts"]] == [s.name for s in SAMPLES]
+    assert all(p["steps"] == 16 for p in report["prompts"])
+    assert main(["validate", str(qwen3_bundle), "--reference", str(cached_tiny_lm("qwen2"))]) == 2
+    assert "not the checkpoint this LM bundle was exported from" in capsys.readouterr().err
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--placement", "all-htp"]) == 2
+    assert "bench_lm.py" in capsys.readouterr().err
