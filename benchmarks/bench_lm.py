@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
+
+import psutil
 
 PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
 INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit grid (Q4_K_M): re-quantizing them "
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     context=args.context, on_row=lambda r: logging.info("row %s", json.dumps(r)))
     (args.out / "lm_accuracy.json").write_text(json.dumps(
         {"bundle": str(bundle), "source": manifest.get("source"), "threads": args.threads, "w8a16": w8a16,
-         "load_avg_end": os.getloadavg(), "command": command, "rows": rows}, indent=1), encoding="utf-8")
+         "load_avg_end": psutil.getloadavg(), "command": command, "rows": rows}, indent=1), encoding="utf-8")
     md = report_markdown(rows, manifest, args, w8a16, command)
     (args.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)

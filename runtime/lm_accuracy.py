@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import psutil
 
 from kztts.bench.metrics import cosine_rows, median_ms
 
@@ -168,7 +168,7 @@ class Reference:
 def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: int = GREEDY_STEPS,
             timed: bool = True) -> tuple[dict, Reference]:
     """One row's metrics over ``tokens`` (against ``reference``; None: this row is the reference)."""
-    load = os.getloadavg()[0]
+    load = psutil.getloadavg()[0]
     logits, greedy_ids, secs, nll_ppl = [], [], [], []
     cos, agree, prefix = [], [], []
     for i, toks in enumerate(tokens):

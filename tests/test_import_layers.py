@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = {"kztts", "kztts.errors", "kztts.env", "kztts.atomic", "kztts.progress", "kztts.graphs", "kztts.manifest",
         "kztts.cache", "kztts.rope", "kztts.segments", "kztts.sampling_chain", "kztts.build_cache"}
 TOOLING = ("kztts.cli", "kztts.calibrate", "kztts.bench", "kztts.validation", "kztts.worker_process", "kztts.replay",
-           "kztts.export")
+           "kztts.lm_accuracy", "kztts.export")
 
 
 def _modules() -> dict[str, Path]:
