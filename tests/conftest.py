@@ -66,3 +66,19 @@ def small_target(tmp_path_factory):
     p = tmp_path_factory.mktemp("targets") / "simulator_small.json"
     p.write_text(json.dumps(data, indent=1))
     return p
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    """The tiny "proj" checkpoint (not parametrized): the HTP tests' model."""
+    from kztts.export.tiny import cached_tiny
+
+    return cached_tiny("proj")
+
+
+@pytest.fixture(scope="session")
+def htp_bundle(tiny_dir, small_target):
+    """``tiny_dir`` exported with the static graphs of ``small_target`` (cached)."""
+    from kztts.export.bundle_writer import cached_target_bundle
+
+    return cached_target_bundle(tiny_dir, small_target)

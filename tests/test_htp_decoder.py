@@ -3,21 +3,12 @@ against the fp32 CPU decoder, tiny model, the test-sized simulator target (decod
 frames per run)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 # measured on the simulator (tiny model, seeded random codes): 46.9 dB over 10 frames, 47-50 dB per
 # frame; 21 dB before SnakeBeta's Pow was folded into a Mul (kztts.export.htp_export)
 MIN_SNR_DB = 40.0
-
-
-@pytest.fixture(scope="module")
-def htp_bundle(small_target) -> Path:
-    from kztts.export.bundle_writer import cached_target_bundle
-    from kztts.export.tiny import cached_tiny
-
-    return cached_target_bundle(cached_tiny("proj"), small_target)
 
 
 def test_decoder_chunk_has_no_pow(htp_bundle):

@@ -18,20 +18,6 @@ import numpy as np
 import pytest
 
 
-@pytest.fixture(scope="module")
-def tiny_dir():
-    from kztts.export.tiny import cached_tiny
-
-    return cached_tiny("proj")
-
-
-@pytest.fixture(scope="module")
-def htp_bundle(tiny_dir, small_target) -> Path:
-    from kztts.export.bundle_writer import cached_target_bundle
-
-    return cached_target_bundle(tiny_dir, small_target)
-
-
 def _with(target: Path, tmp_path: Path, name: str, placement: dict | None = None, **changes) -> Path:
     data = json.loads(Path(target).read_text())
     data.update(changes)

@@ -17,20 +17,6 @@ CONTEXT = 64
 
 
 @pytest.fixture(scope="module")
-def tiny_dir():
-    from kztts.export.tiny import cached_tiny
-
-    return cached_tiny("proj")
-
-
-@pytest.fixture(scope="module")
-def htp_bundle(tiny_dir, small_target) -> Path:
-    from kztts.export.bundle_writer import cached_target_bundle
-
-    return cached_target_bundle(tiny_dir, small_target)
-
-
-@pytest.fixture(scope="module")
 def fp32_kv_bundle(htp_bundle, tmp_path_factory) -> Path:
     """The same bundle with float32 KV I/O (what the exporter wrote before fp16 KV)."""
     from kztts.export.kv_io import retype_bundle_kv

@@ -23,14 +23,6 @@ def plain_bundle():
 
 
 @pytest.fixture(scope="module")
-def htp_bundle(small_target):
-    from kztts.export.bundle_writer import cached_target_bundle
-    from kztts.export.tiny import cached_tiny
-
-    return cached_target_bundle(cached_tiny("proj"), small_target)
-
-
-@pytest.fixture(scope="module")
 def decoder_target(small_target, tmp_path_factory):
     """The test target with only the speech decoder on the HTP (the Talker and the Code Predictor
     on the CPU: the simulator's cost is then the decoder's alone)."""

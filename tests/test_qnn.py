@@ -27,24 +27,10 @@ def qnn():
 
 
 @pytest.fixture(scope="module")
-def tiny_dir():
-    from kztts.export.tiny import cached_tiny
-
-    return cached_tiny("proj")
-
-
-@pytest.fixture(scope="module")
 def reference_tts(tiny_dir):
     from kztts.export.checkpoint import load_reference
 
     return load_reference(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def htp_bundle(tiny_dir, small_target) -> Path:
-    from kztts.export.bundle_writer import cached_target_bundle
-
-    return cached_target_bundle(tiny_dir, small_target)
 
 
 @pytest.fixture(scope="module")
