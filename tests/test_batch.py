@@ -187,6 +187,10 @@ def test_bench_batch_rows(tmp_path):
         assert r["kind"] == "kztts-batch" and r["batch"] == b and r["streams_equal"] is True
         assert r["code_agreement"] == 1.0 and r["rows_max_diff"] == 0.0 and r["talker_cos_min"] > 0.99999
         assert r["fps"] > 0 and r["fps_talker_cp"] >= r["fps"] and r["ttfa_ms"] > 0 and r["peak_rss_mb"] > 0
+        assert r["prefill_positions"] > 0 and 0 < r["talker_limit_pct"] and 0 < r["cp_limit_pct"]
+    # the batched step reads the constants once: a second stream adds only its own KV
+    one, two = (rows[f"fp32/kv-fp32/cp-frame/dec-fp32/t1/batch{b}"] for b in (1, 2))
+    assert one["talker_read_mb"] < two["talker_read_mb"] < 1.5 * one["talker_read_mb"]
     assert "frames/s (all streams)" in (out / "results.md").read_text()
 
 

@@ -105,11 +105,12 @@ def limit_pct(read_bytes: float | None, ms: float | None, gb_s: float | None) ->
 
 
 def step_bytes(bundle_dir: str | Path, talker_graph: str, cp_graph: str | None, *, positions: int,
-               kv_bytes: int = 4) -> dict:
+               kv_bytes: int = 4, streams: int = 1) -> dict:
     """{"talker": bytes, "cp": bytes or None} one Talker decode step at ``positions`` cached
     positions and one Code Predictor frame (``cp_graph``: a frame graph; None for the step
     mode, whose 15 runs take different branches) must read: constants + KV. ``kv_bytes``:
-    bytes per cached value (2 for an fp16 KV cache)."""
+    bytes per cached value (2 for an fp16 KV cache); ``streams``: rows of a batched step (the
+    constants are read once for all of them, each row reads its own KV)."""
     import json
 
     bundle_dir = Path(bundle_dir)
@@ -118,11 +119,12 @@ def step_bytes(bundle_dir: str | Path, talker_graph: str, cp_graph: str | None, 
     cfg = manifest["config"]
     t, c = cfg["talker"], cfg["code_predictor"]
     out = {"talker": graph_read_bytes(bundle_dir / files[talker_graph])
-           + kv_read_bytes(t["num_layers"], t["num_kv_heads"], t["head_dim"], positions, kv_bytes), "cp": None}
+           + streams * kv_read_bytes(t["num_layers"], t["num_kv_heads"], t["head_dim"], positions, kv_bytes),
+           "cp": None}
     if cp_graph is not None:
         groups = int(c["num_code_groups"]) - 1  # steps per frame; step g attends over g + 2 positions
         kv = sum(kv_read_bytes(c["num_layers"], c["num_kv_heads"], c["head_dim"], g + 2) for g in range(groups))
-        out["cp"] = graph_read_bytes(bundle_dir / files[cp_graph]) + kv
+        out["cp"] = graph_read_bytes(bundle_dir / files[cp_graph]) + streams * kv
     return out
 
 

@@ -136,6 +136,7 @@ def run(spec: dict) -> dict:
     base = dict(np.load(spec["baseline"]))
     g = base["codes"]
     prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
+    row["prefill_positions"] = int(prompt.embeds.shape[0])  # the "% of limit" counts the KV it leaves
     rows = _AllRows(tts.plan.open_batched(tts.tables, batch, prompt.embeds.shape[0] + len(g))[0])
     tf_talker, _ = teacher_forced_talker(rows, prompt.embeds, decode_inputs(tts.tables, prompt, g[:-1]))
     row["rows_max_diff"] = rows.max_diff

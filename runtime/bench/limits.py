@@ -42,15 +42,20 @@ def _graphs(row: dict) -> tuple[str, str | None]:
 
 def annotate(rows: list[dict], probes: list[dict[int, dict]], base_bundle: Path, bundles: dict, args) -> None:
     """Set on each timed row: bytes read per step, ``talker_limit_pct``/``cp_limit_pct``,
-    ``limit_gb_s``, ``busy``. ``bundles``: {(weights, kv, decoder): bundle dir} of the configs."""
+    ``limit_gb_s``, ``busy``. ``bundles``: {(weights, kv, decoder): bundle dir} of the configs.
+    A batched row's step reads the batched graphs' constants once and each stream's KV."""
     for row in rows:
-        if row.get("timed") is False or "error" in row or row.get("kind") not in ("kztts", "reference"):
+        if row.get("timed") is False or "error" in row or row.get("kind") not in ("kztts", "reference", "kztts-batch"):
             continue
         threads = int(row["threads"])
         # Talker positions cached on average over the timed frames (prompt + warm-up + half of the rest)
         positions = int(row.get("prefill_positions") or 0) + args.warmup + (args.frames - args.warmup) // 2
         if row["kind"] == "reference":
             read = bandwidth.step_bytes(base_bundle, "talker", "cp_frame", positions=positions)
+        elif row["kind"] == "kztts-batch":
+            read = bandwidth.step_bytes(bundles[(row["weights"], row["kv"], row["decoder"])], "talker_batched",
+                                        "cp_frame_batched", positions=positions,
+                                        kv_bytes=2 if row["kv"] == "fp16" else 4, streams=int(row["batch"]))
         else:
             talker, cp = _graphs(row)
             read = bandwidth.step_bytes(bundles[(row["weights"], row["kv"], row["decoder"])], talker, cp,
