@@ -26,7 +26,6 @@ import psutil
 
 
 def _model(k: int, n: int, layers: int, seed: int = 0):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
