@@ -148,7 +148,8 @@ def pareto(rows: list[dict], path: Path, title: str) -> None:
             ax.plot(*zip(*front), "--", color="grey", linewidth=1)
         ax.axvline(1.0, color="red", linewidth=0.8)
         ax.set_xscale("log")
-        ax.set_xlabel("real-time factor per frame (talker + CP + decoder) / 80 ms; < 1 is faster than real time")
+        ax.set_xlabel("real-time factor per frame (talker + CP + decoder) / 80 ms; < 1 is faster than real time;\n"
+                      "batch rows: / B streams (1 / throughput: audio seconds made per second)")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     fig.suptitle(title + "\n(blue fp32, orange int8, green int4, star qwen-tts PyTorch)", fontsize=9)
