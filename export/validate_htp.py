@@ -303,12 +303,17 @@ def _cp_codes_match(bundle_dir, target, bundle, cpu_runs, seqs, strict) -> float
 def _cp_codes(bundle_dir, target, hidden: np.ndarray, c0: np.ndarray, strict: bool) -> np.ndarray:
     from kztts.bundle import Bundle
     from kztts.embeddings import EmbeddingTables
-    from kztts.sampling import SamplingParams, XorShift32
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     # the plain cp_frame: on the CPU (target None) or where the target places it
     plan = resolve_plan(bundle, target=target, strict=strict, attention="plain")
-    cp = plan.open_code_predictor(EmbeddingTables.from_bundle(bundle))
+    return greedy_cp_codes(plan.open_code_predictor(EmbeddingTables.from_bundle(bundle)), hidden, c0)
+
+
+def greedy_cp_codes(cp, hidden: np.ndarray, c0: np.ndarray) -> np.ndarray:
+    """CB1..15 of an opened Code Predictor runner, greedy, for each (hidden state, CB0) pair."""
+    from kztts.sampling import SamplingParams, XorShift32
+
     greedy = SamplingParams.greedy_params()
     return np.stack([cp.predict(h, int(c), greedy, XorShift32(1))[0] for h, c in zip(hidden, c0)])
 

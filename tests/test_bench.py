@@ -183,6 +183,7 @@ def _bench_htp(out, precision: str) -> dict:
     # every node of the static graphs on the HTP, in the precision asked for
     # simulator.json ships talker_graphs prefill-only: the prefill graph serves the decode steps too
     assert set(row["placement"]) == {"talker_prefill", "cp_frame"} and row["talker_graphs"] == "prefill-only"
+    assert {"talker_prefill", "cp_frame"} <= set(row["context_binaries"])  # loaded compiled, as on a device
     for name, p in row["placement"].items():
         assert p["cpu_nodes"] == 0 and p["qnn_nodes"] > 0, (name, p)
     want = "fp16 (htp)" if precision == "fp16" else "w8a16 (htp)"

@@ -5,7 +5,7 @@ An HTP row runs a qnn_configs target's static graphs on the HTP simulator of onn
 (``kztts.bench.htp_worker``), for accuracy only. Its bundle is the fp32 base bundle plus that
 target's static graphs (``kztts.export.htp_export.export_htp_graphs``: fp16 float graphs, or
 w8a16 QDQ graphs calibrated on real prompts), exported at a small static context so the
-simulator stays quick; every base file is a hard link (a symbolic link when the bundle is built
+simulator stays quick, with their QNN context binaries (``--context-binary``: what a device loads); every base file is a hard link (a symbolic link when the bundle is built
 on another file system, ``--htp-dir``: a 0.6B HTP bundle adds ~4 GB of static graphs).
 The export side (torch) is imported only when a bundle is built.
 """
@@ -64,7 +64,10 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
         if cp_file:
             shutil.copy2(base / cp_file, work / cp_file)
         model = load_reference(model_dir).model
-        specs = export_htp_graphs(model, work, export_id=export_id, target=target, precision=precision)
+        # with their QNN context binaries, as a device bundle ships: a session loads the compiled
+        # graph (fp16 weights) instead of holding the fp32 ONNX beside its compilation
+        specs = export_htp_graphs(model, work, export_id=export_id, target=target, precision=precision,
+                                  context_binary=True)
         del model
         data["graphs"].update({n: s.to_json() for n, s in specs.items()})
         data["bench_htp"] = {"base": base.name, "target": target.name, "precision": precision,

@@ -9,7 +9,8 @@ mode away from fp32 sessions (it leaks across sessions of one process, QNN.md).
 Against the fp32 baseline (``kztts.bench.worker``'s ``baseline.npz``, codes G):
 - teacher-forced Talker logits on G (cosine, argmax agreement);
 - Code Predictor, when the target puts ``cp_frame`` on the HTP: its greedy codes from the fp32
-  Talker hidden states and G's CB0, against G's CB1..15 (``validate_htp._cp_codes``; the graph
+  Talker hidden states and G's CB0, against G's CB1..15 (``validate_htp.greedy_cp_codes`` on the
+  plan's own session; the graph
   chains its 15 steps internally and returns codes, not logits, so there is no CP cosine);
 - the free-running greedy codes (EOS blocked) against G;
 - the decoder on G: the plan's (``decoder_chunk`` on the HTP when the target places it there,
@@ -65,7 +66,7 @@ def run(spec: dict) -> dict:
     """Run one HTP row; return its result row (see the module docstring)."""
     from kztts.bundle import Bundle
     from kztts.codec import Decoder
-    from kztts.export.validate_htp import _cp_codes
+    from kztts.export.validate_htp import greedy_cp_codes
     from kztts.sessions import SessionConfig
     from kztts.targets import load_target
     from kztts.tts import TTS, Voice
@@ -86,8 +87,9 @@ def run(spec: dict) -> dict:
 
     cp_match = None
     cp_device, decoder_device = tts.plan.steps["code_predictor"].device, tts.plan.steps["decoder"].device
-    if cp_device == "htp":
-        cp = _cp_codes(spec["bundle"], target, base["talker_hidden"][:len(g)].astype(np.float32), g[:, 0], True)
+    if cp_device == "htp":  # on the plan's own cp_frame session: a second one would hold its weights again
+        cp = greedy_cp_codes(tts.code_predictor,
+                             base["talker_hidden"][:len(g)].astype(np.float32), g[:, 0])
         cp_match = float((cp == g[:, 1:]).mean())
     stream = tts._streaming_decoder()
     cpu_decoder = Decoder(tts.plan.session("decoder_stream", "cpu"), chunk_size=stream.chunk_size,
@@ -97,7 +99,8 @@ def run(spec: dict) -> dict:
            "prefill_positions": int(prompt.embeds.shape[0]), "context": target.shapes.context,
            "prefill_chunk": target.shapes.prefill_chunk, "soc": target.soc.name,
            "cp_device": cp_device, "decoder_device": decoder_device, "placement": _placement(tts),
-           "talker_graphs": target.talker_graphs, "rss_mb_after_open": rss_after_open}
+           "talker_graphs": target.talker_graphs, "rss_mb_after_open": rss_after_open,
+           "context_binaries": sorted(n for n, g in tts.bundle.manifest.graphs.items() if g.extra.get("context_file"))}
     row.update(metrics.accuracy(codes, tf_talker, None, None, wav_own, base))
     row["cp_codes_match"] = cp_match
     # the decoder of the plan (decoder_chunk on the HTP when the target puts it there) on G, against the
