@@ -1,14 +1,18 @@
 """Where the memory of the static Talker on the HTP simulator goes, and its context-binary bytes.
 
     python benchmarks/htp_memory.py MODEL_DIR OUT_DIR [--context 64] [--chunk 32] [--target simulator] [--both]
+        [--shared] [--kv fp16|fp32]
 
-Exports the static Talker graphs of MODEL_DIR (``kztts.export.htp_export.export_static_talker``) into
-OUT_DIR, then in one child process per case (a clean peak RSS each, VmHWM): the prefill graph opened
-from its fp32 source on QNN, a one-graph context binary generated from it (``talker_graphs:
-prefill-only``), that context loaded, and with ``--both`` the two graphs opened from source (the
-``prefill+decode`` layout the simulator must compile, since it cannot load a weight-shared context).
-Each child runs its graph once on zeros. Prints one JSON object: resident MB after open / after the
-run / peak, seconds, the context binary's bytes and one fp16 copy of the graph's weights.
+Exports the static Talker graphs of MODEL_DIR (``kztts.export.htp_export.export_static_talker``, KV I/O
+``--kv``, default the fp16 graphs' default) into OUT_DIR, then in one child process per case (a clean
+peak RSS each, VmHWM): the prefill graph opened from its source on QNN, a one-graph context binary
+generated from it (``talker_graphs: prefill-only``), that context loaded, with ``--both`` the two graphs
+opened from source (the ``prefill+decode`` layout the simulator must compile, since it cannot load a
+weight-shared context), and with ``--shared`` the weight-shared context binary of both graphs generated
+as device targets get it (``kztts.export.htp_export.make_context_binaries``, ``share=True``; the
+simulator can write it but not load it). Each child that opens a graph runs it once on zeros. Prints
+one JSON object: resident MB after open / after the run / peak, seconds, the context binaries' bytes
+and one fp16 copy of the graph's weights.
 Heavy at 0.6B shapes: run it under the shared lock. The simulator's host time is not a device time.
 """
 from __future__ import annotations
@@ -18,6 +22,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from kztts.graphs import HTP_KV_DTYPES
 
 _CHILD = r"""
 import json, sys, time
@@ -32,6 +38,17 @@ def mb(key):
 from kztts.qnn import create_session
 d, target, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 t = time.time()
+if case == "shared":
+    from kztts.export.htp_export import make_context_binaries
+    from kztts.targets import load_target
+    (d / "graphs").mkdir(exist_ok=True)
+    ctx = make_context_binaries(d, {n: f"{n}.onnx" for n in ("talker_prefill", "talker_decode")},
+                                load_target(target), share=True)
+    bins = sorted({b for c in ctx.values() for b in c["binaries"]})
+    print(json.dumps({"case": case, "open_s": round(time.time() - t, 1), "binaries": bins,
+                      "context_binary_bytes": sum((d / b).stat().st_size for b in bins),
+                      "peak_rss_mb": mb("VmHWM")}))
+    sys.exit(0)
 if case == "source":
     sessions = [create_session(d / "talker_prefill.onnx", target, strict=True)]
 elif case == "both":
@@ -45,7 +62,8 @@ else:
 out = {"case": case, "open_s": round(time.time() - t, 1), "rss_after_open_mb": mb("VmRSS")}
 s = sessions[0]
 t = time.time()
-s.run(None, {i.name: np.zeros(i.shape, np.float32) for i in s.get_inputs()})
+s.run(None, {i.name: np.zeros(i.shape, np.float16 if i.type == "tensor(float16)" else np.float32)
+            for i in s.get_inputs()})
 out.update(run_s=round(time.time() - t, 1), rss_after_run_mb=mb("VmRSS"), peak_rss_mb=mb("VmHWM"))
 print(json.dumps(out))
 """
@@ -60,14 +78,17 @@ def fp16_weight_bytes(path: Path) -> int:
     return 2 * sum(int(np.prod(t.dims)) for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
 
 
-def export_graphs(model_dir: Path, out: Path, context: int, chunk: int) -> None:
+def export_graphs(model_dir: Path, out: Path, context: int, chunk: int, kv: str) -> None:
     from kztts.export.checkpoint import load_reference
     from kztts.export.htp_export import export_static_talker
 
+    missing = [(n, seq) for n, seq in (("talker_prefill", chunk), ("talker_decode", 1))
+               if not (out / f"{n}.onnx").is_file()]
+    if not missing:
+        return
     model = load_reference(model_dir).model
-    for name, seq in (("talker_prefill", chunk), ("talker_decode", 1)):
-        if not (out / f"{name}.onnx").is_file():
-            export_static_talker(model.talker, out / f"{name}.onnx", seq, context)
+    for name, seq in missing:
+        export_static_talker(model.talker, out / f"{name}.onnx", seq, context, kv_dtype=kv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,13 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--target", default="simulator")
     ap.add_argument("--both", action="store_true", help="also open both graphs from source (the old layout)")
+    ap.add_argument("--shared", action="store_true",
+                    help="also generate the weight-shared context binary of both graphs (device targets' layout)")
+    ap.add_argument("--kv", choices=HTP_KV_DTYPES["fp16"], default=HTP_KV_DTYPES["fp16"][0],
+                    help="KV I/O type of the graphs (default: what fp16 exports write)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    export_graphs(args.model_dir, args.out, args.context, args.chunk)
-    for old in args.out.glob("talker_prefill_ctx*"):
+    export_graphs(args.model_dir, args.out, args.context, args.chunk, args.kv)
+    for old in [*args.out.glob("talker_prefill_ctx*"), *args.out.glob("graphs/talker_*_ctx*")]:
         old.unlink()
-    report = {"fp16_weight_bytes": fp16_weight_bytes(args.out / "talker_prefill.onnx"), "cases": []}
-    for case in ("source", "generate", "load") + (("both",) if args.both else ()):
+    report = {"context": args.context, "chunk": args.chunk, "kv": args.kv, "target": args.target,
+              "fp16_weight_bytes": fp16_weight_bytes(args.out / "talker_prefill.onnx"), "cases": []}
+    cases = ("source", "generate", "load") + (("both",) if args.both else ()) + (("shared",) if args.shared else ())
+    for case in cases:
         res = subprocess.run([sys.executable, "-c", _CHILD, str(args.out), args.target, case], capture_output=True,
                              text=True)
         if res.returncode != 0:
@@ -95,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         if case == "generate":
             report["context_binary_bytes"] = sum(p.stat().st_size for p in args.out.glob("talker_prefill_ctx*.bin"))
             report["context_vs_fp16_weights"] = round(report["context_binary_bytes"] / report["fp16_weight_bytes"], 3)
+        if case == "shared":
+            report["shared_context_binary_bytes"] = report["cases"][-1]["context_binary_bytes"]
+            report["shared_context_vs_fp16_weights"] = round(
+                report["shared_context_binary_bytes"] / report["fp16_weight_bytes"], 3)
     print(json.dumps(report, indent=1))
     return 0
 
