@@ -73,6 +73,11 @@ def retype_kv(model, kv_dtype: str, num_layers: int):
     return model
 
 
+# the manifest keys that describe a graph's context binary (export.htp_export._with_context_binaries);
+# "context" itself is the static graph's KV length and stays
+CONTEXT_BINARY_KEYS = ("context_file", "context_binaries", "shared_context", "context_target", "context_bytes")
+
+
 def retype_bundle_kv(bundle_dir: str | Path, kv_dtype: str, graphs=("talker_prefill", "talker_decode")) -> None:
     """Rewrite the float static Talker graphs of ``bundle_dir`` with ``kv_dtype`` KV I/O and their
     manifest entries (I/O, ``kv_dtype``); context binaries of those graphs are dropped (stale)."""
@@ -94,6 +99,6 @@ def retype_bundle_kv(bundle_dir: str | Path, kv_dtype: str, graphs=("talker_pref
         model = retype_kv(onnx.load(str(path)), kv_dtype, int(m.talker["num_layers"]))
         onnx.save(model, str(path))
         fresh = graph_spec(bundle_dir, name, spec.file, spec.variant, spec.precision, spec.extra["export_id"])
-        extra = {k: v for k, v in spec.extra.items() if not k.startswith("context")}
+        extra = {k: v for k, v in spec.extra.items() if k not in CONTEXT_BINARY_KEYS}
         data["graphs"][name] = {**fresh.to_json(), **extra, **fresh.extra, "kv_dtype": kv_dtype}
     write_manifest(bundle_dir, data)

@@ -78,6 +78,23 @@ def test_fp16_kv_is_the_default_and_halves_the_kv_bytes(htp_bundle, fp32_kv_bund
         assert (l16.argmax(-1) == l32.argmax(-1)).all()
 
 
+def test_inspect_counts_half_the_kv_bytes_with_fp16_kv(htp_bundle, fp32_kv_bundle, small_target):
+    """``kztts inspect --target`` (kztts.cost): the Talker's KV bytes per call halve with fp16 KV I/O,
+    nothing else in the call changes."""
+    from kztts.cost import bundle_cost
+
+    rows = {}
+    for name, bundle in (("fp16", htp_bundle), ("fp32", fp32_kv_bundle)):
+        rows[name] = {r["graph"]: r for r in bundle_cost(bundle, str(small_target))["graphs"]}
+    for g in ("talker_prefill", "talker_decode"):
+        a, b = rows["fp16"][g], rows["fp32"][g]
+        assert (a["kv_dtype"], b["kv_dtype"]) == ("float16", "float32")
+        assert 2 * a["kv_read_bytes"] == b["kv_read_bytes"] > 0 and 2 * a["kv_write_bytes"] == b["kv_write_bytes"] > 0
+        assert b["bytes_per_call"] - a["bytes_per_call"] == a["kv_read_bytes"] + a["kv_write_bytes"]
+        assert b["fp16_kv_bytes_per_call"] == a["bytes_per_call"]  # the fp32 bundle's "after" is the fp16 bundle
+        assert a["macs"] == b["macs"] and a["weight_read_bytes"] == b["weight_read_bytes"]
+
+
 def test_decode_io_binding_equals_arrays_per_call(htp_bundle):
     out = {}
     for bind in (True, False):
