@@ -34,12 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 log = logging.getLogger("htp_06b")
 TEXT = "Hello world, this is a tiny test."
@@ -104,7 +105,7 @@ def sim(args: argparse.Namespace) -> dict:
     from kztts.replay import teacher_forced_talker
     from kztts.talker import Talker
 
-    report: dict = {"load_avg_start": os.getloadavg(), "frames": args.frames, "context": args.context,
+    report: dict = {"load_avg_start": psutil.getloadavg(), "frames": args.frames, "context": args.context,
                     "chunk": args.chunk, "text": args.text}
     t0 = time.time()
     model_dir = args.model or cached_tiny(size="0.6b")
@@ -134,7 +135,7 @@ def sim(args: argparse.Namespace) -> dict:
         report[f"kv_{name}"] = {"logits_cos_min": float(cos.min()), "logits_cos_mean": float(cos.mean()),
                                 "cb0_argmax_match": float(argmax.mean()), "rows": int(len(cos)), "placement": info,
                                 "kv_bytes_per_call": {g: kv_io_bytes(bundle, g) for g in info},
-                                "seconds": round(time.time() - t, 1), "load_avg_after": os.getloadavg()}
+                                "seconds": round(time.time() - t, 1), "load_avg_after": psutil.getloadavg()}
         log.info("%s KV: cosine min %.7f (%.0f s)", name, cos.min(), time.time() - t)
     f16, f32 = report["kv_fp16"], report["kv_fp32"]
     report["kv_compare"] = {
@@ -148,7 +149,7 @@ def sim(args: argparse.Namespace) -> dict:
     log.info("decoder_chunk on the simulator, %d frames", args.decoder_frames)
     t = time.time()
     report["decoder"] = {**htp_decoder_snr(fp16_kv, tfile, frames=args.decoder_frames, strict=True),
-                         "seconds": round(time.time() - t, 1), "load_avg_after": os.getloadavg()}
+                         "seconds": round(time.time() - t, 1), "load_avg_after": psutil.getloadavg()}
     report["total_s"] = round(time.time() - t0, 1)
     return report
 
@@ -270,7 +271,7 @@ def count(bundle: Path, report: dict) -> dict:
         del model, arrays
     return {"bundle": str(bundle), "target": report["target"], "shapes": cost["shapes"], "all_agree": agree,
             "graphs": rows, "weights": cost["weights"], "frame": cost["frame"],
-            "paper_estimate": cost["paper_estimate"], "load_avg": os.getloadavg()}
+            "paper_estimate": cost["paper_estimate"], "load_avg": psutil.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--context", type=int, default=64)
     s.add_argument("--chunk", type=int, default=32)
     s.add_argument("--text", default=TEXT)
-    s.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "kztts_htp06b")
+    s.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kztts_htp06b")
     k = sub.add_parser("kv-copy", help="a copy of BUNDLE whose static Talker graphs have fp32 KV I/O")
     k.add_argument("bundle", type=Path)
     k.add_argument("out", type=Path)
