@@ -164,7 +164,7 @@ TALKER_PRECISION_BUILDERS = {"fp16": _float_talker, "w8a16": _w8a16_talker}
 
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
                       context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False) -> dict[str, GraphSpec]:
+                      talker_only: bool = False, builders: dict | None = None) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
@@ -173,7 +173,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
     Talker as per-layer graphs (``kztts.export.segment_graphs``; float, fp16 on the HTP) so a
     layer placement can be chosen at load time. ``talker_only``: no Code Predictor or decoder
-    graphs (a causal LM, ``kztts.export.lm_export``, is a Talker-shaped stack only).
+    graphs (a causal LM, ``kztts.export.lm_export``, is a Talker-shaped stack only). ``builders``
+    replaces entries of ``TALKER_PRECISION_BUILDERS`` (an LM calibrates w8a16 on text, not speech).
     """
     target = load_target(target)
     precision = precision or target.precision
@@ -210,8 +211,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
     specs: dict[str, GraphSpec] = {}
     if float_files:
-        files = TALKER_PRECISION_BUILDERS[precision](model, work_dir, {n: r for n, (r, _) in float_files.items()},
-                                                     target)
+        build = {**TALKER_PRECISION_BUILDERS, **(builders or {})}[precision]
+        files = build(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target)
         for name, (rel, seq) in float_files.items():
             if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
                 from kztts.export.kv_quant import read_kv_scales
