@@ -257,3 +257,56 @@ def test_real_qwen25_coder_checkpoint(tmp_path):
     assert all(3.5e3 < r < 5e3 for r in residual[2:26]), residual
     assert residual[0] < 1e3 and residual[26] < 1e3, residual  # before layers 1-2 write it, after 26 cancels it
     assert mags["layers"][26]["mlp_out"] > 3.5e3  # measured 4787 (residual 4113..4409 in layers 2-25)
+
+
+BUNDLE_ENV = "KZTTS_QWEN25_SEGMENTS_BUNDLE"
+
+
+@pytest.mark.slow
+def test_calibrate_agrees_with_hooks_on_the_real_checkpoint(tmp_path):
+    """``kztts calibrate`` (the layer graphs' probes, fp32 on the CPU) against transformers forward hooks
+    (``hook_magnitudes``) on the 1.5B GGUF, same chat prompts (prefill only: ``frames`` 1 feeds no sampled
+    token): every layer's residual/norm/q-k-v/MLP magnitudes and the head's agree within 1%.
+
+    Needs the fetched GGUF (``kztts fetch-lm``) and its LM bundle with layer graphs, named by $%s:
+    ``kztts export --gguf GGUF --target benchmarks/simulator_lm512.json --segments -o B`` (context 512, prefill
+    chunk 64, whole-stack graphs not exported; 9 min 22 s, peak RSS 17.8 GB, 24 GB on disk).""" % BUNDLE_ENV
+    import os
+
+    from tokenizers import Tokenizer
+
+    from kztts import chatml
+    from kztts.calibrate import calibrate
+    from kztts.fetch_parts import checkpoint_path
+    from kztts.manifest import read_manifest
+    from kztts.segments import LAYER_STATS
+
+    gguf = checkpoint_path()
+    if not gguf.is_file():
+        pytest.skip(f"{gguf} is not in the cache: run `kztts fetch-lm` (1.1 GB)")
+    bundle = os.environ.get(BUNDLE_ENV)
+    if not bundle:
+        pytest.skip(f"${BUNDLE_ENV} is not set: export the GGUF with --segments (see the docstring) and name it")
+    source = read_manifest(bundle).data["source"]
+    assert source["gguf"] and Path(source["path"]).name == gguf.name, source
+    report = calibrate(bundle, [{"text": t, "language": "auto", "streaming_text": False} for t in REAL_PROMPTS],
+                       frames=1).to_json()
+    tok = Tokenizer.from_file(str(Path(bundle) / "tokenizer.json"))
+    ids = [tok.encode(chatml.first_turn("", t), add_special_tokens=False).ids for t in REAL_PROMPTS]
+    assert report["phases"]["prefill"]["positions"] == sum(map(len, ids))
+    mags = hook_magnitudes(load_causal_lm(gguf, tmp_path).model, ids)
+    worst = (0.0, None)
+    for i, (graph, hooks) in enumerate(zip(report["phases"]["prefill"]["layers"], mags["layers"])):
+        for stat in LAYER_HOOK_STATS:
+            assert stat in LAYER_STATS
+            rel = abs(graph["max_abs"][stat] - hooks[stat]) / hooks[stat]
+            worst = max(worst, (rel, (i, stat, graph["max_abs"][stat], hooks[stat])), key=lambda w: w[0])
+    for stat in ("residual_in", "logits"):
+        rel = abs(report["phases"]["prefill"]["head"]["max_abs"][stat] - mags["head"][stat]) / mags["head"][stat]
+        worst = max(worst, (rel, ("head", stat)), key=lambda w: w[0])
+    residual = [row["max_abs"]["residual_out"] for row in report["phases"]["prefill"]["layers"]]
+    print(f"calibrate vs hooks, {len(residual)} layers x {len(LAYER_HOOK_STATS)} stats + head: largest relative "
+          f"difference {worst[0]:.2e} at {worst[1]}; residual_out layers 2-25: {min(residual[2:26]):.1f}.."
+          f"{max(residual[2:26]):.1f}")
+    assert worst[0] < 0.01, worst
+    assert all(3.5e3 < r < 5e3 for r in residual[2:26]), residual
