@@ -268,9 +268,9 @@ def test_calibrate_agrees_with_hooks_on_the_real_checkpoint(tmp_path):
     (``hook_magnitudes``) on the 1.5B GGUF, same chat prompts (prefill only: ``frames`` 1 feeds no sampled
     token): every layer's residual/norm/q-k-v/MLP magnitudes and the head's agree within 1%.
 
-    Needs the fetched GGUF (``kztts fetch-lm``) and its LM bundle with layer graphs, named by $%s:
+    Needs the fetched GGUF (``kztts fetch-lm``) and its LM bundle with layer graphs, named by $KZTTS_QWEN25_SEGMENTS_BUNDLE:
     ``kztts export --gguf GGUF --target benchmarks/simulator_lm512.json --segments -o B`` (context 512, prefill
-    chunk 64, whole-stack graphs not exported; 9 min 22 s, peak RSS 17.8 GB, 24 GB on disk).""" % BUNDLE_ENV
+    chunk 64, whole-stack graphs not exported; 9 min 22 s, peak RSS 17.8 GB, 24 GB on disk)."""
     import os
 
     from tokenizers import Tokenizer
