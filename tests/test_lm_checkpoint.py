@@ -229,6 +229,37 @@ def test_hook_magnitudes_match_the_hidden_states(tiny_lms):
         hook_magnitudes(model, [[]])
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_hook_magnitudes_measure_what_the_layer_graphs_probe(tiny_lms, kind):
+    """Each hooked stat is the layer graph's probe of the same name (``kztts calibrate``'s ``stats``) over
+    the same positions: every layer of the tiny model, fed transformers' own hidden states as one chunk,
+    gives through the layer graph's module the magnitudes the hooks record (attention scores aside: not
+    hooked)."""
+    from kztts.export.qwen3_stack import rope_cos_sin
+    from kztts.export.segment_graphs import LayerStaticGraph
+    from kztts.export.talker_graph import talker_shape
+    from kztts.segments import LAYER_STATS
+
+    model = tiny_lms[kind][3]
+    s = talker_shape(model)
+    mags = hook_magnitudes(model, IDS)
+    for p, ids in zip(mags["prompts"], IDS):
+        S = len(ids)
+        C = S + 1  # one cache slot, masked
+        mask = torch.full((1, 1, S, C), -50.0)
+        mask[0, 0, :, 1:] = torch.where(torch.ones(S, S, dtype=torch.bool).tril(), 0.0, -50.0)
+        cos, sin = rope_cos_sin(torch.arange(S), s.head_dim, s.rope_theta)
+        past_k, past_v = torch.zeros(s.num_kv_heads, 1, s.head_dim, 1), torch.zeros(s.num_kv_heads, 1, 1, s.head_dim)
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+            for i, layer in enumerate(model.model.layers):
+                graph = LayerStaticGraph(layer, s, S, C).eval()
+                stats = graph(hidden[i], mask, cos, sin, past_k, past_v)[3]
+                for stat in LAYER_HOOK_STATS:
+                    assert float(stats[LAYER_STATS.index(stat)]) == pytest.approx(p["layers"][i][stat], rel=1e-5), \
+                        (i, stat)
+
+
 REAL_PROMPTS = ("Write a Python function that checks whether a number is prime.",
                 "Explique en une phrase ce qu'est une liste chaînée.",
                 "Explain in one sentence what a hash table is.", "请用一句话解释什么是递归。")
