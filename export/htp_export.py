@@ -25,7 +25,9 @@ Key slots 0..C-S-1 are the host's cache (the first C-S of its C-1 slots), slots
 C-S..C-1 are the S new positions; the mask says which are valid
 (``kztts.talker_static`` builds it). The mask value is finite (default -50, the
 target's ``attention_mask_value``): -inf or -65504 overflow in fp16 arithmetic
-and ruin 16-bit activation quantization.
+and ruin 16-bit activation quantization. It is not added to the scores: a masked
+score becomes the row's smallest score plus the mask value
+(``kztts.export.qwen3_stack.mask_scores``; Qwen2.5's scores reach 1e4).
 
 Also for the HTP: ``cp_frame`` (the Code Predictor's 15 steps unrolled with in-graph
 sampling, from ``kztts.export.code_predictor_graph``; it is static already) and,
