@@ -7,8 +7,11 @@ multilingual text set, plus 32 greedy tokens per prompt):
   median ms per decode step at ``--threads`` and the load average beside it;
 - with ``--target``: the HTP simulator in fp16 under all-htp (the static graphs),
   guarded (``kztts calibrate``'s placement, run on the layer graphs with the fp16 guard on) and
-  prefill-htp-decode-cpu (KV handover). HTP rows are never timed (the simulator is not a device).
-  w8a16: LM bundles have fp16 HTP graphs only; the exporter's refusal is quoted in the report.
+  prefill-htp-decode-cpu (KV handover); in w8a16 (a second bundle: the static graphs quantized,
+  calibrated on text by ``kztts.export.lm_quantize``) under all-htp and prefill-htp-decode-cpu.
+  A w8a16 guarded row does not exist: the layer graphs are fp16 only (the exporter refuses
+  ``--segments`` with w8a16; its message is quoted in the report). HTP rows are never timed (the
+  simulator is not a device).
 
 Writes ``lm_accuracy.md`` (the table, its caveats, the command) and ``lm_accuracy.json`` in
 ``--out``. A separate script rather than ``kztts bench`` rows: the rows need torch (variant
@@ -30,12 +33,14 @@ from pathlib import Path
 import psutil
 
 PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
+HTP_PRECISIONS = ("fp16", "w8a16")
 INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit grid (Q4_K_M): re-quantizing them "
                "to int4 (blocks of 128) flatters int4; on a full-precision checkpoint int4 would lose more.")
 
 
-def w8a16_refusal(source: Path, target: str) -> str:
-    """The exporter's own message for an LM w8a16 HTP export (refused before anything loads)."""
+def w8a16_guarded_refusal(source: Path, target: str) -> str:
+    """The exporter's own message for w8a16 layer graphs (refused before anything loads): why there is
+    no w8a16 guarded row."""
     from kztts.errors import KzttsError
     from kztts.export.lm_export import export_lm_bundle
 
@@ -44,7 +49,7 @@ def w8a16_refusal(source: Path, target: str) -> str:
             export_lm_bundle(source, Path(tmp) / "b", target=target, precision="w8a16", segments=True)
         except KzttsError as e:
             return str(e)
-    return "accepted (unexpected: add w8a16 rows)"
+    return "accepted (unexpected: add a w8a16 guarded row)"
 
 
 def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
@@ -63,17 +68,24 @@ def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> P
 
 
 def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
-              calibrate_prompts: Path | None = None) -> list:
+              calibrate_prompts: Path | None = None, precisions: tuple[str, ...] = ("fp16",),
+              w8a16_bundle: Path | None = None) -> list:
+    """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: fp16 rows of ``bundle``,
+    w8a16 rows of ``w8a16_bundle`` (no guarded row: its layer graphs would be fp16)."""
     from kztts.export.variants import cached_variant
     from kztts.lm_accuracy import RowSpec
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
-    for p in placements if target else []:
-        if p == "guarded":
-            specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target,
-                                 placement=str(guarded_placement(bundle, out, calibrate_prompts)), check_saturation=True))
-        else:
-            specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p))
+    for prec in precisions if target else ():
+        for p in placements:
+            if prec == "w8a16":
+                if p != "guarded":
+                    specs.append(RowSpec(f"htp-sim w8a16 {p}", w8a16_bundle, target=target, placement=p))
+            elif p == "guarded":
+                specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target, check_saturation=True,
+                                     placement=str(guarded_placement(bundle, out, calibrate_prompts))))
+            else:
+                specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p))
     return specs
 
 
@@ -93,7 +105,9 @@ def report_markdown(rows: list[dict], manifest: dict, args, w8a16: str | None, c
               "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
               "of one run, not absolute figures."]
     if w8a16 is not None:
-        lines.append(f"- HTP w8a16: not measured: `{w8a16}`")
+        lines.append(f"- HTP w8a16: static graphs calibrated on `kztts.export.lm_quantize.CALIBRATION_TEXTS` "
+                     f"(disjoint from the measured texts); no guarded row, the exporter refuses w8a16 layer graphs: "
+                     f"\"{w8a16}\"")
     lines += ["", "Command:", "", f"    {command}"]
     return "\n".join(lines) + "\n"
 
@@ -108,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="fp32,int8,int4", help="CPU rows (fp32 first: the reference)")
     ap.add_argument("--target", help="HTP simulator rows for this target (the bundle's static graphs)")
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
+    ap.add_argument("--htp-precisions", default=",".join(HTP_PRECISIONS),
+                    help="HTP rows: fp16 (the --bundle's graphs), w8a16 (a second bundle)")
+    ap.add_argument("--w8a16-bundle", type=Path, help="its w8a16 LM bundle (default: exported into the cache "
+                                                      "with --target --precision w8a16)")
     ap.add_argument("--calibrate-prompts", type=Path, help="kztts calibrate's prompts for the guarded row "
                                                            "(default: the text set's prompts)")
     ap.add_argument("--threads", type=int, default=2)
@@ -128,12 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     bundle = args.bundle or cached_lm_bundle(source, target=args.target, segments=args.target is not None)
     manifest = read_manifest(bundle).data
-    w8a16 = w8a16_refusal(source, args.target) if args.target else None
+    precisions = [p.strip() for p in args.htp_precisions.split(",") if p.strip()]
+    unknown = sorted(set(precisions) - set(HTP_PRECISIONS))
+    if unknown:
+        ap.error(f"--htp-precisions: unknown {', '.join(unknown)} (expected {', '.join(HTP_PRECISIONS)})")
+    w8a16, w8a16_bundle = None, None
+    if args.target and "w8a16" in precisions:
+        w8a16 = w8a16_guarded_refusal(source, args.target)
+        w8a16_bundle = args.w8a16_bundle or cached_lm_bundle(source, target=args.target, precision="w8a16")
     command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_lm.py", *(argv or sys.argv[1:])])
-    rows = run_rows(row_specs(bundle, weights, args.target, placements, args.out, args.calibrate_prompts), threads=args.threads,
-                    context=args.context, on_row=lambda r: logging.info("row %s", json.dumps(r)))
+    specs = row_specs(bundle, weights, args.target, placements, args.out, args.calibrate_prompts,
+                      precisions=tuple(precisions), w8a16_bundle=w8a16_bundle)
+    rows = run_rows(specs, threads=args.threads, context=args.context,
+                    on_row=lambda r: logging.info("row %s", json.dumps(r)))
     (args.out / "lm_accuracy.json").write_text(json.dumps(
-        {"bundle": str(bundle), "source": manifest.get("source"), "threads": args.threads, "w8a16": w8a16,
+        {"bundle": str(bundle), "source": manifest.get("source"), "threads": args.threads, "w8a16_no_guarded_row": w8a16,
          "load_avg_end": psutil.getloadavg(), "command": command, "rows": rows}, indent=1), encoding="utf-8")
     md = report_markdown(rows, manifest, args, w8a16, command)
     (args.out / "lm_accuracy.md").write_text(md, encoding="utf-8")

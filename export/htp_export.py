@@ -25,7 +25,9 @@ Key slots 0..C-S-1 are the host's cache (the first C-S of its C-1 slots), slots
 C-S..C-1 are the S new positions; the mask says which are valid
 (``kztts.talker_static`` builds it). The mask value is finite (default -50, the
 target's ``attention_mask_value``): -inf or -65504 overflow in fp16 arithmetic
-and ruin 16-bit activation quantization.
+and ruin 16-bit activation quantization. It is not added to the scores: a masked
+score becomes the row's smallest score plus the mask value
+(``kztts.export.qwen3_stack.mask_scores``; Qwen2.5's scores reach 1e4).
 
 Also for the HTP: ``cp_frame`` (the Code Predictor's 15 steps unrolled with in-graph
 sampling, from ``kztts.export.code_predictor_graph``; it is static already) and,
@@ -164,7 +166,7 @@ TALKER_PRECISION_BUILDERS = {"fp16": _float_talker, "w8a16": _w8a16_talker}
 
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
                       context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False) -> dict[str, GraphSpec]:
+                      talker_only: bool = False, builders: dict | None = None) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
@@ -173,7 +175,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
     Talker as per-layer graphs (``kztts.export.segment_graphs``; float, fp16 on the HTP) so a
     layer placement can be chosen at load time. ``talker_only``: no Code Predictor or decoder
-    graphs (a causal LM, ``kztts.export.lm_export``, is a Talker-shaped stack only).
+    graphs (a causal LM, ``kztts.export.lm_export``, is a Talker-shaped stack only). ``builders``
+    replaces entries of ``TALKER_PRECISION_BUILDERS`` (an LM calibrates w8a16 on text, not speech).
     """
     target = load_target(target)
     precision = precision or target.precision
@@ -210,8 +213,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
     specs: dict[str, GraphSpec] = {}
     if float_files:
-        files = TALKER_PRECISION_BUILDERS[precision](model, work_dir, {n: r for n, (r, _) in float_files.items()},
-                                                     target)
+        build = {**TALKER_PRECISION_BUILDERS, **(builders or {})}[precision]
+        files = build(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target)
         for name, (rel, seq) in float_files.items():
             if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
                 from kztts.export.kv_quant import read_kv_scales

@@ -5,8 +5,9 @@ Talker's graph kinds (``kztts.graphs.LM_GRAPH_KINDS``) and the runtime's Talker 
 placements and calibration serve it unchanged:
 
 - ``talker`` (plain, dynamic CPU) and ``talker_gqa`` (fused attention, when head_dim allows);
-- with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP), and with ``--segments``
-  the per-layer graphs with magnitude probes;
+- with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP; fp16, or w8a16 QDQ
+  calibrated on text by ``kztts.export.lm_quantize``), and with ``--segments`` (fp16 only) the
+  per-layer graphs with magnitude probes;
 - the LM head is the graphs' head (``logits`` [.., vocab]); the token embedding is the table
   ``embeddings/token_embedding.npy`` (bf16 when exact, else fp32), gathered on the host.
 
@@ -159,6 +160,27 @@ def _load(source: Path):
     return loaded.model, loaded.tokenizer_json, loaded.hf_tokenizer
 
 
+def check_lm_precision(precision: str, target, segments: bool) -> None:
+    """The HTP precisions an LM bundle has: fp16 (with or without the layer graphs) and w8a16 (the
+    whole-stack static graphs, calibrated on text by ``kztts.export.lm_quantize``; fp32 KV I/O)."""
+    if precision not in G.HTP_PRECISIONS:
+        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
+    if precision != "w8a16":
+        return
+    if segments:
+        raise KzttsError(
+            "--segments with --precision w8a16 is not supported for LM bundles: the layer graphs are float graphs "
+            "(fp16 on the HTP) whose magnitude probes the fp16 guard and `kztts calibrate` read, so a placement over "
+            "them would run fp16, not w8a16; quantized layer graphs would clip those probes to their calibrated "
+            "ranges (blind to the outliers they exist to catch) and run fake-quantized where the guard moves a layer "
+            "to the CPU in fp32. Export the w8a16 graphs without --segments (placements all-htp and "
+            "prefill-htp-decode-cpu), and the layer graphs in an fp16 bundle (--precision fp16 --segments)")
+    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
+        raise KzttsError(f"{target.path}: kv_dtype uint8 (8-bit KV with fixed scales) is measured on TTS prompts "
+                         "only (kztts.export.kv_quant); an LM bundle's w8a16 graphs keep fp32 KV: drop the key or "
+                         "give kv_dtype fp32")
+
+
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
                      segments: bool = False) -> Path:
@@ -176,9 +198,8 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         from kztts.targets import load_target
 
         target_cfg = load_target(target)
-        if (precision or target_cfg.precision) != "fp16":
-            raise KzttsError(f"LM bundles have fp16 HTP graphs only (w8a16 calibrates on TTS prompts); "
-                             f"give --precision fp16 for target {target_cfg.name}")
+        precision = precision or target_cfg.precision
+        check_lm_precision(precision, target_cfg, segments)
     with exclusive_output(out_dir), staged_dir(out_dir) as work:
         check_output(out_dir, overwrite)
         steps = progress.Steps(4 + (target is not None), "export")
@@ -204,8 +225,16 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             from kztts.export.htp_export import export_htp_graphs
 
             steps.phase(f"HTP graphs for {target_cfg.name}")
-            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision="fp16",
-                                            context_binary=context_binary, segments=segments, talker_only=True))
+            cfg = lm_config(lm)
+
+            def w8a16(_model, work_dir, files, tgt):
+                from kztts.export.lm_quantize import quantize_lm_graphs
+
+                return quantize_lm_graphs(cfg, work_dir, files, tgt)
+
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,
+                                            context_binary=context_binary, segments=segments, talker_only=True,
+                                            builders={"w8a16": w8a16}))
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
         if unknown:
@@ -226,9 +255,10 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
     return out_dir
 
 
-def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments: bool = False) -> Path:
+def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments: bool = False,
+                     precision: str | None = None) -> Path:
     """``model_dir`` exported once into the cache (tests, demos), keyed by the checkpoint path, the
-    exporter code and the target file."""
+    exporter code, the target file and the HTP precision."""
     from kztts.build_cache import code_key
     from kztts.cache import cache_dir
     from kztts.export.bundle_writer import exporter_code_key
@@ -240,9 +270,10 @@ def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments:
         from kztts.targets import target_path
 
         tfile = target_path(target)
-        extra += tfile.read_bytes() + (b"|segments" if segments else b"")
+        extra += tfile.read_bytes() + (b"|segments" if segments else b"") + (f"|{precision}".encode() if precision else b"")
     here = Path(__file__).parent
     key = code_key(*sorted(here.glob("lm_*.py")), chatml, extra=extra, length=10)
     out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{key}"
     return build_once(out, lambda work: export_lm_bundle(model_dir, work, overwrite=True,
-                                                         target=str(tfile) if tfile else None, segments=segments))
+                                                         target=str(tfile) if tfile else None, segments=segments,
+                                                         precision=precision))

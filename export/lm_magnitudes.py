@@ -9,9 +9,10 @@ channels, then the largest over the prompts.
 Per decoder layer: ``residual_in`` (input of ``input_layernorm``), ``attn_norm_out``, ``qkv_proj``
 (largest of q, k, v projections, biases included), ``attn_out`` (``o_proj`` output),
 ``residual_mid`` (input of ``post_attention_layernorm``), ``mlp_norm_out``, ``mlp_intermediate``
-(input of ``down_proj``), ``mlp_out`` (``down_proj`` output) and ``residual_out`` (the layer's
-output). Head: ``residual_in`` (input of the final norm) and ``logits``. Attention scores are not
-hooked (the fused attention never materialises them).
+(largest of the ``gate_proj`` and ``up_proj`` outputs and the input of ``down_proj``, as the layer
+graphs' probe), ``mlp_out`` (``down_proj`` output) and ``residual_out`` (the layer's output).
+Head: ``residual_in`` (input of the final norm) and ``logits``. Attention scores are not hooked
+(the fused attention never materialises them).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _attach(model, rec: _Recorder) -> list:
                (mlp.down_proj, "mlp_intermediate")]
         post = [(layer.input_layernorm, "attn_norm_out"), (attn.q_proj, "qkv_proj"), (attn.k_proj, "qkv_proj"),
                 (attn.v_proj, "qkv_proj"), (attn.o_proj, "attn_out"), (layer.post_attention_layernorm, "mlp_norm_out"),
-                (mlp.down_proj, "mlp_out"), (layer, "residual_out")]
+                (mlp.gate_proj, "mlp_intermediate"), (mlp.up_proj, "mlp_intermediate"), (mlp.down_proj, "mlp_out"),
+                (layer, "residual_out")]
         handles += [m.register_forward_pre_hook(rec.input_hook((i, s))) for m, s in pre]
         handles += [m.register_forward_hook(rec.output_hook((i, s))) for m, s in post]
     handles.append(model.model.norm.register_forward_pre_hook(rec.input_hook(("head", "residual_in"))))

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -166,13 +166,14 @@ class _Reader:
         pass
 
 
-def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], target, *,
-                           prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
-                           per_channel: bool = False, keep_float: bool = False) -> dict[str, str]:
-    """QDQ w8a16 versions of the float static graphs: ``{graph name: rel file}``.
+def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
+                    per_channel: bool = False, keep_float: bool = False, what: str = "the calibration prompts"
+                    ) -> dict[str, str]:
+    """QDQ w8a16 versions of the float static graphs ``{graph name: rel file}``, each calibrated on
+    ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``.
 
-    The float graphs are removed afterwards unless ``keep_float`` (the bundle's dynamic
-    fp32 Talker serves the CPU)."""
+    The float graphs are removed afterwards unless ``keep_float``. ``what`` names the calibration
+    data in the error raised when a graph got no feed."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
@@ -185,18 +186,28 @@ def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], t
             pre, plain = Path(tmp) / f"{name}.pre.onnx", Path(tmp) / f"{name}.onnx"
             onnx.save(src, str(plain))
             model_in = pre if qnn_preprocess_model(src, str(pre)) else plain
-            reader = _Reader(calibration_feeds(model, work_dir, float_files, name, prompts=prompts, frames=frames,
-                                               mask_value=target.attention_mask_value))
+            reader = _Reader(feeds(name))
             qcfg = get_qnn_qdq_config(str(model_in), reader, activation_type=QuantType.QUInt16,
                                       weight_type=QuantType.QUInt8, per_channel=per_channel)
             rel_q = rel.replace(".onnx", ".w8a16.onnx")
             with _quiet_root_warnings():  # "consider pre-processing" / "opset 21" notes: handled here
                 quantize(str(model_in), str(work_dir / rel_q), qcfg)
             if reader.count == 0:
-                raise RuntimeError(f"no calibration data for {name}: the prompts do not fit the static context")
+                raise RuntimeError(f"no calibration data for {name}: {what} do not fit the static context")
             log.info("%s: w8a16 calibrated on %d feeds", name, reader.count)
             out[name] = rel_q
     if not keep_float:
         for rel in float_files.values():
             (work_dir / rel).unlink()
     return out
+
+
+def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], target, *,
+                           prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
+                           per_channel: bool = False, keep_float: bool = False) -> dict[str, str]:
+    """QDQ w8a16 versions of the TTS Talker's float static graphs (``quantize_graphs``), calibrated
+    while the float graphs speak ``prompts`` (``calibration_feeds``)."""
+    return quantize_graphs(work_dir, float_files,
+                           lambda name: calibration_feeds(model, work_dir, float_files, name, prompts=prompts,
+                                                          frames=frames, mask_value=target.attention_mask_value),
+                           per_channel=per_channel, keep_float=keep_float)

@@ -18,6 +18,8 @@ attention plumbing:
 - the causal mask is built from the shapes: query i (absolute P + i) sees keys
   0 .. P + i; static graphs pass an additive mask instead (``mask=``), and may keep
   keys transposed (``keys_transposed=True``, the layout of Qualcomm's LLM exports).
+  Their mask is finite (fp16, 16-bit quantization), so it is applied below the row's
+  smallest score (:func:`mask_scores`), not added to the scores.
 """
 from __future__ import annotations
 
@@ -34,6 +36,16 @@ def head_norm(attn: nn.Module, name: str) -> nn.Module:
     whose q/k/v projections carry a bias instead: the borrowed Linear applies it)."""
     norm = getattr(attn, name, None)
     return nn.Identity() if norm is None else norm
+
+
+def mask_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention scores under a finite additive mask (0 = attend, a negative value = masked): a masked
+    entry becomes the row's smallest score plus the mask value, so it sits ``|mask value|`` below every
+    valid score whatever the scores' scale. Adding the mask to the score is not enough: Qwen2.5's large
+    q/k biases put whole rows of valid scores thousands below zero, and a masked slot (an empty or a stale
+    cache slot, score ~0) plus -50 then takes most of the softmax."""
+    floor = scores.amin(-1, keepdim=True)
+    return torch.where(mask < 0, floor + mask, scores)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -61,9 +73,11 @@ class Qwen3Stack(nn.Module):
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor, keys_transposed: bool = False,
-                   probes: dict | None = None):
+                   probes: dict | None = None, finite_mask: bool = True):
         """(o_proj output, new keys, new values); ``probes`` (if given) receives the q/k/v
-        projections and the scaled scores before the mask (magnitude probes of the layer graphs)."""
+        projections and the scaled scores before the mask (magnitude probes of the layer graphs).
+        ``finite_mask``: ``mask`` is a static graph's finite mask (:func:`mask_scores`); False for the
+        -inf causal mask, which is added."""
         b, t, _ = x.shape
         hd, kv, g = self.head_dim, self.num_kv_heads, self.groups
         qp, kp, vp = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -84,7 +98,8 @@ class Qwen3Stack(nn.Module):
             scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
         if probes is not None:
             probes.update(q_proj=qp, k_proj=kp, v_proj=vp, scores=scores)
-        scores = scores.reshape(b, kv, g, t, -1) + mask
+        scores = scores.reshape(b, kv, g, t, -1)
+        scores = mask_scores(scores, mask) if finite_mask else scores + mask
         probs = torch.softmax(scores, dim=-1).reshape(b, kv, g * t, -1)
         out = torch.matmul(probs, values).reshape(b, self.num_heads, t, hd)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * hd)
@@ -108,13 +123,14 @@ class Qwen3Stack(nn.Module):
         ``keys_transposed``: past keys are [1, kv, head_dim, P] and new keys are returned
         as [1, kv, head_dim, T] (the HTP layout); values keep [1, kv, P, head_dim].
         """
+        finite = mask is not None
         if mask is None:
             mask = self.causal_mask(x.shape[1], past_k[0].shape[3 if keys_transposed else 2])
         new_k, new_v = [], []
         h = x
         for layer, pk, pv in zip(self.layers, past_k, past_v):
             a, k, v = self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, pk, pv, mask,
-                                      keys_transposed)
+                                      keys_transposed, finite_mask=finite)
             h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             new_k.append(k)

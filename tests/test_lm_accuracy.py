@@ -61,7 +61,8 @@ def test_rows_cpu_variant(qwen3_bundle):
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded
-    (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 quoted as refused."""
+    (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 under all-htp and
+    prefill-htp-decode-cpu (no guarded row: the exporter's refusal of w8a16 layer graphs is quoted)."""
     import importlib.util
     from pathlib import Path
 
@@ -79,14 +80,20 @@ def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
                        "--calibrate-prompts", str(prompts), "--out", str(tmp_path)]) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
     assert list(rows) == ["cpu fp32", "cpu int8", "cpu int4", "htp-sim fp16 all-htp", "htp-sim fp16 guarded",
-                          "htp-sim fp16 prefill-htp-decode-cpu"]
-    assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover"]
+                          "htp-sim fp16 prefill-htp-decode-cpu", "htp-sim w8a16 all-htp",
+                          "htp-sim w8a16 prefill-htp-decode-cpu"]
+    assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover", "static", "handover"]
     for name in list(rows)[3:]:
         r = rows[name]
-        assert r["error"] is None and r["ms_per_token"] is None and r["logits_cos_min"] > 0.99, r
+        # w8a16 on this random model drawn wide: cos min 0.856 / 0.896, mean 0.960 / 0.965 (test_lm.py's
+        # test_w8a16_graphs_on_the_simulator says why)
+        floor = 0.99 if "fp16" in name else 0.8
+        assert r["error"] is None and r["ms_per_token"] is None and r["logits_cos_min"] > floor, r
+        assert r["logits_cos_mean"] > (0.999 if "fp16" in name else 0.93), r
     assert rows["cpu int8"]["logits_cos_min"] > rows["cpu int4"]["logits_cos_min"]
     md = (tmp_path / "lm_accuracy.md").read_text()
-    assert "w8a16" in md and "fp16 HTP graphs only" in md and "bench_lm.py" in md
+    assert "CALIBRATION_TEXTS" in md and "--segments with --precision w8a16 is not supported" in md
+    assert "bench_lm.py" in md
     assert "int4 caveat" not in md  # a directory checkpoint, not a GGUF
 
 

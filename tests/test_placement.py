@@ -189,6 +189,51 @@ def test_segment_graphs_on_the_cpu_equal_the_talker_graph(massive_bundle):
         assert np.abs(sh - dh).max() < 1e-3
 
 
+def test_static_attention_masks_whatever_the_scores_scale():
+    """The static graphs' finite additive mask (-50, the target's ``attention_mask_value``) hides masked
+    slots even when the attention scores are thousands (Qwen2.5's large q/k biases: layer 0's scores reach
+    1.3e4 on the 1.5B): a Qwen2 layer with such biases, with junk keys in the masked cache slots and a padded
+    row, gives through the layer graph's module and the static stack what the dynamic stack (-inf causal
+    mask, only the valid cache) gives. A plain ``scores + mask`` let the masked slots take the softmax
+    (the 1.5B's layer graphs ran 7% low from layer 1 on)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from kztts.export.qwen3_stack import Qwen3Stack, rope_cos_sin
+    from kztts.export.segment_graphs import LayerStaticGraph
+    from kztts.export.talker_graph import talker_shape
+    from kztts.talker_static import chunk_inputs
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    layer = model.model.layers[0]
+    with torch.no_grad():  # valid scores near -2.5e3: far below a masked slot's 0 + (-50)
+        layer.self_attn.q_proj.bias.fill_(25.0)
+        layer.self_attn.k_proj.bias.fill_(-25.0)
+    s = talker_shape(model)
+    kv, hd, S, C, filled, n = s.num_kv_heads, s.head_dim, 4, 16, 5, 3
+    P = C - S
+    x, mask = chunk_inputs(np.random.default_rng(0).normal(size=(n, s.hidden)).astype(np.float32), n, S, filled, C,
+                           s.hidden, -50.0)
+    x, mask = torch.from_numpy(x), torch.from_numpy(mask)
+    cos, sin = rope_cos_sin(torch.arange(filled, filled + S), hd, s.rope_theta)
+    past_k = torch.randn(1, kv, hd, P) * 30  # junk past the filled slots (a previous prompt's keys, zeros, ...)
+    past_v = torch.randn(1, kv, P, hd)
+    stack = Qwen3Stack(torch.nn.ModuleList([layer]), torch.nn.Identity(), num_heads=s.num_heads,
+                       num_kv_heads=kv, head_dim=hd)
+    with torch.no_grad():
+        want, _, _ = stack(x[:, :n], cos[:, :n], sin[:, :n], [past_k[..., :filled].transpose(2, 3)],
+                           [past_v[:, :, :filled]])
+        graph = LayerStaticGraph(layer, s, S, C).eval()
+        got, _, _, stats = graph(x, mask, cos, sin, past_k.reshape(kv, 1, hd, P), past_v.reshape(kv, 1, P, hd))
+        whole, _, _ = stack(x, cos, sin, [past_k], [past_v], mask=mask.reshape(1, 1, 1, S, C), keys_transposed=True)
+    assert stats[3] > 2e3  # the attention scores' magnitude
+    scale = float(want.abs().max())
+    for out in (got, whole):
+        assert float((out[:, :n] - want).abs().max()) < 1e-5 * scale
+
+
 def test_calibration_flags_exactly_the_injected_layer(report):
     for phase in ("prefill", "decode"):
         assert report.flagged(phase) == [MASSIVE_LAYER]
