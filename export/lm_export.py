@@ -33,11 +33,11 @@ from kztts import chatml, progress
 from kztts import graphs as G
 from kztts.build_cache import build_once, exclusive_output, staged_dir
 from kztts.errors import KzttsError
+from kztts.lm import TOKEN_EMBEDDING  # the runtime reads the table by this name
 from kztts.manifest import FORMAT, FORMAT_VERSION, KIND_LM, write_manifest
 
 log = logging.getLogger(__name__)
 
-TOKEN_EMBEDDING = "token_embedding"
 # conversations rendered by both the checkpoint's template and kztts.chatml at export
 _CHECK_CONVERSATIONS = (
     [{"role": "user", "content": "Hello!"}],

@@ -42,7 +42,7 @@ DECODE_STEPS = 24  # teacher-forced decode steps per text (after its prefilled f
 def _embedder(work_dir: Path):
     """ids -> float32 rows of the bundle's token table (bf16 bit patterns converted; the table stays mapped)."""
     from kztts.embeddings import bf16_to_f32
-    from kztts.export.lm_export import TOKEN_EMBEDDING
+    from kztts.lm import TOKEN_EMBEDDING
 
     table = np.load(work_dir / "embeddings" / f"{TOKEN_EMBEDDING}.npy", mmap_mode="r")
 
