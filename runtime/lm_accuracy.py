@@ -18,6 +18,7 @@ row sees the same tokens. ``benchmarks/bench_lm.py`` builds the rows and writes 
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -80,6 +81,7 @@ class RowSpec:
     placement: str | None = None
     check_saturation: bool = False
     strict: bool = True
+    guard_counts: bool = False  # the guard counts flagged HTP calls (``guard_flagged``) instead of failing the row
 
     @property
     def device(self) -> str:
@@ -205,9 +207,13 @@ def open_row(spec: RowSpec, threads: int, context: int = DEFAULT_CONTEXT):
     from kztts.lm import LM
     from kztts.sessions import SessionConfig
 
-    return LM(spec.bundle, target=spec.target, placement=spec.placement, strict=spec.strict,
-              check_saturation=spec.check_saturation, context=context if spec.target is None else None,
-              session_config=SessionConfig(threads=threads))
+    lm = LM(spec.bundle, target=spec.target, placement=spec.placement, strict=spec.strict,
+            check_saturation=spec.check_saturation, context=context if spec.target is None else None,
+            session_config=SessionConfig(threads=threads))
+    guard = getattr(lm.runner, "guard", None)
+    if guard is not None and spec.guard_counts:
+        guard.strict = False  # QNN stays strict (no silent CPU fallback); the guard only counts
+    return lm
 
 
 def _context_limit(specs: Sequence[RowSpec], context: int) -> int:
@@ -218,20 +224,56 @@ def _context_limit(specs: Sequence[RowSpec], context: int) -> int:
     return min(limits + [context])
 
 
+def _reference_key(spec: RowSpec, samples: Sequence[Sample], steps: int, limit: int) -> str:
+    return json.dumps({"bundle": str(Path(spec.bundle).resolve()), "texts": [s.text for s in samples],
+                       "steps": steps, "limit": limit}, sort_keys=True)
+
+
+def save_reference(path: Path, key: str, row: dict, tokens: Sequence[Tokens], reference: Reference) -> None:
+    """The fp32 row, its tokens and logits/greedy ids, for :func:`run_rows` in another process."""
+    arrays = {f"logits_{i}": lg for i, lg in enumerate(reference.logits)}
+    meta = {"key": key, "row": row, "tokens": [vars(t) for t in tokens], "greedy": reference.greedy}
+    with open(path, "wb") as f:
+        np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+
+
+def load_reference(path: Path, key: str) -> tuple[dict, list[Tokens], Reference] | None:
+    """What :func:`save_reference` wrote, if it was made with the same bundle, texts, steps and context."""
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        if meta["key"] != key:
+            log.warning("%s: saved for another bundle, text set, greedy steps or context; recomputing", path)
+            return None
+        logits = [z[f"logits_{i}"] for i in range(len(meta["tokens"]))]
+    return meta["row"], [Tokens(**t) for t in meta["tokens"]], Reference(logits, meta["greedy"])
+
+
 def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, threads: int = 2,
              steps: int = GREEDY_STEPS, context: int = DEFAULT_CONTEXT,
-             on_row: Callable[[dict], None] | None = None) -> list[dict]:
+             on_row: Callable[[dict], None] | None = None, reference_file: Path | None = None) -> list[dict]:
     """Every row of ``specs`` (the first must be the fp32 CPU reference) over ``samples``, one row
     open at a time (a 1.5B bundle and its variants do not fit in memory together). The texts are
     cut to the smallest static context of the HTP rows and ``context`` (the CPU rows' cache). A row that fails to open
-    or run (a graph refused by QNN, the fp16 guard under strict) records its ``error``."""
+    or run (a graph refused by QNN, the fp16 guard under strict) records its ``error``. ``reference_file``:
+    the fp32 row is read from it when it was saved for the same bundle, texts, steps and context
+    (its row says ``"reused"``), else computed and saved there (one HTP row per process, one reference)."""
     if not specs or specs[0].device != "cpu" or specs[0].weights != "fp32":
         raise ValueError("the first row must be the fp32 CPU bundle (the reference)")
     limit = _context_limit(specs, context)
     rows: list[dict] = []
     tokens: list[Tokens] = []
     reference = None
+    key = _reference_key(specs[0], samples, steps, limit)
+    saved = load_reference(reference_file, key) if reference_file is not None and reference_file.exists() else None
     for i, spec in enumerate(specs):
+        if i == 0 and saved is not None:
+            row, tokens, reference = saved
+            row = {**row, "reused": str(reference_file)}
+            log.info("lm_accuracy: %s reused from %s", spec.name, reference_file)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+            continue
         row = {"name": spec.name, "device": spec.device, "weights": spec.weights,
                "placement": spec.placement or ("cpu" if spec.target is None else "all-htp"),
                "guard": spec.check_saturation, "error": None}
@@ -249,6 +291,8 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
             if guard is not None:
                 row["guard_flagged"] = int(guard.total)
             del lm
+            if i == 0 and reference_file is not None:
+                save_reference(reference_file, key, row, tokens, reference)
         except Exception as e:  # noqa: BLE001 - a refused row is a result of the table
             if i == 0:
                 raise

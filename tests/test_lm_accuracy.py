@@ -38,13 +38,20 @@ def test_metrics_on_known_values():
     assert all(s.text.startswith(s.prompt) and len(s.text) > len(s.prompt) for s in SAMPLES)
 
 
-def test_rows_cpu_variant(qwen3_bundle):
-    """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so."""
+def test_rows_cpu_variant(qwen3_bundle, tmp_path):
+    """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so.
+    The fp32 row saved to a file is reused by a second run (same rows), not by a run with other settings."""
     from kztts.export.variants import cached_variant
 
     specs = [RowSpec("cpu fp32", qwen3_bundle),
              RowSpec("cpu int4", cached_variant(qwen3_bundle, weights="int4"), weights="int4")]
-    rows = run_rows(specs, threads=1, context=64)
+    saved = tmp_path / "ref.npz"
+    rows = run_rows(specs, threads=1, context=64, reference_file=saved)
+    again = run_rows(specs, threads=1, context=64, reference_file=saved)
+    assert "reused" not in rows[0] and again[0]["reused"] == str(saved)
+    assert {k: v for k, v in again[0].items() if k != "reused"} == rows[0]
+    assert again[1]["logits_cos_mean"] == rows[1]["logits_cos_mean"] and again[1]["ppl"] == rows[1]["ppl"]
+    assert "reused" not in run_rows(specs[:1], threads=1, context=64, steps=8, reference_file=saved)[0]
     ref, int4 = rows
     assert all(0 < n <= 64 for n in ref["positions"].values())
     assert ref["logits_cos_min"] == pytest.approx(1.0) and ref["top1_agree"] == 1.0
