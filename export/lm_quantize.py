@@ -58,27 +58,13 @@ def lm_calibration_feeds(work_dir: Path, float_files: dict[str, str], graph: str
     """Yield the feeds of ``graph`` ("talker_prefill" or "talker_decode") while the float static graphs
     of the LM bundle being written in ``work_dir`` run ``texts`` (module docstring). ``config``: the
     manifest's ``config.lm``."""
-    import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from kztts.talker_static import DECODE, PREFILL, StaticTalker
+    from kztts.export.quantize import recording_talker
 
-    if PREFILL not in float_files or DECODE not in float_files:
-        raise RuntimeError("w8a16 calibration drives both static graphs: place talker_prefill and talker_decode "
-                           "on the HTP")
+    talker, pending = recording_talker(work_dir, float_files, graph, config, mask_value)
     tok = Tokenizer.from_file(str(work_dir / "tokenizer.json"))
     embed = _embedder(work_dir)
-
-    def cpu(name):
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        return ort.InferenceSession(str(work_dir / float_files[name]), sess_options=so,
-                                    providers=["CPUExecutionProvider"])
-
-    talker = StaticTalker(cpu(PREFILL), cpu(DECODE), config, mask_value)
-    pending: list[dict] = []
-    talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
-        if name == graph else None
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids[:talker.context]
         if len(ids) < 2:

@@ -76,31 +76,17 @@ class _Frames:
         return np.asarray(out, np.int64)
 
 
-def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph: str, *,
-                      prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
-                      mask_value: float = -50.0) -> Iterator[dict]:
-    """Yield the feeds of ``graph`` ("talker_prefill" or "talker_decode") while the float static
-    graphs speak the calibration prompts (see the module docstring)."""
+def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, mask_value: float):
+    """The float static graphs in ``work_dir`` on the CPU EP as a :class:`~kztts.talker_static.StaticTalker`
+    (``config``: the manifest's Talker config), and the list it appends ``graph``'s feeds to (copied) on
+    every call: the calibration data of a w8a16 quantization. The caller drains the list."""
     import onnxruntime as ort
 
-    from kztts.embeddings import EmbeddingTables
-    from kztts.export.graph_parts import model_config, special_ids
-    from kztts.export.reference import synthetic_voice
-    from kztts.prompt import build_prompt, language_id
-    from kztts.replay import decode_input, greedy_cb0
     from kztts.talker_static import DECODE, PREFILL, StaticTalker
-    from kztts.text import TextTokenizer
 
     if PREFILL not in float_files or DECODE not in float_files:
         raise RuntimeError("w8a16 calibration drives both static Talker graphs: place talker_prefill and "
                            "talker_decode on the HTP")
-    sid = special_ids(model)
-    cfg = model_config(model)
-    tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
-    tok = TextTokenizer(work_dir / "tokenizer.json")
-    languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
-    with torch.no_grad():
-        speaker = model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
 
     def cpu(name):
         so = ort.SessionOptions()
@@ -108,10 +94,33 @@ def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph:
         return ort.InferenceSession(str(work_dir / float_files[name]), sess_options=so,
                                     providers=["CPUExecutionProvider"])
 
-    talker = StaticTalker(cpu(PREFILL), cpu(DECODE), cfg["talker"], mask_value)
+    talker = StaticTalker(cpu(PREFILL), cpu(DECODE), config, mask_value)
     pending: list[dict] = []
     talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
         if name == graph else None
+    return talker, pending
+
+
+def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph: str, *,
+                      prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
+                      mask_value: float = -50.0) -> Iterator[dict]:
+    """Yield the feeds of ``graph`` ("talker_prefill" or "talker_decode") while the float static
+    graphs speak the calibration prompts (see the module docstring)."""
+    from kztts.embeddings import EmbeddingTables
+    from kztts.export.graph_parts import model_config, special_ids
+    from kztts.export.reference import synthetic_voice
+    from kztts.prompt import build_prompt, language_id
+    from kztts.replay import decode_input, greedy_cb0
+    from kztts.text import TextTokenizer
+
+    sid = special_ids(model)
+    cfg = model_config(model)
+    talker, pending = recording_talker(work_dir, float_files, graph, cfg["talker"], mask_value)
+    tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
+    tok = TextTokenizer(work_dir / "tokenizer.json")
+    languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
+    with torch.no_grad():
+        speaker = model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
     cp = _Frames(model)
     for text, lang, non_streaming in prompts:
         lid = None if lang == "auto" else language_id(languages, lang)
