@@ -5,8 +5,9 @@ An HTP row runs a qnn_configs target's static graphs on the HTP simulator of onn
 (``kztts.bench.htp_worker``), for accuracy only. Its bundle is the fp32 base bundle plus that
 target's static graphs (``kztts.export.htp_export.export_htp_graphs``: fp16 float graphs, or
 w8a16 QDQ graphs calibrated on real prompts), exported at a small static context so the
-simulator stays quick, with their QNN context binaries (``--context-binary``: what a device loads); every base file is a hard link (a symbolic link when the bundle is built
-on another file system, ``--htp-dir``: a 0.6B HTP bundle adds ~4 GB of static graphs).
+simulator stays quick, with their QNN context binaries (``--context-binary``: what a device
+loads); every base file is a hard link (a symbolic link when the bundle is built on another
+file system, ``--htp-dir``: a 0.6B HTP bundle adds ~4 GB of static graphs).
 The export side (torch) is imported only when a bundle is built.
 """
 from __future__ import annotations
