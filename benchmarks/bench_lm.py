@@ -101,7 +101,7 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
             elif p == "guarded":
                 placement = guarded or guarded_placement(bundle, out, calibrate_prompts)
                 specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target, check_saturation=True,
-                                     placement=str(placement)))
+                                     guard_counts=layers, placement=str(placement)))
             else:
                 specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p,
                                      check_saturation=layers, guard_counts=layers))
