@@ -93,7 +93,7 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
 
     if args.target or args.placement:
         raise KzttsError(f"{args.bundle}: an LM bundle's HTP rows and placements are compared with its fp32 CPU "
-                         "bundle by benchmarks/bench_lm.py; kztts validate checks its CPU graphs")
+                         "bundle by `kztts bench --lm` (benchmarks/bench_lm.py); kztts validate checks its CPU graphs")
     check_lm_reference(Path(args.bundle), Path(args.reference))
     report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames)
     bounds = BOUNDS["lm"]
