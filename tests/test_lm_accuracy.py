@@ -143,5 +143,21 @@ def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
     assert all(p["steps"] == 16 for p in report["prompts"])
     assert main(["validate", str(qwen3_bundle), "--reference", str(cached_tiny_lm("qwen2"))]) == 2
     assert "not the checkpoint this LM bundle was exported from" in capsys.readouterr().err
-    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--placement", "all-htp"]) == 2
-    assert "bench_lm.py" in capsys.readouterr().err
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--precision", "w8a16"]) == 2
+    assert "an LM bundle holds one HTP precision" in capsys.readouterr().err
+
+
+def test_validate_an_lm_placement(qwen3_bundle, qwen3_dir, small_target, capsys):
+    """``kztts validate LM_BUNDLE --target T --placement P``: the placement against the bundle's fp32 CPU
+    graphs (as for a TTS bundle), judged against the ``lm-placement`` bound."""
+    from kztts.cli import main
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--target", str(small_target),
+                 "--placement", "all-htp", "--frames", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runner"] == "segments" and report["steps"] == 4 and report["tokens"] > 0
+    assert report["pass"] and report["logits_cos_min"] >= 0.999 and report["greedy_match"] == 1.0
+    assert report["guard_flagged"] == 0 and report["ppl"] == pytest.approx(report["ppl_fp32"], rel=1e-2)
