@@ -73,6 +73,29 @@ def test_hosted_graphs_equal_one_process(bundle, small_target, hosted_target):
     hosted.plan.hosts.close()
 
 
+@pytest.mark.parametrize("placement, runner", [(None, "static"), ("prefill-htp-decode-cpu", "handover")])
+def test_whole_stack_graphs_in_hosts(bundle, small_target, tmp_path, placement, runner):
+    """The whole-stack static graphs (0.42 MB each) in two hosts of 0.6 MB: the static runner (its decode
+    step passes arrays: a hosted session has no IO binding) and the KV handover give one process's logits."""
+    from kztts.lm import LM
+
+    data = json.loads(small_target.read_text())
+    data["process_context_mb"] = 0.6
+    target = tmp_path / "hosted.json"
+    target.write_text(json.dumps(data))
+    ids = _ids(bundle)
+    ref = _feed(LM(bundle, target=small_target, placement=placement, strict=True, check_saturation=False), ids)
+    lm = LM(bundle, target=target, placement=placement, strict=True, check_saturation=False)
+    assert lm.plan.runner == runner
+    got = _feed(lm, ids)
+    hosts = lm.plan.host_summary()
+    assert [h["graphs"] for h in hosts] == [["talker_prefill"], ["talker_decode"]]  # the handover's tail too
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)
+    lm.plan.close()
+    assert lm.plan.host_summary() == []
+
+
 def test_a_dead_host_is_a_clear_error(bundle, hosted_target):
     """A host killed under the runtime (the OOM killer's signal) fails the next call naming the
     host, the signal and the graphs it held; no hang, no traceback from inside the pipe."""
