@@ -267,6 +267,10 @@ class ExecutionPlan:
             rows.append((s.role, graphs, s.device, s.precision, str(s.threads) if s.threads else "auto", s.reason))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+        budget = getattr(self.target, "process_context_mb", None)
+        if budget and any(s.device == "htp" for s in self.steps.values()):
+            lines.append(f"HTP graphs open in host processes of at most {budget:g} MB of graph files each "
+                         "(target process_context_mb; kztts.htp_hosts)")
         return "\n".join(lines)
 
 

@@ -64,6 +64,8 @@ def test_hosted_graphs_equal_one_process(bundle, small_target, hosted_target):
     hosts = hosted.plan.hosts.summary()
     print("hosts:", hosts)
     assert len(hosts) == 3 and all(h["mb"] <= BUDGET_MB for h in hosts)
+    assert "host processes of at most 0.4 MB of graph files each" in hosted.plan.table()
+    assert "host processes" not in one.plan.table()
     assert len({h["pid"] for h in hosts} | {os.getpid()}) == 4
     opened = [g for h in hosts for g in h["graphs"]]
     assert sorted(opened) == sorted(n for n in hosted.runner.sessions) and len(opened) == 6
