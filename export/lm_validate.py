@@ -81,3 +81,28 @@ def validate_lm(bundle_dir: str | Path, reference: str | Path, *, steps: int = 3
             "logits_cos_min": min(p["logits_cos_min"] for p in prompts),
             "logits_cos_mean": float(np.mean([p["logits_cos_mean"] for p in prompts])),
             "greedy_match": float(np.mean([p["greedy_equal"] for p in prompts]))}
+
+
+def validate_lm_placement(bundle_dir: str | Path, *, target: str | None, placement: str | None,
+                          steps: int = 32, strict: bool = True, context: int = 512) -> dict:
+    """An LM bundle on ``target`` under ``placement`` (a mode, a placement file, or None: the target's
+    placement keys) against its fp32 CPU graphs, which plain ``kztts validate`` checks against
+    transformers: the ``kztts.lm_accuracy`` metrics over its text set (teacher-forced logits cosine and
+    top-1, perplexity, ``steps`` greedy tokens per prompt), with the fp16 guard counting flagged HTP
+    calls. A row that cannot run (QNN refusing a graph under strict, a missing graph) raises."""
+    from kztts.lm_accuracy import SAMPLES, RowSpec, run_rows
+
+    bundle_dir = Path(bundle_dir)
+    specs = [RowSpec("cpu fp32", bundle_dir),
+             RowSpec(f"{target or 'cpu'} {placement or 'target placement'}", bundle_dir, target=target,
+                     placement=placement, check_saturation=True, strict=strict, guard_counts=True)]
+    ref, row = run_rows(specs, samples=SAMPLES, threads=0, steps=steps, context=context)
+    if row["error"]:
+        raise KzttsError(f"{bundle_dir}: {row['error']}")
+    return {"bundle": str(bundle_dir), "target": target, "placement": placement, "runner": row.get("runner"),
+            "steps": steps, "tokens": row["tokens"], "logits_cos_min": row["logits_cos_min"],
+            "logits_cos_mean": row["logits_cos_mean"], "top1_agree": row["top1_agree"],
+            "ppl": row["ppl"], "ppl_fp32": ref["ppl"],
+            "greedy_match": row["greedy_equal"] / row["greedy_prompts"],
+            "greedy_prefix_mean": row["greedy_prefix_mean"], "guard_flagged": row.get("guard_flagged", 0),
+            "htp_hosts": row.get("htp_hosts", [])}

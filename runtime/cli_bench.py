@@ -302,7 +302,31 @@ def _htp_bundles(htp_configs: list, args: argparse.Namespace, baseline_row: dict
     return out
 
 
+def run_lm_bench(args: argparse.Namespace) -> int:
+    """``kztts bench --lm SOURCE``: the causal-LM rows (``kztts.bench.lm``)."""
+    import shlex
+
+    from kztts.bench import grid as G
+    from kztts.bench import lm as bench_lm
+
+    threads = G.parse_threads(args.threads or "2")
+    if len(threads) != 1:
+        raise KzttsError(f"--threads {args.threads}: the LM rows run at one thread count (e.g. --threads 2)")
+    _, htp_targets = G.parse_targets(args.target or "cpu")
+    if len(htp_targets) > 1:
+        raise KzttsError(f"--target {args.target}: the LM rows take one HTP target")
+    out = check_writable_dir(args.out, "results folder", create_parents=True) if args.out else _default_out()
+    command = " ".join(shlex.quote(a) for a in ["kztts", *getattr(args, "argv", sys.argv[1:])])
+    rows = bench_lm.run(bench_lm.from_args(args, Path(args.lm), target=htp_targets[0] if htp_targets else None,
+                                           threads=threads[0], out=out, command=command))
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.lm:
+        return run_lm_bench(args)
+    if args.threads is None:
+        args.threads = "1,2"
     result = run_bench(args)
     return 1 if any("error" in r for r in result["rows"]) else 0
 
@@ -319,7 +343,7 @@ def add_command(sub) -> None:
     s.add_argument("--kv", default=",".join(G.KV_PRECISIONS), help=f"KV-cache precisions ({','.join(G.KV_PRECISIONS)})")
     s.add_argument("--cp-mode", default=",".join(G.CP_MODES), help=f"Code Predictor modes ({','.join(G.CP_MODES)})")
     s.add_argument("--decoder", default="fp32", help=f"speech decoder precisions ({','.join(G.DECODER_PRECISIONS)})")
-    s.add_argument("--threads", default="1,2", help="thread counts (1,2)")
+    s.add_argument("--threads", default=None, help="thread counts (default 1,2; with --lm one count, default 2)")
     s.add_argument("--spin", default="0", help="ONNX Runtime thread spinning: 0 (default), 1, or 0,1 for both")
     s.add_argument("--pipeline", default="0",
                    help="1: the streaming decoder runs on a background thread (1 intra-op thread) while the next "
@@ -356,4 +380,11 @@ def add_command(sub) -> None:
                         "(kztts.bench.quality_rows); WAVs and tables under <out>/quality/")
     s.add_argument("--seeds", type=int, default=5, help="seeds per prompt for --quality (default 5)")
     s.add_argument("--out", help="results folder (default benchmarks/results/bench-<time>)")
+    s.add_argument("--lm", metavar="SOURCE",
+                   help="causal-LM rows instead of the TTS grid: SOURCE is a Qwen2/Qwen3 GGUF file or Hugging Face "
+                        "directory; CPU --weights rows and, with --target, HTP simulator rows (accuracy against the "
+                        "fp32 CPU bundle, perplexity, greedy agreement; kztts.bench.lm)")
+    from kztts.bench.lm import add_arguments
+
+    add_arguments(s, standalone=False)
     s.set_defaults(func=cmd_bench)

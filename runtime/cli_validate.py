@@ -91,10 +91,12 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
 def cmd_validate_lm(args: argparse.Namespace) -> int:
     from kztts.export.lm_validate import check_lm_reference, validate_lm
 
-    if args.target or args.placement:
-        raise KzttsError(f"{args.bundle}: an LM bundle's HTP rows and placements are compared with its fp32 CPU "
-                         "bundle by benchmarks/bench_lm.py; kztts validate checks its CPU graphs")
+    if args.precision:
+        raise KzttsError(f"--precision {args.precision}: an LM bundle holds one HTP precision (its export's "
+                         "--precision); validate the w8a16 bundle itself")
     check_lm_reference(Path(args.bundle), Path(args.reference))
+    if args.target or args.placement:
+        return cmd_validate_lm_placement(args)
     report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames)
     bounds = BOUNDS["lm"]
 
@@ -104,6 +106,31 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
             print(f"{p['name']:<10}{p['prompt_tokens']:>7}{p['steps']:>6}{'equal' if p['greedy_equal'] else 'DIFF':>8}"
                   f"{p['logits_cos_min']:>16.7f}{p['logits_cos_mean']:>12.7f}{p['logits_max_abs_diff']:>10.2e}")
         print("\n".join(metric_lines(report, ("logits_cos_min", "logits_cos_mean", "greedy_match"), bounds)))
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
+    from kztts.export.lm_validate import validate_lm_placement
+
+    report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
+                                   steps=args.frames, strict=not args.lenient)
+    from kztts.manifest import read_manifest
+
+    static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
+    # w8a16 is reported, not bounded (as for TTS bundles: its error is the quantization's, per model)
+    bounds = {} if "w8a16" in static and args.target else BOUNDS["lm-placement"]
+
+    def text() -> None:
+        print(f"placement {report['placement'] or '(the target placement keys)'} on {report['target'] or 'cpu'}  "
+              f"[runner {report['runner']}], against the bundle's fp32 CPU graphs")
+        for line in metric_lines(report, ("logits_cos_min", "logits_cos_mean", "top1_agree", "greedy_match"), bounds):
+            print(line)
+        print(f"{'perplexity':<26}{report['ppl']:.4f} (fp32 {report['ppl_fp32']:.4f})")
+        print(f"{'guard_flagged':<26}{report['guard_flagged']} HTP graph calls reached the fp16 guard threshold")
+        if report["htp_hosts"]:
+            print(f"{'htp_hosts':<26}{len(report['htp_hosts'])} processes "
+                  f"({', '.join(str(h['mb']) + ' MB' for h in report['htp_hosts'])})")
 
     return _finish(args, report, bounds, text)
 

@@ -75,7 +75,11 @@ class LM:
                               "(kztts export LM_DIR -o BUNDLE, or --gguf FILE)")
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict,
                                  attention=attention, check_saturation=check_saturation)
-        self.runner = talker if talker is not None else self.plan.open_talker(context)
+        try:
+            self.runner = talker if talker is not None else self.plan.open_talker(context)
+        except BaseException:
+            self.plan.close()  # HTP host processes started for the graphs opened so far
+            raise
         self.tokenizer = Tokenizer.from_file(str(Path(self.bundle.path) / TOKENIZER_FILE))
         spec = m.embeddings.get(TOKEN_EMBEDDING)
         if spec is None:

@@ -279,6 +279,7 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
                "guard": spec.check_saturation, "error": None}
         rows.append(row)
         log.info("lm_accuracy: %s", spec.name)
+        lm = None
         try:
             lm = open_row(spec, threads, limit)
             row["runner"] = lm.plan.runner
@@ -290,7 +291,11 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
             guard = getattr(lm.runner, "guard", None)
             if guard is not None:
                 row["guard_flagged"] = int(guard.total)
-            del lm
+            hosts = lm.plan.host_summary()
+            if hosts:
+                row["htp_hosts"] = [{"graphs": len(h["graphs"]), "mb": h["mb"]} for h in hosts]
+            lm.plan.close()
+            lm = None
             if i == 0 and reference_file is not None:
                 save_reference(reference_file, key, row, tokens, reference)
         except Exception as e:  # noqa: BLE001 - a refused row is a result of the table
@@ -298,6 +303,9 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
                 raise
             log.warning("%s: %s", spec.name, e)
             row["error"] = f"{type(e).__name__}: {e}"
+            if lm is not None:
+                lm.plan.close()  # its HTP host processes hold GBs: the next row needs them
+            lm = None
         if on_row is not None:
             on_row(row)
     return rows

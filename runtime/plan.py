@@ -91,7 +91,9 @@ class ExecutionPlan:
                 role = next((s.role for s in self.steps.values() if graph in s.graphs), G.GRAPHS[graph].role)
                 G.require(self.bundle.manifest, graph, feature=f"the {role.replace('_', ' ')}",
                           inputs=G.GRAPHS[graph].inputs)
-            if key[1] == "htp":
+            if key[1] == "htp" and self.hosts is not None:
+                sess = self.hosts.open(graph)
+            elif key[1] == "htp":
                 from kztts.qnn import open_target_session
 
                 sess = open_target_session(self.bundle, graph, self.target, self.strict)
@@ -99,6 +101,32 @@ class ExecutionPlan:
                 sess = self.bundle.session(graph)
             self._sessions[key] = sess
         return sess
+
+    @cached_property
+    def hosts(self):
+        """HTP host processes (``kztts.htp_hosts``) when the target caps the graph bytes per process
+        and the QNN EP is present; None: HTP graphs open in this process."""
+        budget = getattr(self.target, "process_context_mb", None)
+        if not budget:
+            return None
+        from kztts.qnn import qnn_available
+
+        if not qnn_available():  # every "HTP" graph runs on the CPU EP here: no per-process cap to honour
+            return None
+        from kztts.htp_hosts import HtpHosts
+
+        return HtpHosts(self.bundle, self.target, self.strict, budget)
+
+    def host_summary(self) -> list[dict]:
+        """The HTP host processes opened so far (``HtpHosts.summary``); [] when none."""
+        hosts = self.__dict__.get("hosts")
+        return hosts.summary() if hosts is not None else []
+
+    def close(self) -> None:
+        """End the HTP host processes (sessions of this process close with the plan)."""
+        hosts = self.__dict__.get("hosts")
+        if hosts is not None:
+            hosts.close()
 
     # ------------------------------------------------------------ runners
     def open_talker(self, context: int | None = None):
@@ -239,6 +267,10 @@ class ExecutionPlan:
             rows.append((s.role, graphs, s.device, s.precision, str(s.threads) if s.threads else "auto", s.reason))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+        budget = getattr(self.target, "process_context_mb", None)
+        if budget and any(s.device == "htp" for s in self.steps.values()):
+            lines.append(f"HTP graphs open in host processes of at most {budget:g} MB of graph files each "
+                         "(target process_context_mb; kztts.htp_hosts)")
         return "\n".join(lines)
 
 

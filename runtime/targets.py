@@ -22,6 +22,7 @@ File layout (all keys required unless marked optional)::
       "placement": {"talker_prefill": "htp", "talker_decode": "htp", "cp_frame": "htp", "decoder": "cpu",
                     "speaker_encoder": "cpu"},                                    # speaker_encoder optional
       "kv_dtype": "fp16",                    # optional: Talker KV I/O, kztts.graphs.HTP_KV_DTYPES
+      "process_context_mb": 2600,            # optional: HTP graphs per process (kztts.htp_hosts)
       "cost": {"dram_gbps": 76.8, "dram_source": "...", ...}                       # optional, see COST_FIGURES
     }
 
@@ -166,6 +167,8 @@ class Target:
     kv_dtype: str | None = None  # static Talker KV I/O (kztts.graphs.HTP_KV_DTYPES); None: the precision's default
     talker_graphs: str = TALKER_GRAPHS[0]  # see TALKER_GRAPHS
     cost: dict | None = None  # published bandwidth/throughput figures with their sources (COST_FIGURES)
+    # the most MB of HTP graph files one process opens; more go to host processes (kztts.htp_hosts)
+    process_context_mb: float | None = None
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     def qnn_options(self, backend_path: str) -> dict[str, str]:
@@ -296,7 +299,7 @@ def parse_target(data: Any, path: Path) -> Target:
     top = _obj(path, data, "", {
         "schema": str, "name": str, "description": str, "runs_on": str, "soc": dict, "precision": str,
         "provider_options": dict, "shapes": dict, "attention_mask_value": (int, float), "placement": dict},
-        {"layer_placement": dict, "kv_dtype": str, "talker_graphs": str, "cost": dict})
+        {"layer_placement": dict, "kv_dtype": str, "talker_graphs": str, "cost": dict, "process_context_mb": (int, float)})
     talker_graphs = top.get("talker_graphs", TALKER_GRAPHS[0])
     if talker_graphs not in TALKER_GRAPHS:
         raise _err(path, "talker_graphs", f"{talker_graphs!r} is not one of {', '.join(TALKER_GRAPHS)}")
@@ -370,11 +373,15 @@ def parse_target(data: Any, path: Path) -> Target:
         except PlacementError as exc:
             raise TargetError(str(exc)) from None
     cost = _check_cost(path, top.get("cost"), top["runs_on"])
+    budget = top.get("process_context_mb")
+    if budget is not None and (isinstance(budget, bool) or not 0 < budget < 1 << 20):
+        raise _err(path, "process_context_mb", f"{budget!r} must be a positive number of MB (the graph files one "
+                                               "process opens on the HTP)")
     return Target(name=top["name"], path=path, description=top["description"], runs_on=top["runs_on"], soc=info,
                   marketing_name=soc.get("marketing_name", ""), precision=top["precision"],
                   provider_options=options, shapes=shapes, attention_mask_value=mask,
                   placement=dict(place), layer_placement=layers, kv_dtype=kv or None, talker_graphs=talker_graphs,
-                  cost=cost, raw=data)
+                  cost=cost, process_context_mb=budget, raw=data)
 
 
 def _check_cost(path: Path, cost: Any, runs_on: str) -> dict | None:

@@ -150,13 +150,17 @@ class TTS:
                                  attention=attention, check_saturation=True)
         self.target = self.plan.target
         log.info("%s", self.plan.table())
-        self.talker = talker if talker is not None else self.plan.open_talker(context)
-        self.code_predictor = self.plan.open_code_predictor(self.tables)
+        try:
+            self.talker = talker if talker is not None else self.plan.open_talker(context)
+            self.code_predictor = self.plan.open_code_predictor(self.tables)
+            self.plan.session(self.plan.decoder_graph())  # open (and check) it now, as the other graphs
+        except BaseException:
+            self.plan.close()  # HTP host processes started for the graphs opened so far
+            raise
         self.sample_rate = int(m.data["config"].get("sample_rate", 24000))
         self.speaker_size = int(m.data["config"]["speaker_embedding_size"])
         self._decoder = None
         self._streaming = None
-        self.plan.session(self.plan.decoder_graph())  # open (and check) it now, as the other graphs
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
         self._calls = CallLock("TTS")

@@ -3,7 +3,8 @@
 One table per check: ``cpu`` (a bundle against qwen-tts, ``kztts validate``), ``htp-fp16``
 (the static graphs in fp16 on the HTP against the CPU fp32 graphs, ``--target``; a w8a16
 export is reported, not bounded) and ``placement`` (a Talker layer placement against the
-all-CPU fp32 Talker, ``--placement``); ``lm``: an LM bundle against transformers. A bound is ``(op, value)`` with op ``<=`` or ``>=``.
+all-CPU fp32 Talker, ``--placement``); ``lm``: an LM bundle against transformers; ``lm-placement``: an LM
+bundle on a target or under a placement against its fp32 CPU graphs. A bound is ``(op, value)`` with op ``<=`` or ``>=``.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     "placement": {"talker_logits_cos_min": (">=", 0.999)},
     # an LM bundle's CPU graphs against transformers (issue 17: >= 0.9999 on the real checkpoint)
     "lm": {"logits_cos_min": (">=", 0.9999), "greedy_match": (">=", 1.0)},
+    # an LM bundle on a target / under a placement against its fp32 CPU graphs (as "placement")
+    "lm-placement": {"logits_cos_min": (">=", 0.999)},
 }
 
 

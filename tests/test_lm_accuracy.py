@@ -65,6 +65,32 @@ def test_rows_cpu_variant(qwen3_bundle, tmp_path):
         run_rows(specs[1:])
 
 
+def test_kztts_bench_lm_rows(qwen3_dir, qwen3_bundle, tmp_path, capsys):
+    """``kztts bench --lm SOURCE``: the LM rows from the bench command (CPU fp32 + int8 on a text subset),
+    the report naming the command; a bad flag is refused in one line before any work."""
+    from kztts.cli import main
+
+    out = tmp_path / "lm"
+    assert main(["bench", "--lm", str(qwen3_dir), "--lm-bundle", str(qwen3_bundle), "--weights", "fp32,int8",
+                 "--threads", "1", "--texts", "english,chinese", "--greedy-steps", "4", "--lm-context", "64",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "lm_accuracy.json").read_text())
+    assert data["complete"] and data["texts"] == ["english", "chinese"] and data["greedy_steps"] == 4
+    fp32, int8 = data["rows"]
+    assert (fp32["name"], int8["name"]) == ("cpu fp32", "cpu int8") and fp32["greedy_prompts"] == 2
+    assert fp32["logits_cos_min"] == pytest.approx(1.0) and 0.9 < int8["logits_cos_mean"] < 1.0
+    assert fp32["ms_per_token"] > 0 and int8["ms_per_token"] > 0
+    md = (out / "lm_accuracy.md").read_text()
+    assert "kztts bench --lm" in md and "(texts: english,chinese)" in md and "| cpu int8 |" in md
+    capsys.readouterr()
+    for flags, words in ((["--weights", "int8"], "--weights must start with fp32"),
+                         (["--texts", "latin"], "--texts: unknown latin"),
+                         (["--threads", "1,2"], "the LM rows run at one thread count"),
+                         (["--placements", "everywhere"], "--placements: unknown everywhere")):
+        assert main(["bench", "--lm", str(qwen3_dir), "--out", str(tmp_path / "bad"), *flags]) == 2, flags
+        assert words in capsys.readouterr().err, flags
+
+
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded
@@ -117,5 +143,21 @@ def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
     assert all(p["steps"] == 16 for p in report["prompts"])
     assert main(["validate", str(qwen3_bundle), "--reference", str(cached_tiny_lm("qwen2"))]) == 2
     assert "not the checkpoint this LM bundle was exported from" in capsys.readouterr().err
-    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--placement", "all-htp"]) == 2
-    assert "bench_lm.py" in capsys.readouterr().err
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--precision", "w8a16"]) == 2
+    assert "an LM bundle holds one HTP precision" in capsys.readouterr().err
+
+
+def test_validate_an_lm_placement(qwen3_bundle, qwen3_dir, small_target, capsys):
+    """``kztts validate LM_BUNDLE --target T --placement P``: the placement against the bundle's fp32 CPU
+    graphs (as for a TTS bundle), judged against the ``lm-placement`` bound."""
+    from kztts.cli import main
+    from kztts.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--target", str(small_target),
+                 "--placement", "all-htp", "--frames", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runner"] == "segments" and report["steps"] == 4 and report["tokens"] > 0
+    assert report["pass"] and report["logits_cos_min"] >= 0.999 and report["greedy_match"] == 1.0
+    assert report["guard_flagged"] == 0 and report["ppl"] == pytest.approx(report["ppl_fp32"], rel=1e-2)

@@ -76,6 +76,9 @@ def test_load_by_path_and_with_shapes(tmp_path, good):
     (lambda d: d["shapes"].update(decoder_chunk=12), "shapes.decoder_chunk", "must divide 25"),
     (lambda d: d.update(attention_mask_value=-1e9), "attention_mask_value", "fp16"),
     (lambda d: d.update(schema="other/2"), "schema", SCHEMA),
+    (lambda d: d.update(process_context_mb=0), "process_context_mb", "must be a positive number of MB"),
+    (lambda d: d.update(process_context_mb=True), "process_context_mb", "expected number"),
+    (lambda d: d.update(process_context_mb="2400"), "process_context_mb", "expected"),
 ])
 def test_bad_target_file_is_rejected_with_path_and_key(tmp_path, good, mutate, key, words):
     data = copy.deepcopy(good)

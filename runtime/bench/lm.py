@@ -1,0 +1,283 @@
+"""LM rows of ``kztts bench --lm SOURCE`` (and ``benchmarks/bench_lm.py``): which precision and
+placement are safe for a causal LM (issue 17).
+
+Rows (``kztts.lm_accuracy``, all against the fp32 CPU bundle, teacher-forced over its fixed
+multilingual text set, plus 32 greedy tokens per prompt):
+
+- CPU fp32 / int8 / int4 (``kztts export --weights``: MatMulNBits, blocks of 128), with the
+  median ms per decode step at ``--threads`` and the load average beside it;
+- with ``--target``: the HTP simulator in fp16 under all-htp (the static graphs),
+  guarded (``kztts calibrate``'s placement, run on the layer graphs with the fp16 guard on) and
+  prefill-htp-decode-cpu (KV handover); in w8a16 (a second bundle: the static graphs quantized,
+  calibrated on text by ``kztts.export.lm_quantize``) under all-htp and prefill-htp-decode-cpu.
+  A w8a16 guarded row does not exist: the layer graphs are fp16 only (the exporter refuses
+  ``--segments`` with w8a16; its message is quoted in the report). HTP rows are never timed (the
+  simulator is not a device). A bundle with ``--segments`` layer graphs but no whole-stack static
+  graphs (a 1.5B's, ``benchmarks/simulator_lm512.json``) runs the fp16 rows on its layer graphs,
+  with the guard counting flagged HTP calls (``guard_flagged``) rather than failing the row; QNN
+  itself stays strict (no CPU fallback). A target with ``process_context_mb`` opens the HTP graphs
+  in host processes (``kztts.htp_hosts``); each row's JSON lists them (``htp_hosts``).
+
+Each finished row is logged and ``lm_accuracy.json`` rewritten (``"complete": false`` until the
+last row), so a long simulator run keeps the rows it finished. ``lm_accuracy.md`` holds the table,
+its caveats and the command. The rows need the export extra (torch: variant export, calibration).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
+HTP_PRECISIONS = ("fp16", "w8a16")
+INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit grid (Q4_K_M): re-quantizing them "
+               "to int4 (blocks of 128) flatters int4; on a full-precision checkpoint int4 would lose more.")
+
+
+def w8a16_guarded_refusal(source: Path, target: str) -> str:
+    """The exporter's own message for w8a16 layer graphs (refused before anything loads): why there is
+    no w8a16 guarded row."""
+    from kztts.errors import KzttsError
+    from kztts.export.lm_export import export_lm_bundle
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            export_lm_bundle(source, Path(tmp) / "b", target=target, precision="w8a16", segments=True)
+        except KzttsError as e:
+            return str(e)
+    return "accepted (unexpected: add a w8a16 guarded row)"
+
+
+def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
+    """``kztts calibrate`` over ``prompts`` (default: the text set's prompts; each as a chat message):
+    the guarded placement."""
+    from kztts.cli import main
+    from kztts.lm_accuracy import SAMPLES
+
+    if prompts is None:
+        prompts = out / "prompts.txt"
+        prompts.write_text("\n".join(s.prompt.replace("\n", " ") for s in SAMPLES) + "\n", encoding="utf-8")
+    placement = out / "guarded.json"
+    if main(["calibrate", str(bundle), "--prompts", str(prompts), "--frames", "4", "-o", str(placement)]) != 0:
+        raise SystemExit("kztts calibrate failed")
+    return placement
+
+
+def layer_graphs_only(bundle: Path) -> bool:
+    """The bundle has the per-layer graphs (``--segments``) but no whole-stack static graphs."""
+    from kztts.manifest import read_manifest
+    from kztts.segments import segment_graph_name
+
+    graphs = read_manifest(bundle).graphs
+    return segment_graph_name("prefill", 0) in graphs and "talker_prefill" not in graphs
+
+
+def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
+              calibrate_prompts: Path | None = None, precisions: tuple[str, ...] = ("fp16",),
+              w8a16_bundle: Path | None = None, guarded: Path | None = None) -> list:
+    """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: fp16 rows of ``bundle``,
+    w8a16 rows of ``w8a16_bundle`` (no guarded row: its layer graphs would be fp16). ``guarded``: the
+    guarded row's placement file (default: ``kztts calibrate`` now)."""
+    from kztts.export.variants import cached_variant
+    from kztts.lm_accuracy import RowSpec
+
+    specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
+    layers = target is not None and layer_graphs_only(bundle)
+    for prec in precisions if target else ():
+        for p in placements:
+            if prec == "w8a16":
+                if p != "guarded":
+                    specs.append(RowSpec(f"htp-sim w8a16 {p}", w8a16_bundle, target=target, placement=p))
+            elif p == "guarded":
+                placement = guarded or guarded_placement(bundle, out, calibrate_prompts)
+                specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target, check_saturation=True,
+                                     guard_counts=layers, placement=str(placement)))
+            else:
+                specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p,
+                                     check_saturation=layers, guard_counts=layers))
+    return specs
+
+
+def report_markdown(rows: list[dict], manifest: dict, threads: int, texts: str | None, steps: int,
+                    w8a16: str | None, command: str) -> str:
+    from kztts.lm_accuracy import markdown_table
+
+    src = manifest.get("source") or {}
+    subset = f" (texts: {texts})" if texts else ""
+    lines = [f"LM `{manifest.get('model_type')}` from `{Path(src.get('path', '?')).name}` "
+             f"(sha256 {str(src.get('sha256', ''))[:12]}...), {threads} threads, "
+             f"{rows[0].get('tokens')} teacher-forced positions{subset}, {steps} greedy tokens per "
+             "prompt.", "",
+             markdown_table(rows), ""]
+    if src.get("gguf"):
+        lines.append(f"- **int4 caveat**: {INT4_CAVEAT}")
+    lines += ["- logits cos / top-1 agree: teacher-forced against the fp32 CPU bundle; greedy prefix: mean "
+              "fraction of the greedy tokens equal to fp32's before the first divergence; greedy equal: prompts "
+              "whose tokens are all equal.",
+              "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
+              "of one run, not absolute figures."]
+    if w8a16 is not None:
+        lines.append(f"- HTP w8a16: static graphs calibrated on `kztts.export.lm_quantize.CALIBRATION_TEXTS` "
+                     f"(disjoint from the measured texts); no guarded row, the exporter refuses w8a16 layer graphs: "
+                     f"\"{w8a16}\"")
+    lines += ["", "Command:", "", f"    {command}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LmBench:
+    """What one LM benchmark run measures (the flags of ``kztts bench --lm`` / ``bench_lm.py``)."""
+
+    source: Path  # a GGUF file or a Hugging Face directory
+    out: Path
+    command: str  # the command line, for the report
+    bundle: Path | None = None
+    weights: tuple[str, ...] = ("fp32", "int8", "int4")
+    target: str | None = None
+    placements: tuple[str, ...] = PLACEMENTS
+    precisions: tuple[str, ...] = HTP_PRECISIONS
+    w8a16_bundle: Path | None = None
+    calibrate_prompts: Path | None = None
+    guarded_placement: Path | None = None
+    texts: str | None = None
+    greedy_steps: int | None = None
+    reference: Path | None = None
+    threads: int = 2
+    context: int = 512
+
+
+def check(b: LmBench) -> None:
+    """Refuse a bad flag before anything is exported (KzttsError naming the flag and the choices)."""
+    from kztts.errors import KzttsError
+    from kztts.lm_accuracy import SAMPLES
+
+    if not b.weights or b.weights[0] != "fp32":
+        raise KzttsError("--weights must start with fp32 (the reference row)")
+    unknown = sorted(set(b.precisions) - set(HTP_PRECISIONS))
+    if unknown:
+        raise KzttsError(f"--htp-precisions: unknown {', '.join(unknown)} (expected {', '.join(HTP_PRECISIONS)})")
+    unknown = sorted(set(b.placements) - set(PLACEMENTS))
+    if unknown:
+        raise KzttsError(f"--placements: unknown {', '.join(unknown)} (expected {', '.join(PLACEMENTS)})")
+    if b.texts:
+        unknown = sorted(set(_names(b.texts)) - {s.name for s in SAMPLES})
+        if unknown:
+            raise KzttsError(f"--texts: unknown {', '.join(unknown)} (the set: {', '.join(s.name for s in SAMPLES)})")
+    if not b.source.exists():
+        raise KzttsError(f"{b.source}: no such checkpoint (a GGUF file or a Hugging Face directory)")
+
+
+def _names(csv: str) -> list[str]:
+    return [t.strip() for t in csv.split(",") if t.strip()]
+
+
+def run(b: LmBench) -> list[dict]:
+    """Every row, written to ``b.out`` as it finishes; returns the rows."""
+    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.lm_accuracy import GREEDY_STEPS, SAMPLES, run_rows
+    from kztts.manifest import read_manifest
+
+    check(b)
+    samples = tuple(s for s in SAMPLES if s.name in _names(b.texts)) if b.texts else SAMPLES
+    steps = b.greedy_steps if b.greedy_steps is not None else GREEDY_STEPS
+    b.out.mkdir(parents=True, exist_ok=True)
+    bundle = b.bundle or cached_lm_bundle(b.source, target=b.target, segments=b.target is not None)
+    manifest = read_manifest(bundle).data
+    w8a16, w8a16_bundle = None, None
+    if b.target and "w8a16" in b.precisions:
+        w8a16 = w8a16_guarded_refusal(b.source, b.target)
+        w8a16_bundle = b.w8a16_bundle or cached_lm_bundle(b.source, target=b.target, precision="w8a16")
+    specs = row_specs(bundle, list(b.weights), b.target, list(b.placements), b.out, b.calibrate_prompts,
+                      precisions=tuple(b.precisions), w8a16_bundle=w8a16_bundle, guarded=b.guarded_placement)
+    done: list[dict] = []
+
+    def write_json(complete: bool) -> None:
+        (b.out / "lm_accuracy.json").write_text(json.dumps(
+            {"bundle": str(bundle), "source": manifest.get("source"), "threads": b.threads,
+             "texts": [s.name for s in samples], "greedy_steps": steps, "w8a16_no_guarded_row": w8a16,
+             "load_avg_end": psutil.getloadavg(), "command": b.command, "complete": complete, "rows": done},
+            indent=1), encoding="utf-8")
+
+    def on_row(row: dict) -> None:
+        log.info("row %s", json.dumps(row))
+        done.append(row)
+        write_json(complete=False)
+
+    rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
+                    on_row=on_row, reference_file=b.reference)
+    write_json(complete=True)
+    md = report_markdown(rows, manifest, b.threads, b.texts, steps, w8a16, b.command)
+    (b.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
+    print(md)
+    return rows
+
+
+def add_arguments(ap, standalone: bool) -> None:
+    """The LM flags; ``standalone`` (bench_lm.py) adds the ones ``kztts bench`` already has."""
+    g = ap.add_argument_group("LM rows (kztts.bench.lm)") if not standalone else ap
+    if standalone:
+        g.add_argument("--weights", default="fp32,int8,int4", help="CPU rows (fp32 first: the reference)")
+        g.add_argument("--target", help="HTP simulator rows for this target (the bundle's static graphs)")
+        g.add_argument("--threads", type=int, default=2)
+        g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--lm-bundle", "--bundle", dest="lm_bundle", type=Path,
+                   help="the LM's fp32 bundle (default: exported into the cache; with --target it must hold that "
+                        "target's graphs and --segments)")
+    g.add_argument("--placements", default=",".join(PLACEMENTS), help="HTP rows' placements")
+    g.add_argument("--htp-precisions", default=",".join(HTP_PRECISIONS),
+                   help="HTP rows: fp16 (the --lm-bundle's graphs), w8a16 (a second bundle)")
+    g.add_argument("--w8a16-bundle", type=Path, help="its w8a16 LM bundle (default: exported into the cache "
+                                                      "with --target --precision w8a16)")
+    g.add_argument("--calibrate-prompts", type=Path, help="kztts calibrate's prompts for the guarded row "
+                                                           "(default: the text set's prompts)")
+    g.add_argument("--guarded-placement", type=Path, help="the guarded row's placement file (a `kztts calibrate` "
+                                                           "output) instead of calibrating now")
+    g.add_argument("--texts", help="a subset of the text set, by name (comma-separated; default: all; the "
+                                   "report names them)")
+    g.add_argument("--greedy-steps", type=int, default=None, help="greedy tokens per prompt (default: "
+                                                                  "kztts.lm_accuracy.GREEDY_STEPS)")
+    g.add_argument("--reference", type=Path, help="an .npz for the fp32 row: read when it was saved for the same "
+                                                 "bundle, texts, greedy steps and context, else computed and "
+                                                 "saved (one HTP row per process without recomputing fp32)")
+    g.add_argument("--lm-context", "--context", dest="lm_context", type=int, default=512,
+                   help="CPU KV positions (texts are cut to it)")
+
+
+def from_args(args, source: Path, *, target: str | None, threads: int, out: Path, command: str) -> LmBench:
+    """An :class:`LmBench` from parsed :func:`add_arguments` flags."""
+    return LmBench(source=Path(source), out=Path(out), command=command, bundle=args.lm_bundle,
+                   weights=tuple(_names(args.weights)), target=target, placements=tuple(_names(args.placements)),
+                   precisions=tuple(_names(args.htp_precisions)), w8a16_bundle=args.w8a16_bundle,
+                   calibrate_prompts=args.calibrate_prompts, guarded_placement=args.guarded_placement,
+                   texts=args.texts, greedy_steps=args.greedy_steps, reference=args.reference, threads=threads,
+                   context=args.lm_context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``benchmarks/bench_lm.py``: the same rows as ``kztts bench --lm``, with the LM's own flags."""
+    import argparse
+    import shlex
+    import sys
+
+    from kztts.errors import KzttsError
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", type=Path, help="a Qwen2/Qwen3 GGUF file")
+    src.add_argument("--model", type=Path, help="a Qwen2/Qwen3 Hugging Face directory")
+    add_arguments(ap, standalone=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_lm.py", *(argv or sys.argv[1:])])
+    try:
+        run(from_args(args, args.gguf or args.model, target=args.target, threads=args.threads, out=args.out,
+                      command=command))
+    except KzttsError as e:
+        ap.error(str(e))
+    return 0
