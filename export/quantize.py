@@ -327,10 +327,12 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
             qcfg = get_qnn_qdq_config(lazy, None, activation_type=QuantType.QUInt16,
                                       weight_type=QuantType.QUInt8, per_channel=per_channel)
             del lazy
+            log.info("%s: calibrating (MinMax ranges over %s)", name, what)
             ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))
             if count == 0:
                 raise RuntimeError(f"no calibration data for {name}: {what} do not fit the static context")
             save_tensors_data(ranges, cache)
+            log.info("%s: quantizing (%d ranges from %d feeds)", name, len(ranges.keys()), count)
             with _quiet_root_warnings():  # "consider pre-processing" notes: handled here
                 quantize_static(str(model_in), str(work_dir / rel_q), None, quant_format=qcfg.quant_format,
                                 op_types_to_quantize=qcfg.op_types_to_quantize, per_channel=qcfg.per_channel,
@@ -346,7 +348,7 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
         qdata = data_file(work_dir / rel_q)
         if qdata.exists():  # onnx creates it owner-only (0600); the bundle's other files are not
             qdata.chmod((work_dir / rel_q).stat().st_mode & 0o777)
-        log.info("%s: w8a16 calibrated on %d feeds%s", name, count,
+        log.info("%s: w8a16 written, calibrated on %d feeds%s", name, count,
                  " (external data)" if qcfg.use_external_data_format else "")
         out[name] = rel_q
     if not keep_float:
