@@ -136,3 +136,59 @@ def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, inpu
         os.replace(raw, path)
     log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
     return path
+
+
+def _external_records(model, location: str) -> dict[str, tuple[int, int]]:
+    """{tensor name: (offset, length)} of the tensors of ``model`` (lazy) stored in ``location``."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    out = {}
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            info = {e.key: e.value for e in t.external_data}
+            if info.get("location") == location:
+                out[t.name] = (int(info.get("offset", 0) or 0), int(info["length"]))
+    return out
+
+
+def _same_bytes(a, a_at: int, b, b_at: int, length: int, block: int = 16 << 20) -> bool:
+    a.seek(a_at)
+    b.seek(b_at)
+    while length:
+        n = min(block, length)
+        if a.read(n) != b.read(n):
+            return False
+        length -= n
+    return True
+
+
+def share_external_data(base: Path, other: Path) -> bool:
+    """Point graph ``other`` at ``base``'s ``.data`` file and delete its own when every tensor of ``other``'s
+    ``.data`` has a tensor of the same name and the same bytes there (the static Talker graphs of one model:
+    the prefill and decode graphs hold the same weights; compared byte for byte, streamed). Returns whether
+    it did; nothing changes otherwise."""
+    import onnx
+
+    base, other = Path(base), Path(other)
+    base_data, other_data = data_file(base), data_file(other)
+    if not (base_data.is_file() and other_data.is_file()):
+        return False
+    theirs = _external_records(onnx.load(str(base), load_external_data=False), base_data.name)
+    model = onnx.load(str(other), load_external_data=False)
+    ours = _external_records(model, other_data.name)
+    if not ours or any(n not in theirs or theirs[n][1] != ln for n, (_, ln) in ours.items()):
+        return False
+    with open(base_data, "rb") as a, open(other_data, "rb") as b:
+        if not all(_same_bytes(a, theirs[n][0], b, at, ln) for n, (at, ln) in ours.items()):
+            return False
+    from onnx.external_data_helper import _get_all_tensors
+
+    for t in _get_all_tensors(model):
+        if t.name in ours:
+            del t.external_data[:]
+            for key, value in (("location", base_data.name), ("offset", theirs[t.name][0]),
+                               ("length", theirs[t.name][1])):
+                t.external_data.add(key=key, value=str(value))
+    onnx.save_model(model, str(other))
+    other_data.unlink()
+    return True

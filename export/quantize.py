@@ -305,8 +305,10 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
     """QDQ w8a16 versions of the float static graphs ``{graph name: rel file}``, each calibrated on
     ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``.
 
-    Graphs with external data (all over 2 GB) stay lazily loaded up to ``quantize_static``, whose
-    quantizer needs the weights (one fp32 ModelProto in memory, no session open then); the QDQ graph
+    Graphs with external data (all over 2 GB) share one data file when their weights are identical
+    (``share_external_data``: the prefill and decode graphs), and stay lazily loaded up to
+    ``quantize_static``, whose quantizer needs the weights (one fp32 ModelProto in memory, no session
+    open then); the QDQ graph
     keeps external data too (``get_qnn_qdq_config`` decides it from the input), in
     ``<rel_q>.data``. Calibration: :func:`minmax_ranges`, handed to ``quantize_static`` as its
     calibration cache. The float graphs are removed afterwards unless ``keep_float``. ``what`` names
@@ -314,8 +316,12 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
     from onnxruntime.quantization import QuantType, quantize_static, save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from kztts.export.onnx_export import data_file
+    from kztts.export.onnx_export import data_file, share_external_data
 
+    rels = list(float_files.values())
+    for rel in rels[1:]:  # one copy of the weights on disk and in the page cache while calibrating
+        if share_external_data(work_dir / rels[0], work_dir / rel):
+            log.info("%s: reads its weights from %s (identical)", Path(rel).name, data_file(work_dir / rels[0]).name)
     out: dict[str, str] = {}
     for name, rel in float_files.items():
         path = work_dir / rel

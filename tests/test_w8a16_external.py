@@ -95,6 +95,30 @@ def test_gather_external_data_one_aligned_file(tmp_path):
                                rtol=1e-5, atol=1e-4)
 
 
+def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypatch):
+    """The static decode graph reads the prefill graph's ``.data`` (same tensors, same bytes) and gives the
+    same outputs; a graph whose data differ in one byte is left alone."""
+    import shutil
+
+    import kztts.export.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    files = _static_graphs(tiny_talker, tmp_path)
+    prefill, decode = tmp_path / files["talker_prefill"], tmp_path / files["talker_decode"]
+    feed = _feeds(_session(decode), 1, 0)[0]
+    before = _session(decode).run(None, feed)
+    changed = decode.with_name("changed.onnx")
+    shutil.copyfile(decode, changed)
+    data = bytearray(onnx_export.data_file(decode).read_bytes())
+    data[-1] ^= 1
+    onnx_export.data_file(changed).write_bytes(bytes(data))
+    assert not onnx_export.share_external_data(prefill, changed)
+    assert onnx_export.data_file(changed).read_bytes() == bytes(data)
+    assert onnx_export.share_external_data(prefill, decode)
+    assert not onnx_export.data_file(decode).exists()
+    assert all(np.array_equal(a, b) for a, b in zip(before, _session(decode).run(None, feed)))
+
+
 def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypatch):
     """The static Talker graphs of the tiny LM quantized with their weights inline and in ``<file>.data``:
     the external path keeps external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ
