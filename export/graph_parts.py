@@ -33,7 +33,10 @@ def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precisi
     """Stamp an exported graph and describe its I/O as ONNX Runtime sees it."""
     path = bundle_dir / rel_file
     stamp_graph(path, name, export_id)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()  # only the I/O is read: no optimization, weights mapped (external data), not packed
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
     def spec(args):
         return tuple(TensorSpec(a.name, _ORT_DTYPES.get(a.type, a.type),

@@ -230,6 +230,10 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             def w8a16(_model, work_dir, files, tgt):
                 from kztts.export.lm_quantize import quantize_lm_graphs
 
+                # the float graphs are written: from here the LM is read from them (calibration) and only
+                # its config from torch, so its weights go (6.2 GB at 1.5B in fp32, not held beside the
+                # calibration sessions and the quantizer's ModelProto); "meta" keeps their shapes
+                lm.to("meta")
                 return quantize_lm_graphs(cfg, work_dir, files, tgt)
 
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,

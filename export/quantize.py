@@ -1,8 +1,13 @@
 """w8a16 QDQ quantization of the static HTP graphs, calibrated on real prompts.
 
 ``onnxruntime.quantization``'s QNN configuration (``qnn_preprocess_model`` ->
-``get_qnn_qdq_config`` -> ``quantize``): 8-bit weights, 16-bit activations (the
-com.microsoft Q/DQ ops below opset 21), MinMax calibration.
+``get_qnn_qdq_config`` -> ``quantize_static``): 8-bit weights, 16-bit activations (the
+com.microsoft Q/DQ ops), MinMax calibration. The MinMax ranges are computed here
+(:func:`minmax_ranges`, the tensors and reductions of ORT's calibrator) and handed to
+``quantize_static`` as its calibration cache, and the model it quantizes is prepared
+without loading the weights, so graphs over 2 GB (external data, ``<file>.data``) pass:
+their weights are loaded once, by the quantizer, while no session is open
+(:func:`quantize_graphs`).
 
 Calibration data are the graphs' own inputs while the model speaks: real text
 prompts (several languages, x-vector streaming and non-streaming, the speaker
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -36,6 +40,7 @@ CALIBRATION_PROMPTS = (  # (text, language, non_streaming)
 )
 CALIBRATION_FRAMES = 24
 REPETITION_PENALTY = 1.05  # the released checkpoints' Talker setting
+QDQ_OPSET = 21  # 16-bit Q/DQ (com.microsoft ops below it; quantize_static moves models to it)
 
 
 def _tables_spec(work_dir: Path) -> dict:
@@ -89,9 +94,7 @@ def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, co
                            "talker_decode on the HTP")
 
     def cpu(name):
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        return ort.InferenceSession(str(work_dir / float_files[name]), sess_options=so,
+        return ort.InferenceSession(str(work_dir / float_files[name]), sess_options=calibration_session_options(),
                                     providers=["CPUExecutionProvider"])
 
     talker = StaticTalker(cpu(PREFILL), cpu(DECODE), config, mask_value)
@@ -158,21 +161,142 @@ def _quiet_root_warnings():
         root.removeFilter(drop)
 
 
-class _Reader:
-    """``CalibrationDataReader`` over a feed generator."""
+def calibration_session_options():
+    """Session options of the float graphs run for calibration: weights not pre-packed, so the sessions
+    over a graph with external data map its ``.data`` file (one shared, reclaimable copy in the page
+    cache) instead of each holding a packed copy (6.2 GB per session for a 1.5B LM in fp32)."""
+    import onnxruntime as ort
 
-    def __init__(self, feeds: Iterator[dict]):
-        self._it = iter(feeds)
-        self.count = 0
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
 
-    def get_next(self):
-        nxt = next(self._it, None)
-        if nxt is not None:
-            self.count += 1
-        return nxt
 
-    def rewind(self):  # MinMax needs one pass
-        pass
+def _scratch(graph: Path, tag: str) -> Path:
+    """A temporary file beside ``graph``: the external data a lazily loaded graph refers to resolve there."""
+    return graph.with_name(f".{graph.stem}.{tag}.onnx")
+
+
+# What qnn_preprocess_model rewrites (ORT 1.32): Erf sequences -> Gelu, ReduceL2 -> LpNormalization,
+# Reshape/Transpose(6-D)/Reshape -> SpaceToDepth. The Talker graphs have none of them.
+_PREPROCESSED_OPS = ("Erf", "ReduceL2")
+
+
+def _check_preprocessing_not_needed(model, src: Path) -> None:
+    """Graphs with external data skip ``qnn_preprocess_model``: it saves the model, runs an ORT session to
+    optimize it and loads the result back, each time with all weights in memory (three copies at 1.5B),
+    and cannot take a lazily loaded model. Refuse the graphs it would change instead."""
+    found = sorted({n.op_type for n in model.graph.node if n.op_type in _PREPROCESSED_OPS} |
+                   {"Transpose (6-D)" for n in model.graph.node if n.op_type == "Transpose"
+                    and any(a.name == "perm" and len(a.ints) == 6 for a in n.attribute)})
+    if found:
+        raise RuntimeError(f"{src.name}: has external data and {', '.join(found)}, which QNN pre-processing "
+                           "fuses; not supported for graphs with external data (over 2 GB)")
+
+
+def _qdq_input(src: Path, dst: Path):
+    """The model ``quantize_static`` gets, written to ``dst`` beside ``src`` without loading the weights of
+    a graph with external data (they stay in ``src``'s ``.data`` file, ``dst`` refers to it): metadata
+    dropped (``qnn_preprocess_model``, ORT 1.32, fails on it; ``graph_spec`` stamps the output), QNN
+    pre-processing (inline graphs; see ``_check_preprocessing_not_needed``), opset ``QDQ_OPSET``
+    (``quantize_static`` converts 16-bit models below it itself, on the whole ModelProto: impossible past
+    2 GB). Returns the model before the opset conversion (lazy), from which ``get_qnn_qdq_config``
+    decides its options as before (com.microsoft Q/DQ ops, external data or not)."""
+    import copy
+
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    from kztts.export.onnx_export import has_external_data
+
+    model = onnx.load(str(src), load_external_data=False)
+    del model.metadata_props[:]
+    if has_external_data(model):
+        _check_preprocessing_not_needed(model, src)
+    else:
+        pre = _scratch(src, "pre")
+        try:  # (a copy: it saves its input with external data, which rewrites the input's tensors)
+            if qnn_preprocess_model(copy.deepcopy(model), str(pre)):
+                model = onnx.load(str(pre))
+        finally:
+            pre.unlink(missing_ok=True)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    onnx.save_model(version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model, str(dst))
+    return model
+
+
+def _tensors_to_calibrate(model, op_types) -> list[str]:
+    """The tensors ORT's calibrators range (``CalibraterBase.select_tensors_to_calibrate``): float inputs
+    and outputs of the nodes of ``op_types``, initializers excepted, typed by shape inference."""
+    from onnx import TensorProto
+
+    infos = {vi.name: vi for vi in model.graph.value_info}
+    infos.update({o.name: o for o in model.graph.output})
+    infos.update({i.name: i for i in model.graph.input})
+    inits = {t.name for t in model.graph.initializer}
+    ops = set(op_types or ())
+    out = set()
+    for node in model.graph.node:
+        if ops and node.op_type not in ops:
+            continue
+        for name in (*node.input, *node.output):
+            vi = infos.get(name)
+            if vi is not None and vi.type.HasField("tensor_type") and name not in inits \
+                    and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                out.add(name)
+    return sorted(out)
+
+
+def minmax_ranges(model_path: Path, op_types, feeds: Iterator[dict]):
+    """ORT's MinMax calibration of ``model_path`` over ``feeds`` (``onnxruntime.quantization.TensorsData``,
+    the ranges ``quantize_static`` reads from a calibration cache) and the number of feeds, without
+    ORT's calibrator: it loads the model with its weights twice (ModelProto, then a copy to augment)
+    and runs a session that packs them, beside the float sessions making the feeds. Here the graph
+    is augmented lazily (ReduceMin/ReduceMax outputs of each tensor, written beside ``model_path``,
+    weights left in its ``.data``), its session maps the weights (``calibration_session_options``),
+    and each feed's minima and maxima are folded in at once (ORT keeps all of them until the end)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+    from onnxruntime.quantization import CalibrationMethod, TensorsData
+
+    inferred, augmented = _scratch(model_path, "inferred"), _scratch(model_path, "calib")
+    try:
+        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))  # as ORT's calibrator does
+        model = onnx.load(str(inferred), load_external_data=False)
+        tensors = _tensors_to_calibrate(model, op_types)
+        infos = {vi.name: vi for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+        names = []
+        for t in tensors:
+            for op in ("ReduceMin", "ReduceMax"):
+                out = f"{t}_{op}"
+                model.graph.node.append(helper.make_node(op, [t], [out], keepdims=1, name=f"kztts_calib_{out}"))
+                model.graph.output.append(helper.make_tensor_value_info(
+                    out, infos[t].type.tensor_type.elem_type, None))
+                names.append(out)
+        onnx.save_model(model, str(augmented))
+        del model
+        so = calibration_session_options()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrator
+        sess = ort.InferenceSession(str(augmented), so, providers=["CPUExecutionProvider"])
+        lo: list = [None] * len(tensors)
+        hi: list = [None] * len(tensors)
+        count = 0
+        for feed in feeds:
+            res = sess.run(names, feed)
+            for i in range(len(tensors)):
+                a, b = res[2 * i].reshape(-1), res[2 * i + 1].reshape(-1)
+                lo[i] = a if lo[i] is None else np.fmin(lo[i], a)  # fmin/fmax: NaN-ignoring, as ORT's nanmin
+                hi[i] = b if hi[i] is None else np.fmax(hi[i], b)
+            count += 1
+        del sess
+    finally:
+        inferred.unlink(missing_ok=True)
+        augmented.unlink(missing_ok=True)
+    data = {t: (lo[i], hi[i]) for i, t in enumerate(tensors)} if count else {}
+    return TensorsData(CalibrationMethod.MinMax, data), count
 
 
 def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
@@ -181,33 +305,62 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
     """QDQ w8a16 versions of the float static graphs ``{graph name: rel file}``, each calibrated on
     ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``.
 
-    The float graphs are removed afterwards unless ``keep_float``. ``what`` names the calibration
-    data in the error raised when a graph got no feed."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+    Graphs with external data (all over 2 GB) share one data file when their weights are identical
+    (``share_external_data``: the prefill and decode graphs), and stay lazily loaded up to
+    ``quantize_static``, whose quantizer needs the weights (one fp32 ModelProto in memory, no session
+    open then); the QDQ graph
+    keeps external data too (``get_qnn_qdq_config`` decides it from the input), in
+    ``<rel_q>.data``. Calibration: :func:`minmax_ranges`, handed to ``quantize_static`` as its
+    calibration cache. The float graphs are removed afterwards unless ``keep_float``. ``what`` names
+    the calibration data in the error raised when a graph got no feed."""
+    from onnxruntime.quantization import QuantType, quantize_static, save_tensors_data
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
+    from kztts.export.onnx_export import data_file, share_external_data
+
+    rels = list(float_files.values())
+    for rel in rels[1:]:  # one copy of the weights on disk and in the page cache while calibrating
+        if share_external_data(work_dir / rels[0], work_dir / rel):
+            log.info("%s: reads its weights from %s (identical)", Path(rel).name, data_file(work_dir / rels[0]).name)
     out: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="kztts-quant-") as tmp:
-        for name, rel in float_files.items():
-            src = onnx.load(str(work_dir / rel))
-            del src.metadata_props[:]  # qnn_preprocess_model (ORT 1.32) fails on metadata; graph_spec re-stamps
-            pre, plain = Path(tmp) / f"{name}.pre.onnx", Path(tmp) / f"{name}.onnx"
-            onnx.save(src, str(plain))
-            model_in = pre if qnn_preprocess_model(src, str(pre)) else plain
-            reader = _Reader(feeds(name))
-            qcfg = get_qnn_qdq_config(str(model_in), reader, activation_type=QuantType.QUInt16,
+    for name, rel in float_files.items():
+        path = work_dir / rel
+        rel_q = rel.replace(".onnx", ".w8a16.onnx")
+        model_in, cache = _scratch(path, "qdq-in"), path.with_name(f".{path.stem}.ranges.json")
+        data_file(work_dir / rel_q).unlink(missing_ok=True)  # ORT appends to an existing one
+        try:
+            lazy = _qdq_input(path, model_in)
+            qcfg = get_qnn_qdq_config(lazy, None, activation_type=QuantType.QUInt16,
                                       weight_type=QuantType.QUInt8, per_channel=per_channel)
-            rel_q = rel.replace(".onnx", ".w8a16.onnx")
-            with _quiet_root_warnings():  # "consider pre-processing" / "opset 21" notes: handled here
-                quantize(str(model_in), str(work_dir / rel_q), qcfg)
-            if reader.count == 0:
+            del lazy
+            log.info("%s: calibrating (MinMax ranges over %s)", name, what)
+            ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))
+            if count == 0:
                 raise RuntimeError(f"no calibration data for {name}: {what} do not fit the static context")
-            log.info("%s: w8a16 calibrated on %d feeds", name, reader.count)
-            out[name] = rel_q
+            save_tensors_data(ranges, cache)
+            log.info("%s: quantizing (%d ranges from %d feeds)", name, len(ranges.keys()), count)
+            with _quiet_root_warnings():  # "consider pre-processing" notes: handled here
+                quantize_static(str(model_in), str(work_dir / rel_q), None, quant_format=qcfg.quant_format,
+                                op_types_to_quantize=qcfg.op_types_to_quantize, per_channel=qcfg.per_channel,
+                                reduce_range=qcfg.reduce_range, activation_type=qcfg.activation_type,
+                                weight_type=qcfg.weight_type, nodes_to_quantize=qcfg.nodes_to_quantize,
+                                nodes_to_exclude=qcfg.nodes_to_exclude,
+                                use_external_data_format=qcfg.use_external_data_format,
+                                calibrate_method=qcfg.calibrate_method, extra_options=qcfg.extra_options,
+                                calibration_cache_path=str(cache))
+        finally:
+            model_in.unlink(missing_ok=True)
+            cache.unlink(missing_ok=True)
+        qdata = data_file(work_dir / rel_q)
+        if qdata.exists():  # onnx creates it owner-only (0600); the bundle's other files are not
+            qdata.chmod((work_dir / rel_q).stat().st_mode & 0o777)
+        log.info("%s: w8a16 written, calibrated on %d feeds%s", name, count,
+                 " (external data)" if qcfg.use_external_data_format else "")
+        out[name] = rel_q
     if not keep_float:
         for rel in float_files.values():
             (work_dir / rel).unlink()
+            data_file(work_dir / rel).unlink(missing_ok=True)
     return out
 
 

@@ -1,0 +1,222 @@
+"""w8a16 static graphs with external data (graphs over 2 GB, e.g. Qwen2.5-Coder-1.5B's 6.2 GB fp32 stack).
+
+``kztts.export.onnx_export.EXTERNAL_DATA_BYTES`` is lowered to 0 so the tiny LM's graphs take the path
+the 2 GB graphs take: weights in ``<file>.data``, a lazily prepared model for ``quantize_static``,
+the MinMax ranges of ``kztts.export.quantize.minmax_ranges``, a QDQ graph with external data. The
+results must equal the inline path's exactly (same code after the weights' location).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+CONTEXT, CHUNK = 64, 16
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _feeds(sess, n: int, seed: int) -> list[dict]:
+    """``n`` random feeds of a static Talker graph (mask all-attend, KV of unit scale)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        feed = {i.name: rng.standard_normal([d for d in i.shape]).astype(np.float32) for i in sess.get_inputs()}
+        feed["attention_mask"][:] = 0.0
+        out.append(feed)
+    return out
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+
+@pytest.fixture(scope="module")
+def tiny_talker():
+    from transformers import AutoModelForCausalLM
+
+    from kztts.export.lm_export import as_tts_like
+    from kztts.export.lm_tiny import cached_tiny_lm
+
+    lm = AutoModelForCausalLM.from_pretrained(cached_tiny_lm("qwen3"), torch_dtype="float32").eval()
+    return as_tts_like(lm).talker
+
+
+def _static_graphs(talker, work: Path) -> dict[str, str]:
+    from kztts.export.htp_export import export_static_talker
+
+    files = {}
+    for name, seq in (("talker_prefill", CHUNK), ("talker_decode", 1)):
+        files[name] = f"graphs/{name}.onnx"
+        export_static_talker(talker, work / files[name], seq, CONTEXT)
+    return files
+
+
+def test_gather_external_data_one_aligned_file(tmp_path):
+    """The layout torch writes past 2 GB (one file per tensor, named after it) becomes ``<file>.data``:
+    one file, offsets aligned for mapping, the per-tensor files consumed, the graph's outputs unchanged."""
+    import copy
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kztts.export.onnx_export import DATA_ALIGN, data_file, gather_external_data
+
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal((32, 32)).astype(np.float32) for _ in range(3)]
+    nodes = [helper.make_node("MatMul", [x, f"onnx::MatMul_{i}"], [y])
+             for i, (x, y) in enumerate((("x", "a"), ("a", "b"), ("b", "y")))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+                              [numpy_helper.from_array(a, f"onnx::MatMul_{i}") for i, a in enumerate(w)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "raw").mkdir()
+    onnx.save_model(copy.deepcopy(model), str(tmp_path / "raw/m.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=1024)
+    assert len(list((tmp_path / "raw").iterdir())) == 4
+    gather_external_data(tmp_path / "raw/m.onnx", tmp_path / "m.onnx", consume=True)
+    assert [p.name for p in (tmp_path / "raw").iterdir()] == ["m.onnx"]
+    lazy = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    ext = [{e.key: e.value for e in t.external_data} for t in lazy.graph.initializer]
+    assert {e["location"] for e in ext} == {"m.onnx.data"} and all(int(e["offset"]) % DATA_ALIGN == 0 for e in ext)
+    assert data_file(tmp_path / "m.onnx").is_file()
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    np.testing.assert_allclose(_session(tmp_path / "m.onnx").run(None, {"x": x})[0], x @ w[0] @ w[1] @ w[2],
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypatch):
+    """The static decode graph reads the prefill graph's ``.data`` (same tensors, same bytes) and gives the
+    same outputs; a graph whose data differ in one byte is left alone."""
+    import shutil
+
+    import kztts.export.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    files = _static_graphs(tiny_talker, tmp_path)
+    prefill, decode = tmp_path / files["talker_prefill"], tmp_path / files["talker_decode"]
+    feed = _feeds(_session(decode), 1, 0)[0]
+    before = _session(decode).run(None, feed)
+    changed = decode.with_name("changed.onnx")
+    shutil.copyfile(decode, changed)
+    data = bytearray(onnx_export.data_file(decode).read_bytes())
+    data[-1] ^= 1
+    onnx_export.data_file(changed).write_bytes(bytes(data))
+    assert not onnx_export.share_external_data(prefill, changed)
+    assert onnx_export.data_file(changed).read_bytes() == bytes(data)
+    assert onnx_export.share_external_data(prefill, decode)
+    assert not onnx_export.data_file(decode).exists()
+    assert all(np.array_equal(a, b) for a, b in zip(before, _session(decode).run(None, feed)))
+
+
+def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypatch):
+    """The static Talker graphs of the tiny LM quantized with their weights inline and in ``<file>.data``:
+    the external path keeps external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ
+    graphs are the inline path's (same initializers, same outputs on the CPU EP)."""
+    import kztts.export.onnx_export as onnx_export
+    from kztts.export.quantize import quantize_graphs
+
+    inline, external = tmp_path / "inline", tmp_path / "external"
+    files = _static_graphs(tiny_talker, inline)
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    assert _static_graphs(tiny_talker, external) == files
+    assert all(onnx_export.data_file(external / rel).is_file() for rel in files.values())
+    assert not any(onnx_export.data_file(inline / rel).exists() for rel in files.values())
+    feeds = {name: _feeds(_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
+    out = {}
+    for work in (inline, external):
+        out[work] = quantize_graphs(work, files, lambda name: iter(feeds[name]))
+    assert out[inline] == out[external]
+    assert sorted(p.name for p in (external / "graphs").iterdir()) == sorted(
+        n for rel in out[external].values() for n in (Path(rel).name, Path(rel).name + ".data"))
+    for name, rel in out[inline].items():
+        a, b = _initializers(inline / rel), _initializers(external / rel)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
+        feed = _feeds(_session(inline / rel), 1, 9)[0]
+        for x, y in zip(_session(inline / rel).run(None, feed), _session(external / rel).run(None, feed)):
+            assert np.array_equal(x, y), name
+
+
+def test_minmax_ranges_match_ort_calibrator(tiny_talker, tmp_path):
+    """``minmax_ranges`` ranges the tensors ORT's MinMax calibrator ranges, to the values it finds (up
+    to the float sessions' arithmetic: its session packs the weights, this one maps them)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.calibrate import create_calibrator
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from kztts.export.quantize import _qdq_input, minmax_ranges
+
+    files = _static_graphs(tiny_talker, tmp_path)
+    src = tmp_path / files["talker_decode"]
+    model_in = tmp_path / "graphs" / "in.onnx"
+    qcfg = get_qnn_qdq_config(_qdq_input(src, model_in), None, activation_type=QuantType.QUInt16,
+                              weight_type=QuantType.QUInt8)
+    feeds = _feeds(_session(src), 4, 0)
+    ours, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, iter(feeds))
+    assert count == 4
+    cal = create_calibrator(model_in, qcfg.op_types_to_quantize, str(tmp_path / "aug.onnx"))
+    cal.collect_data(_Reader(feeds))
+    theirs = cal.compute_data()
+    assert sorted(ours.keys()) == sorted(theirs.keys()) and len(ours.keys()) > 100
+    for k in theirs.keys():
+        np.testing.assert_allclose(ours[k].range_value, theirs[k].range_value, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+class _Reader:
+    def __init__(self, feeds):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+@pytest.mark.slow
+def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypatch):
+    """``kztts export --gguf G --target T --precision w8a16`` (the tiny Qwen2 GGUF, as the 1.5B is exported)
+    with every graph's weights in ``<file>.data``: the bundle opens (manifest sizes, stamps), its CPU graphs
+    and its QDQ static graphs (on the CPU EP, through the runtime's StaticTalker) give the inline bundle's
+    logits exactly, and its graphs directory holds graphs and their data files only."""
+    import kztts.export.onnx_export as onnx_export
+    from kztts.cli import main
+    from kztts.export.lm_tiny import cached_tiny_gguf
+    from kztts.lm import LM
+    from kztts.lm_accuracy import SAMPLES, teacher_forced, tokenize
+    from kztts.talker_static import StaticTalker
+    from kztts.targets import load_target
+
+    def export(out: Path) -> Path:
+        assert main(["export", "--gguf", str(cached_tiny_gguf()), "--target", str(small_target), "--precision",
+                     "w8a16", "-o", str(out)]) == 0
+        return out
+
+    inline = export(tmp_path / "inline")
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    external = export(tmp_path / "external")
+    m = LM(external).bundle.manifest
+    assert {n: m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {
+        "talker_prefill": "w8a16", "talker_decode": "w8a16"}
+    files = sorted(p.name for p in (external / "graphs").iterdir())
+    assert files == sorted(n for g in m.graphs.values() for n in (Path(g.file).name, Path(g.file).name + ".data"))
+    assert not any(onnx_export.data_file(inline / g.file).exists() for g in m.graphs.values())
+    mask = load_target(small_target).attention_mask_value
+
+    def runners(bundle: Path):
+        qdq = StaticTalker(_session(bundle / m.graphs["talker_prefill"].file),
+                           _session(bundle / m.graphs["talker_decode"].file), m.talker, mask)
+        return LM(bundle, context=CONTEXT), LM(bundle, context=CONTEXT, talker=qdq)
+
+    (cpu_a, qdq_a), (cpu_b, qdq_b) = runners(inline), runners(external)
+    for toks in tokenize(cpu_a, SAMPLES[:2], CONTEXT):
+        for a, b in ((cpu_a, cpu_b), (qdq_a, qdq_b)):
+            la, lb = teacher_forced(a, toks)[0], teacher_forced(b, toks)[0]
+            assert la.shape == lb.shape and np.array_equal(la, lb)
