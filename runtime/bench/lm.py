@@ -56,16 +56,21 @@ def w8a16_guarded_refusal(source: Path, target: str) -> str:
 
 def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
     """``kztts calibrate`` over ``prompts`` (default: the text set's prompts; each as a chat message):
-    the guarded placement."""
-    from kztts.cli import main
+    the guarded placement, with its report (``guarded.report.json``) and plot beside it."""
+    import json
+
+    from kztts.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
     from kztts.lm_accuracy import SAMPLES
+    from kztts.placement import write_placement
 
     if prompts is None:
         prompts = out / "prompts.txt"
         prompts.write_text("\n".join(s.prompt.replace("\n", " ") for s in SAMPLES) + "\n", encoding="utf-8")
+    report = calibrate(bundle, load_prompts(prompts), frames=4, threshold=DEFAULT_THRESHOLD, progress=True)
     placement = out / "guarded.json"
-    if main(["calibrate", str(bundle), "--prompts", str(prompts), "--frames", "4", "-o", str(placement)]) != 0:
-        raise SystemExit("kztts calibrate failed")
+    write_placement(report.placement(), placement)
+    (out / "guarded.report.json").write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    report.plot(out / "guarded.png")
     return placement
 
 
