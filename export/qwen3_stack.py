@@ -88,14 +88,16 @@ class Qwen3Stack(nn.Module):
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
         values = torch.cat([past_v, v], dim=2)
-        # GQA without materialising repeated K/V: fold the query groups into the row axis.
-        qg = q.reshape(b, kv, g * t, hd)
+        # GQA without materialising repeated K/V: fold the query groups into the row axis. The scale goes on q
+        # before the product, not on the product: Qwen2.5's q/k biases make layer 0's q.k reach 1.3e5, past fp16
+        # (the HTP's MatMul returned 65536, scores 5792 for 1.12e4), while the scaled scores stay at 1.3e4.
+        qg = (q * self.scale).reshape(b, kv, g * t, hd)
         if keys_transposed:  # past keys [b, kv, hd, P] (HTP layout): no transpose of the cache
             k = k.transpose(2, 3)
-            scores = torch.matmul(qg, torch.cat([past_k, k], dim=3)) * self.scale
+            scores = torch.matmul(qg, torch.cat([past_k, k], dim=3))
         else:
             keys = torch.cat([past_k, k], dim=2)
-            scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [b, kv, g*t, P+t]
+            scores = torch.matmul(qg, keys.transpose(2, 3))  # [b, kv, g*t, P+t]
         if probes is not None:
             probes.update(q_proj=qp, k_proj=kp, v_proj=vp, scores=scores)
         scores = scores.reshape(b, kv, g, t, -1)

@@ -11,7 +11,13 @@ from kztts.export.qwen3_stack import head_norm
 
 
 class SafeRMSNorm(nn.Module):
-    """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow."""
+    """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow.
+
+    The squares are ``xs * xs`` (a Mul), not ``xs.pow(2)``: the HTP's fp16 Pow returns -4 for an input of
+    -0.0 (measured on the simulator; +0.0 and every nonzero input square correctly), and a -0.0 appears
+    whenever a tiny negative channel underflows in ``x / s``. On Qwen2.5-Coder-1.5B's position 0
+    (``s`` = 1312) one such channel turned a row's mean square from 1.4e-3 into -1.2e-3, the HTP's Sqrt
+    of that into 1.2e-6 and the norm's output into 1.2e5 (fp32: 50)."""
 
     def __init__(self, norm: nn.Module):
         super().__init__()
@@ -21,7 +27,7 @@ class SafeRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = torch.clamp(x.abs().amax(-1, keepdim=True), min=1.0)
         xs = x / s
-        var = xs.pow(2).mean(-1, keepdim=True)
+        var = (xs * xs).mean(-1, keepdim=True)
         return self.weight * (xs * torch.rsqrt(var + self.eps / (s * s)))
 
 

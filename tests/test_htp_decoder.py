@@ -13,7 +13,7 @@ MIN_SNR_DB = 40.0
 
 def test_decoder_chunk_has_no_pow(htp_bundle):
     """SnakeBeta is folded in the HTP graph (sin^2 as a Mul): the HTP's fp16 Pow of a sine cost 30 dB of SNR
-    (the transformer's RMSNorm keeps its Pow: measured 56-71 dB there)."""
+    (the transformer's RMSNorm squares with a Mul too: kztts.export.static_layers.SafeRMSNorm)."""
     import onnx
 
     from kztts.bundle import Bundle
