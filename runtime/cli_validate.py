@@ -112,11 +112,10 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
 
 def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
     from kztts.export.lm_validate import validate_lm_placement
+    from kztts.manifest import read_manifest
 
     report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
                                    steps=args.frames, strict=not args.lenient)
-    from kztts.manifest import read_manifest
-
     static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
     # w8a16 is reported, not bounded (as for TTS bundles: its error is the quantization's, per model)
     bounds = {} if "w8a16" in static and args.target else BOUNDS["lm-placement"]

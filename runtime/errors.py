@@ -11,3 +11,9 @@ class BundleError(KzttsError):
 
 class ContextOverflowError(KzttsError):
     """A prompt or generation would not fit the graph's context length."""
+
+
+def signal_note(signal: int) -> str:
+    """How a child process ended on ``signal``, for error messages."""
+    # SIGKILL out of the blue is the OOM killer, usually
+    return f"killed by signal {signal}" + (" (out of memory?)" if signal == 9 else "")

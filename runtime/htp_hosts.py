@@ -15,7 +15,6 @@ layer's decode call moves its KV window (~1 MB), small beside the call itself. A
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing as mp
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kztts.errors import KzttsError
+from kztts.errors import KzttsError, signal_note
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +141,7 @@ class _Host:
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             self.proc.join(5)
             code = self.proc.exitcode
-            how = (f"killed by signal {-code}" + (" (out of memory?)" if code == -9 else "")
-                   if code is not None and code < 0 else f"exit code {code}")
+            how = signal_note(-code) if code is not None and code < 0 else f"exit code {code}"
             raise HostError(f"the HTP host process {self.index} (pid {self.proc.pid}) died ({how}) while {what}; "
                             f"it held {', '.join(self.graphs) or 'no graph yet'} ({self.bytes / MB:.4g} MB)") from None
         if reply[0] == "error":
@@ -171,7 +169,6 @@ class HostedSession:
         self.host, self.graph = host, graph
         self._inputs, self._outputs = info["inputs"], info["outputs"]
         self._providers, self._assignment = info["providers"], info["assignment"]
-        self._output_names = [a.name for a in self._outputs]
 
     def run(self, output_names: Sequence[str] | None, feeds: dict[str, np.ndarray], run_options=None) -> list:
         return self.host.call(f"running {self.graph}", ("run", self.graph, output_names, feeds))
@@ -194,8 +191,7 @@ class HtpHosts:
 
     def __init__(self, bundle, target, strict: bool, budget_mb: float):
         self.bundle, self.target, self.strict, self.budget = bundle, target, strict, float(budget_mb) * MB
-        self.hosts: list[_Host] = []
-        atexit.register(self.close)
+        self.hosts: list[_Host] = []  # daemons: multiprocessing ends any still running at exit
 
     def open(self, graph: str) -> HostedSession:
         size = graph_bytes(self.bundle, graph)

@@ -294,8 +294,6 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
             hosts = lm.plan.host_summary()
             if hosts:
                 row["htp_hosts"] = [{"graphs": len(h["graphs"]), "mb": h["mb"]} for h in hosts]
-            lm.plan.close()
-            lm = None
             if i == 0 and reference_file is not None:
                 save_reference(reference_file, key, row, tokens, reference)
         except Exception as e:  # noqa: BLE001 - a refused row is a result of the table
@@ -303,6 +301,7 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
                 raise
             log.warning("%s: %s", spec.name, e)
             row["error"] = f"{type(e).__name__}: {e}"
+        finally:
             if lm is not None:
                 lm.plan.close()  # its HTP host processes hold GBs: the next row needs them
             lm = None

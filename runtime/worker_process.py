@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from kztts.errors import KzttsError
+from kztts.errors import KzttsError, signal_note
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,8 @@ class WorkerError(KzttsError):
         """One line: the last three lines of its output and, after a signal, which one."""
         parts = self.lines[-3:]
         if self.signal is not None:  # no traceback then: say which signal ended it
-            parts = parts + [_signal_note(self.signal)]
+            parts = parts + [signal_note(self.signal)]
         return " | ".join(parts)
-
-
-def _signal_note(signal: int) -> str:
-    # SIGKILL out of the blue is the OOM killer, usually
-    return f"killed by signal {signal}" + (" (out of memory?)" if signal == 9 else "")
 
 
 def _split_arrays(data: dict, npz: Path) -> dict:
@@ -101,7 +96,7 @@ def run_worker(module: str, spec: dict, work_dir: Path | None, tag: str, *, env:
     if proc.returncode != 0 or not out.is_file():
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         if proc.returncode < 0:
-            raise WorkerError(module, tag, _signal_note(-proc.returncode), lines, signal=-proc.returncode)
+            raise WorkerError(module, tag, signal_note(-proc.returncode), lines, signal=-proc.returncode)
         cause = f"exit {proc.returncode}" if proc.returncode else "it wrote no result"
         raise WorkerError(module, tag, cause, lines)
     return _join_arrays(json.loads(out.read_text()))

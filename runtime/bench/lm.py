@@ -57,8 +57,6 @@ def w8a16_guarded_refusal(source: Path, target: str) -> str:
 def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
     """``kztts calibrate`` over ``prompts`` (default: the text set's prompts; each as a chat message):
     the guarded placement, with its report (``guarded.report.json``) and plot beside it."""
-    import json
-
     from kztts.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
     from kztts.lm_accuracy import SAMPLES
     from kztts.placement import write_placement
