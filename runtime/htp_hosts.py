@@ -142,8 +142,14 @@ class _Host:
             self.proc.join(5)
             code = self.proc.exitcode
             how = signal_note(-code) if code is not None and code < 0 else f"exit code {code}"
+            # a host that exits before its first graph usually failed to start: spawn re-imports the
+            # caller's main module, which must then be guarded
+            hint = ("; its error is above on stderr (a script starting HTP host processes needs an "
+                    "`if __name__ == \"__main__\":` guard, as for any spawned process)"
+                    if not self.graphs and code is not None and code > 0 else "")
             raise HostError(f"the HTP host process {self.index} (pid {self.proc.pid}) died ({how}) while {what}; "
-                            f"it held {', '.join(self.graphs) or 'no graph yet'} ({self.bytes / MB:.4g} MB)") from None
+                            f"it held {', '.join(self.graphs) or 'no graph yet'} ({self.bytes / MB:.4g} MB)"
+                            f"{hint}") from None
         if reply[0] == "error":
             _, kind, text, ours = reply
             raise HostError(f"{what} in HTP host process {self.index}: {text}" if ours
