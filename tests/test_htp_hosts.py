@@ -125,3 +125,29 @@ def test_a_graph_larger_than_the_budget_is_refused(bundle, small_target):
                                          r"process may open \(0.1 MB, process_context_mb of target"):
         hosts.open("talker_prefill_layer_0")
     assert hosts.hosts == []
+
+
+def test_a_host_ends_with_its_parent_even_inside_a_call():
+    """A parent killed by a signal never closes its hosts, and a host inside a long simulated call
+    would only see the closed pipe when the call returns: its watcher ends it within seconds. The
+    "call" here is a 60 s sleep and the watched parent a separate process, killed."""
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    host = subprocess.Popen([sys.executable, "-c", "import sys, time; from kztts.htp_hosts import _exit_with_parent; "
+                             f"_exit_with_parent({parent.pid}, 0.1); print('watching', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "watching"
+        assert host.poll() is None  # a live parent keeps it
+        parent.kill()
+        parent.wait()
+        started = time.monotonic()
+        assert host.wait(timeout=20) == 3, "the host outlived its parent"
+        assert time.monotonic() - started < 5
+    finally:
+        for p in (parent, host):
+            if p.poll() is None:
+                p.kill()
