@@ -86,40 +86,30 @@ def _describe(sess) -> dict:
                            for ep, nodes in assignment(sess).items()]}
 
 
-PARENT_POLL_S = 1.0
-
-
-def _exit_with_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> None:
-    """End this process soon after ``parent_pid`` is gone, even inside a graph call.
+def _exit_with_parent() -> None:
+    """End this host as soon as the process that started it is gone, even inside a graph call.
 
     A parent killed by a signal never closes its hosts, and a host blocked in a simulated HTP call
     (a whole-stack w8a16 decode step of a 1.5B runs minutes) only sees the closed pipe when the call
-    returns: it would hold both cores for nothing. A thread polling the parent works on every OS
-    (Linux's PR_SET_PDEATHSIG has no Windows counterpart)."""
+    returns: it would hold both cores for nothing. multiprocessing gives a spawned child its parent's
+    sentinel, which becomes ready when the parent ends, on every OS."""
     import threading
-    import time
 
-    import psutil
+    parent = mp.parent_process()
+    if parent is None:  # not started by multiprocessing
+        return
 
     def watch() -> None:
-        while True:
-            try:
-                alive = psutil.Process(parent_pid).status() != psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                alive = False
-            if not alive:
-                os._exit(3)  # no cleanup to do: the sessions die with the process
-            time.sleep(poll_s)
+        parent.join()
+        os._exit(3)  # no cleanup to do: the sessions die with the process
 
     threading.Thread(target=watch, name="kztts-htp-host-parent-watch", daemon=True).start()
 
 
-def host_main(conn, bundle_path: str, session_config, target, strict: bool, log_level: int,
-              parent_pid: int | None = None) -> None:
+def host_main(conn, bundle_path: str, session_config, target, strict: bool, log_level: int) -> None:
     """The host's loop: ``("open", name)``, ``("run", name, outputs, feeds)``, ``("close",)``."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s [htp host]: %(message)s")
-    if parent_pid is not None:
-        _exit_with_parent(parent_pid)
+    _exit_with_parent()
     from kztts.bundle import Bundle
     from kztts.qnn import open_target_session
 
@@ -157,7 +147,7 @@ class _Host:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=host_main, name=f"kztts-htp-host-{index}", daemon=True,
                                 args=(child, str(bundle.path), bundle.session_config, target, strict,
-                                      logging.getLogger().getEffectiveLevel(), os.getpid()))
+                                      logging.getLogger().getEffectiveLevel()))
         self.proc.start()
         child.close()
         self.graphs: list[str] = []
