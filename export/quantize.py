@@ -1,8 +1,9 @@
 """w8a16 QDQ quantization of the static HTP graphs, calibrated on real prompts.
 
 ``onnxruntime.quantization``'s QNN configuration (``qnn_preprocess_model`` ->
-``get_qnn_qdq_config`` -> ``quantize_static``): 8-bit weights, 16-bit activations (the
-com.microsoft Q/DQ ops), MinMax calibration. The MinMax ranges are computed here
+``get_qnn_qdq_config`` -> ``quantize_static``): 8-bit weights (the MatMuls' per output channel,
+symmetric int8: :func:`per_channel_matmul_weights`), 16-bit activations (the com.microsoft Q/DQ ops),
+MinMax calibration. The MinMax ranges are computed here
 (:func:`minmax_ranges`, the tensors and reductions of ORT's calibrator) and handed to
 ``quantize_static`` as its calibration cache, and the model it quantizes is prepared
 without loading the weights, so graphs over 2 GB (external data, ``<file>.data``) pass:
@@ -299,8 +300,28 @@ def minmax_ranges(model_path: Path, op_types, feeds: Iterator[dict]):
     return TensorsData(CalibrationMethod.MinMax, data), count
 
 
+def per_channel_matmul_weights(model, qcfg) -> int:
+    """Make every MatMul's constant 2-D weight ``[K, N]`` per-channel in ``qcfg`` (its tensor overrides):
+    symmetric int8, one scale per output column (axis 1). ORT's QNN configuration writes per-tensor
+    MatMul weights (its note: QNN lacks per-channel MatMul), but the HTP (QNN EP 2.7, simulator, strict)
+    runs a MatMul whose weight DequantizeLinear is per-channel int8 with zero offsets; on
+    Qwen2.5-Coder-1.5B one 8-bit range per matrix costs perplexity 8.6 -> 17.5 on a French text
+    (benchmarks/w8a16_diagnosis), one per column 8.6 -> 8.61. Returns how many weights were changed."""
+    from onnxruntime.quantization import QuantType
+
+    inits = {t.name: t for t in model.graph.initializer}
+    overrides = qcfg.extra_options.setdefault("TensorQuantOverrides", {})
+    n = 0
+    for node in model.graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if w is not None and len(w.dims) == 2:
+            overrides[w.name] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 1}]
+            n += 1
+    return n
+
+
 def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
-                    per_channel: bool = False, keep_float: bool = False, what: str = "the calibration prompts"
+                    per_channel: bool = True, keep_float: bool = False, what: str = "the calibration prompts"
                     ) -> dict[str, str]:
     """QDQ w8a16 versions of the float static graphs ``{graph name: rel file}``, each calibrated on
     ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``.
@@ -331,7 +352,9 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
         try:
             lazy = _qdq_input(path, model_in)
             qcfg = get_qnn_qdq_config(lazy, None, activation_type=QuantType.QUInt16,
-                                      weight_type=QuantType.QUInt8, per_channel=per_channel)
+                                      weight_type=QuantType.QUInt8)
+            if per_channel:
+                per_channel_matmul_weights(lazy, qcfg)
             del lazy
             log.info("%s: calibrating (MinMax ranges over %s)", name, what)
             ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))
@@ -366,7 +389,7 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
 
 def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], target, *,
                            prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
-                           per_channel: bool = False, keep_float: bool = False) -> dict[str, str]:
+                           per_channel: bool = True, keep_float: bool = False) -> dict[str, str]:
     """QDQ w8a16 versions of the TTS Talker's float static graphs (``quantize_graphs``), calibrated
     while the float graphs speak ``prompts`` (``calibration_feeds``)."""
     return quantize_graphs(work_dir, float_files,

@@ -334,6 +334,8 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     assert {n: m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {
         "talker_prefill": "w8a16", "talker_decode": "w8a16"}
     assert m.graphs["talker_decode"].extra["kv_dtype"] == "fp32" and not any("layer" in n for n in m.graphs)
+    for name in ("talker_prefill", "talker_decode"):
+        assert matmul_weight_quantization(w8a16_bundle / m.graphs[name].file) == {"int8 per-channel axis 1"}
     so = ort.SessionOptions()
     so.log_severity_level = 3
 
@@ -360,6 +362,28 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
           f"{np.mean(agree):.3f}")
     assert min(vs_qdq) > W8A16_VS_QDQ_MIN
     assert min(vs_fp32) > 0.8 and np.mean(vs_fp32) > 0.93 and np.mean(agree) >= 0.55
+
+
+def matmul_weight_quantization(path) -> set[str]:
+    """How the constant weights of a QDQ graph's MatMuls are quantized, e.g. {"int8 per-channel axis 1"}."""
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.load(str(path)).graph
+    inits = {t.name: t for t in g.initializer}
+    dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    kinds = set()
+    for n in g.node:
+        d = dq.get(n.input[1]) if n.op_type == "MatMul" else None
+        if d is None:
+            continue
+        w, scale = inits[d.input[0]], numpy_helper.to_array(inits[d.input[1]])
+        zero = numpy_helper.to_array(inits[d.input[2]])
+        axis = next((a.i for a in d.attribute if a.name == "axis"), 1)
+        kind = onnx.helper.tensor_dtype_to_np_dtype(w.data_type).name
+        kinds.add(f"{kind} per-channel axis {axis}" if scale.size == w.dims[axis] > 1 and not zero.any()
+                  else f"{kind} per-tensor")
+    return kinds
 
 
 def small_target_mask(target) -> float:

@@ -299,7 +299,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     cos, match = np.concatenate(cos), np.concatenate(match)
     print(f"\nHTP w8a16 vs CPU fp32 teacher-forced logits cosine: min {cos.min():.5f} mean {cos.mean():.6f}, "
           f"argmax match {match.mean():.3f}")
-    assert cos.min() >= 0.99 and cos.mean() >= 0.999  # measured: min ~0.997, mean ~0.9998
+    assert cos.min() >= 0.995 and cos.mean() >= 0.9995  # measured: min 0.9991, mean 0.99988 (per-tensor weights: 0.997, 0.9998)
 
 
 # ------------------------------------------------------------------ kztts inspect / validate --target
