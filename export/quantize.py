@@ -320,11 +320,30 @@ def per_channel_matmul_weights(model, qcfg) -> int:
     return n
 
 
+def rmsnorm_nodes(model) -> list[str]:
+    """The nodes inside the graph's RMSNorms (``static_layers.NORM_MODULES`` scopes), which w8a16 keeps in
+    float: run fp16 on the HTP beside the quantized ops (strict on the simulator), their outputs, the
+    MatMuls' inputs, quantized as before. Quantized, a norm loses its rows that hold a massive
+    activation: on Qwen2.5-Coder-1.5B position 0's residual row has one channel near 4.2e3 and the rest
+    near 1e-4 of it once divided by the row maximum, under one 16-bit step of the per-tensor range;
+    one French chunk's perplexity (fp32 8.6) was 1110 as exported with per-tensor weights, 19.9 with only
+    the norms' activations in float, 17.5 with no activation quantized (benchmarks/w8a16_diagnosis).
+    Their outputs are normalised rows, on a grid that serves them."""
+    import re
+
+    from kztts.export.static_layers import NORM_MODULES
+
+    scope = re.compile(rf"^/stack/({'|'.join(NORM_MODULES)})(_\d+)?/")
+    return [n.name for n in model.graph.node if scope.match(n.name)]
+
+
 def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
-                    per_channel: bool = True, keep_float: bool = False, what: str = "the calibration prompts"
-                    ) -> dict[str, str]:
+                    per_channel: bool = True, float_norms: bool = True, keep_float: bool = False,
+                    what: str = "the calibration prompts") -> dict[str, str]:
     """QDQ w8a16 versions of the float static graphs ``{graph name: rel file}``, each calibrated on
     ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``.
+    ``per_channel``: the MatMul weights per output channel (:func:`per_channel_matmul_weights`);
+    ``float_norms``: the RMSNorms' insides in float (:func:`rmsnorm_nodes`).
 
     Graphs with external data (all over 2 GB) share one data file when their weights are identical
     (``share_external_data``: the prefill and decode graphs), and stay lazily loaded up to
@@ -355,6 +374,10 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
                                       weight_type=QuantType.QUInt8)
             if per_channel:
                 per_channel_matmul_weights(lazy, qcfg)
+            if float_norms:
+                norms = rmsnorm_nodes(lazy)
+                qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *norms]
+                log.info("%s: %d RMSNorm nodes kept in float (fp16 on the HTP)", name, len(norms))
             del lazy
             log.info("%s: calibrating (MinMax ranges over %s)", name, what)
             ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))

@@ -10,6 +10,12 @@ from torch import nn
 from kztts.export.qwen3_stack import head_norm
 
 
+# The attribute names the stacks give their RMSNorms (Qwen3Stack.norm, StaticLayer's, StaticAttn's): the
+# exported nodes of a norm are named "/stack/<name>[_<i>]/<op>" (torch.onnx's module scopes), which is
+# how the w8a16 quantizer finds them (kztts.export.quantize.rmsnorm_nodes).
+NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "norm")
+
+
 class SafeRMSNorm(nn.Module):
     """RMSNorm(x) computed on x / max(1, max|x|): equal in exact arithmetic, no fp16 overflow.
 

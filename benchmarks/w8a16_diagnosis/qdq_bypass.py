@@ -33,6 +33,8 @@ def variants(layers: int) -> dict:
         "w8": lambda t: True,  # every activation in float: the 8-bit weights alone
         "float_residual": lambda t: t in residual,
         "float_norms": _norm(),
+        # everything inside the norms but their outputs (the MatMuls' inputs, quantized in any w8a16 graph)
+        "float_norms_inside": lambda t: _norm()(t) and not t.endswith("/Mul_4_output_0"),
         "float_layer0_scores": lambda t: t in layer0_scores,
         "float_attention": lambda t: any(k in t for k in ("MatMul_", "Where", "Softmax", "Reshape", "Transpose",
                                                           "/stack/MatMul_output_0")) and "proj" not in t,
