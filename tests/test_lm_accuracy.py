@@ -118,11 +118,11 @@ def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover", "static", "handover"]
     for name in list(rows)[3:]:
         r = rows[name]
-        # w8a16 on this random model drawn wide: cos min 0.856 / 0.896, mean 0.960 / 0.965 (test_lm.py's
-        # test_w8a16_graphs_on_the_simulator says why)
-        floor = 0.99 if "fp16" in name else 0.8
+        # w8a16 (per-channel weights, float norms) on this random model: see test_lm.py's
+        # test_w8a16_graphs_on_the_simulator (it was cos min 0.856 / mean 0.960 with ORT's QNN defaults)
+        floor = 0.99 if "fp16" in name else 0.98
         assert r["error"] is None and r["ms_per_token"] is None and r["logits_cos_min"] > floor, r
-        assert r["logits_cos_mean"] > (0.999 if "fp16" in name else 0.93), r
+        assert r["logits_cos_mean"] > (0.999 if "fp16" in name else 0.997), r
     assert rows["cpu int8"]["logits_cos_min"] > rows["cpu int4"]["logits_cos_min"]
     md = (tmp_path / "lm_accuracy.md").read_text()
     assert "CALIBRATION_TEXTS" in md and "--segments with --precision w8a16 is not supported" in md
