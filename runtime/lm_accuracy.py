@@ -196,10 +196,57 @@ def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: in
         "ppl_per_sample": {t.name: perplexity(lg, r) for t, (lg, r) in zip(tokens, nll_ppl)},
         "greedy_prefix_mean": float(np.mean(prefix) / steps),
         "greedy_equal": int(sum(p == steps for p in prefix)), "greedy_prompts": len(tokens),
+        "per_sample": {t.name: {"positions": int(len(c)), "cos_sum": float(c.sum()), "cos_min": float(c.min()),
+                                "top1": int(a.sum()), "nll_sum": float(-_log_softmax(lg)[np.arange(len(r)), np.asarray(r)].sum()),
+                                "greedy_prefix": int(p)}
+                       for t, c, a, (lg, r), p in zip(tokens, cos, agree, nll_ppl, prefix)},
         "ms_per_token": median_ms(secs) if timed else None,
         "load_avg": round(load, 2),
     }
     return row, reference if reference is not None else Reference(logits, greedy_ids)
+
+
+def merge_rows(runs: Sequence[Sequence[dict]], steps: int) -> list[dict]:
+    """The rows of runs over disjoint texts (``--texts`` shards of one table, e.g. a simulator row too long
+    for one sitting) as if run together: every row present in each run, its metrics recomputed from
+    the per-text sums (``per_sample``), so a merged row equals the row of one run over all the texts."""
+    names = [r["name"] for r in runs[0]]
+    merged = []
+    for name in names:
+        parts = [next((r for r in run if r["name"] == name), None) for run in runs]
+        if any(p is None for p in parts):
+            raise ValueError(f"row {name!r} is missing from a run: runs to merge need the same rows")
+        failed = [p["error"] for p in parts if p.get("error")]
+        per: dict[str, dict] = {}
+        for p in parts:
+            if failed:
+                break
+            if "per_sample" not in p:
+                raise ValueError(f"row {name!r} has no per-text sums (written before kztts recorded them)")
+            twice = set(per) & set(p["per_sample"])
+            if twice:
+                raise ValueError(f"text {sorted(twice)[0]!r} is in two runs: runs to merge need disjoint --texts")
+            per.update(p["per_sample"])
+        row = {k: v for k, v in parts[0].items() if k not in ("per_sample", "ppl_per_sample", "htp_hosts")}
+        row["merged_from"] = len(parts)
+        if failed:
+            row["error"] = failed[0]
+            merged.append(row)
+            continue
+        n = sum(s["positions"] for s in per.values())
+        prefixes = [s["greedy_prefix"] for s in per.values()]
+        row.update({
+            "tokens": n, "logits_cos_mean": sum(s["cos_sum"] for s in per.values()) / n,
+            "logits_cos_min": min(s["cos_min"] for s in per.values()),
+            "top1_agree": sum(s["top1"] for s in per.values()) / n,
+            "ppl": math.exp(sum(s["nll_sum"] for s in per.values()) / n),
+            "ppl_per_sample": {k: math.exp(s["nll_sum"] / s["positions"]) for k, s in per.items()},
+            "greedy_prefix_mean": float(np.mean(prefixes) / steps),
+            "greedy_equal": int(sum(p == steps for p in prefixes)), "greedy_prompts": len(prefixes),
+            "ms_per_token": None, "per_sample": per,
+        })
+        merged.append(row)
+    return merged
 
 
 def open_row(spec: RowSpec, threads: int, context: int = DEFAULT_CONTEXT):

@@ -91,6 +91,42 @@ def test_kztts_bench_lm_rows(qwen3_dir, qwen3_bundle, tmp_path, capsys):
         assert words in capsys.readouterr().err, flags
 
 
+def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
+    """``bench_lm.py --merge``: two runs over disjoint --texts merge into the table one run over all four
+    texts gives (a long simulator row can be run a text at a time); overlapping or unfinished runs are
+    refused in one line."""
+    from kztts.bench.lm import main
+
+    def bench(out, *flags):
+        return main(["--model", str(qwen3_dir), "--bundle", str(qwen3_bundle), "--weights", "fp32,int4",
+                     "--threads", "1", "--context", "64", "--greedy-steps", "8", "--out", str(out), *flags])
+
+    assert bench(tmp_path / "all") == 0
+    assert bench(tmp_path / "a", "--texts", "code,english") == 0
+    assert bench(tmp_path / "b", "--texts", "french,chinese") == 0
+    assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 0
+    one = json.loads((tmp_path / "all" / "lm_accuracy.json").read_text())["rows"]
+    merged = json.loads((tmp_path / "m" / "lm_accuracy.json").read_text())["rows"]
+    assert [r["name"] for r in merged] == [r["name"] for r in one] == ["cpu fp32", "cpu int4"]
+    for a, b in zip(one, merged):
+        for key in ("tokens", "top1_agree", "greedy_equal", "greedy_prompts", "greedy_prefix_mean"):
+            assert a[key] == b[key], key
+        for key in ("logits_cos_mean", "logits_cos_min", "ppl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-12), key
+        assert b["ppl_per_sample"] == pytest.approx(a["ppl_per_sample"], rel=1e-12)
+    assert merged[1]["top1_agree"] < 1.0  # int4 on random weights: the merge has something to get right
+    assert "cpu int4" in (tmp_path / "m" / "lm_accuracy.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "a"), str(tmp_path / "all"), "--out", str(tmp_path / "x")])
+    assert "'code' is in two runs" in capsys.readouterr().err
+    report = tmp_path / "b" / "lm_accuracy.json"
+    report.write_text(report.read_text().replace('"complete": true', '"complete": false'))
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x")])
+    assert "did not finish" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded

@@ -221,6 +221,48 @@ def run(b: LmBench) -> list[dict]:
     return rows
 
 
+def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
+    """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
+    texts would give it (``kztts.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
+    such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
+    text at a time. ms/token is a median and is not merged (each shard's report keeps its own)."""
+    from kztts.errors import KzttsError
+    from kztts.lm_accuracy import merge_rows
+    from kztts.manifest import read_manifest
+
+    runs = []
+    for d in dirs:
+        f = Path(d) / "lm_accuracy.json"
+        try:
+            runs.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as e:
+            raise KzttsError(f"{f}: not a finished bench_lm run's report ({e})") from e
+    for key in ("bundle", "greedy_steps"):
+        values = {json.dumps(r.get(key)) for r in runs}
+        if len(values) > 1:
+            raise KzttsError(f"--merge: the runs differ in {key} ({', '.join(sorted(values))}); merge runs of one table")
+    unfinished = [str(d) for d, r in zip(dirs, runs) if not r.get("complete")]
+    if unfinished:
+        raise KzttsError(f"--merge: {', '.join(unfinished)} did not finish (complete: false)")
+    steps = runs[0]["greedy_steps"]
+    try:
+        rows = merge_rows([r["rows"] for r in runs], steps)
+    except ValueError as e:
+        raise KzttsError(f"--merge: {e}") from e
+    texts = [t for r in runs for t in r["texts"]]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lm_accuracy.json").write_text(json.dumps(
+        {**{k: v for k, v in runs[0].items() if k not in ("rows", "texts", "load_avg_end", "command")},
+         "texts": texts, "merged_from": [str(d) for d in dirs], "command": command, "complete": True,
+         "rows": rows}, indent=1), encoding="utf-8")
+    manifest = read_manifest(Path(runs[0]["bundle"])).data
+    md = report_markdown(rows, manifest, runs[0]["threads"], ",".join(texts), steps,
+                         runs[0].get("w8a16_no_guarded_row"), command)
+    (out / "lm_accuracy.md").write_text(md, encoding="utf-8")
+    print(md)
+    return rows
+
+
 def add_arguments(ap, standalone: bool) -> None:
     """The LM flags; ``standalone`` (bench_lm.py) adds the ones ``kztts bench`` already has."""
     g = ap.add_argument_group("LM rows (kztts.bench.lm)") if not standalone else ap
@@ -274,11 +316,16 @@ def main(argv: list[str] | None = None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--gguf", type=Path, help="a Qwen2/Qwen3 GGUF file")
     src.add_argument("--model", type=Path, help="a Qwen2/Qwen3 Hugging Face directory")
+    src.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
+                     help="instead of running: merge the --out DIRs of runs over disjoint --texts into one table")
     add_arguments(ap, standalone=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_lm.py", *(argv or sys.argv[1:])])
     try:
+        if args.merge:
+            merge(args.merge, args.out, command)
+            return 0
         run(from_args(args, args.gguf or args.model, target=args.target, threads=args.threads, out=args.out,
                       command=command))
     except KzttsError as e:
