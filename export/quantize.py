@@ -329,12 +329,9 @@ def rmsnorm_nodes(model) -> list[str]:
     one French chunk's perplexity (fp32 8.6) was 1110 as exported with per-tensor weights, 19.9 with only
     the norms' activations in float, 17.5 with no activation quantized (benchmarks/w8a16_diagnosis).
     Their outputs are normalised rows, on a grid that serves them."""
-    import re
+    from kztts.export.static_layers import NORM_SCOPE
 
-    from kztts.export.static_layers import NORM_MODULES
-
-    scope = re.compile(rf"^/stack/({'|'.join(NORM_MODULES)})(_\d+)?/")
-    return [n.name for n in model.graph.node if scope.match(n.name)]
+    return [n.name for n in model.graph.node if NORM_SCOPE.match(n.name)]
 
 
 def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
@@ -373,7 +370,7 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
             qcfg = get_qnn_qdq_config(lazy, None, activation_type=QuantType.QUInt16,
                                       weight_type=QuantType.QUInt8)
             if per_channel:
-                per_channel_matmul_weights(lazy, qcfg)
+                log.info("%s: %d MatMul weights per output channel", name, per_channel_matmul_weights(lazy, qcfg))
             if float_norms:
                 norms = rmsnorm_nodes(lazy)
                 qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *norms]

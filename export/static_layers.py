@@ -2,6 +2,7 @@
 decoder layer seen through the attributes ``Qwen3Stack`` uses, and the static-shape check."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -12,8 +13,10 @@ from kztts.export.qwen3_stack import head_norm
 
 # The attribute names the stacks give their RMSNorms (Qwen3Stack.norm, StaticLayer's, StaticAttn's): the
 # exported nodes of a norm are named "/stack/<name>[_<i>]/<op>" (torch.onnx's module scopes), which is
-# how the w8a16 quantizer finds them (kztts.export.quantize.rmsnorm_nodes).
+# how the w8a16 quantizer finds them (kztts.export.quantize.rmsnorm_nodes). NORM_SCOPE matches a node
+# name of a norm; its group 1 is the norm ("/stack/input_layernorm_3").
 NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "norm")
+NORM_SCOPE = re.compile(rf"^(/stack/(?:{'|'.join(NORM_MODULES)})(?:_\d+)?)/")
 
 
 class SafeRMSNorm(nn.Module):

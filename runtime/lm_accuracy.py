@@ -169,14 +169,14 @@ class Reference:
 
 def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: int = GREEDY_STEPS,
             timed: bool = True) -> tuple[dict, Reference]:
-    """One row's metrics over ``tokens`` (against ``reference``; None: this row is the reference)."""
+    """One row's metrics over ``tokens`` (against ``reference``; None: this row is the reference): each
+    text's sums (``per_sample``) and the row's metrics from them (:func:`_aggregate`)."""
     load = psutil.getloadavg()[0]
-    logits, greedy_ids, secs, nll_ppl = [], [], [], []
-    cos, agree, prefix = [], [], []
+    logits, greedy_ids, secs = [], [], []
+    per: dict[str, dict] = {}
     for i, toks in enumerate(tokens):
         lg, s = teacher_forced(lm, toks)
         secs += s
-        nll_ppl.append((lg, toks.rest))
         g = greedy(lm, toks, steps)
         if reference is None:
             logits.append(lg)
@@ -184,68 +184,58 @@ def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: in
             ref_lg, ref_g = lg, g
         else:
             ref_lg, ref_g = reference.logits[i], reference.greedy[i]
-        cos.append(cosine_rows(lg, ref_lg))
-        agree.append(np.argmax(lg, -1) == np.argmax(ref_lg, -1))
-        prefix.append(common_prefix(g, ref_g))
-    cos_all, agree_all = np.concatenate(cos), np.concatenate(agree)
-    lp = np.concatenate([_log_softmax(lg)[np.arange(len(t)), np.asarray(t)] for lg, t in nll_ppl])
-    row = {
-        "tokens": int(len(cos_all)),
-        "logits_cos_mean": float(cos_all.mean()), "logits_cos_min": float(cos_all.min()),
-        "top1_agree": float(agree_all.mean()), "ppl": float(math.exp(-lp.mean())),
-        "ppl_per_sample": {t.name: perplexity(lg, r) for t, (lg, r) in zip(tokens, nll_ppl)},
-        "greedy_prefix_mean": float(np.mean(prefix) / steps),
-        "greedy_equal": int(sum(p == steps for p in prefix)), "greedy_prompts": len(tokens),
-        "per_sample": {t.name: {"positions": int(len(c)), "cos_sum": float(c.sum()), "cos_min": float(c.min()),
-                                "top1": int(a.sum()), "nll_sum": float(-_log_softmax(lg)[np.arange(len(r)), np.asarray(r)].sum()),
-                                "greedy_prefix": int(p)}
-                       for t, c, a, (lg, r), p in zip(tokens, cos, agree, nll_ppl, prefix)},
-        "ms_per_token": median_ms(secs) if timed else None,
-        "load_avg": round(load, 2),
-    }
+        cos = cosine_rows(lg, ref_lg)
+        lp = _log_softmax(lg)[np.arange(len(toks.rest)), np.asarray(toks.rest)]
+        per[toks.name] = {"positions": int(len(cos)), "cos_sum": float(cos.sum()), "cos_min": float(cos.min()),
+                          "top1": int((np.argmax(lg, -1) == np.argmax(ref_lg, -1)).sum()),
+                          "nll_sum": float(-lp.sum()), "greedy_prefix": common_prefix(g, ref_g)}
+    row = {**_aggregate(per, steps), "ms_per_token": median_ms(secs) if timed else None, "load_avg": round(load, 2)}
     return row, reference if reference is not None else Reference(logits, greedy_ids)
+
+
+def _aggregate(per: dict[str, dict], steps: int) -> dict:
+    """A row's metrics from its texts' sums (``per_sample``): over every predicted position of every text."""
+    n = sum(s["positions"] for s in per.values())
+    prefixes = [s["greedy_prefix"] for s in per.values()]
+    return {
+        "tokens": n, "logits_cos_mean": sum(s["cos_sum"] for s in per.values()) / n,
+        "logits_cos_min": min(s["cos_min"] for s in per.values()),
+        "top1_agree": sum(s["top1"] for s in per.values()) / n,
+        "ppl": math.exp(sum(s["nll_sum"] for s in per.values()) / n),
+        "ppl_per_sample": {k: math.exp(s["nll_sum"] / s["positions"]) for k, s in per.items()},
+        "greedy_prefix_mean": float(np.mean(prefixes) / steps),
+        "greedy_equal": int(sum(p == steps for p in prefixes)), "greedy_prompts": len(prefixes),
+        "per_sample": per,
+    }
 
 
 def merge_rows(runs: Sequence[Sequence[dict]], steps: int) -> list[dict]:
     """The rows of runs over disjoint texts (``--texts`` shards of one table, e.g. a simulator row too long
     for one sitting) as if run together: every row present in each run, its metrics recomputed from
-    the per-text sums (``per_sample``), so a merged row equals the row of one run over all the texts."""
-    names = [r["name"] for r in runs[0]]
+    the per-text sums (``per_sample``) as :func:`measure` computes them, so a merged row equals the row
+    of one run over all the texts (ms/token, a median, is left out)."""
     merged = []
-    for name in names:
+    for name in [r["name"] for r in runs[0]]:
         parts = [next((r for r in run if r["name"] == name), None) for run in runs]
         if any(p is None for p in parts):
             raise ValueError(f"row {name!r} is missing from a run: runs to merge need the same rows")
-        failed = [p["error"] for p in parts if p.get("error")]
+        row = {k: v for k, v in parts[0].items() if k not in ("per_sample", "ppl_per_sample", "htp_hosts")}
+        row["merged_from"] = len(parts)
+        failed = next((p["error"] for p in parts if p.get("error")), None)
+        if failed:
+            merged.append({**row, "error": failed})
+            continue
         per: dict[str, dict] = {}
         for p in parts:
-            if failed:
-                break
             if "per_sample" not in p:
                 raise ValueError(f"row {name!r} has no per-text sums (written before kztts recorded them)")
             twice = set(per) & set(p["per_sample"])
             if twice:
                 raise ValueError(f"text {sorted(twice)[0]!r} is in two runs: runs to merge need disjoint --texts")
             per.update(p["per_sample"])
-        row = {k: v for k, v in parts[0].items() if k not in ("per_sample", "ppl_per_sample", "htp_hosts")}
-        row["merged_from"] = len(parts)
-        if failed:
-            row["error"] = failed[0]
-            merged.append(row)
-            continue
-        n = sum(s["positions"] for s in per.values())
-        prefixes = [s["greedy_prefix"] for s in per.values()]
-        row.update({
-            "tokens": n, "logits_cos_mean": sum(s["cos_sum"] for s in per.values()) / n,
-            "logits_cos_min": min(s["cos_min"] for s in per.values()),
-            "top1_agree": sum(s["top1"] for s in per.values()) / n,
-            "ppl": math.exp(sum(s["nll_sum"] for s in per.values()) / n),
-            "ppl_per_sample": {k: math.exp(s["nll_sum"] / s["positions"]) for k, s in per.items()},
-            "greedy_prefix_mean": float(np.mean(prefixes) / steps),
-            "greedy_equal": int(sum(p == steps for p in prefixes)), "greedy_prompts": len(prefixes),
-            "ms_per_token": None, "per_sample": per,
-        })
-        merged.append(row)
+        if "positions" in row:  # the reference row's token counts per text
+            row["positions"] = {k: v for p in parts for k, v in p["positions"].items()}
+        merged.append({**row, **_aggregate(per, steps), "ms_per_token": None})
     return merged
 
 

@@ -388,18 +388,15 @@ def matmul_weight_quantization(path) -> set[str]:
 def quantized_inside_norms(path) -> set[str]:
     """Which tensors of a QDQ graph's RMSNorm scopes are quantized: "output" (a norm's last tensor, a
     MatMul's input) and/or "inside"."""
-    import re
-
     import onnx
 
-    from kztts.export.static_layers import NORM_MODULES
+    from kztts.export.static_layers import NORM_SCOPE
 
     g = onnx.load(str(path)).graph
-    scope = re.compile(rf"^(/stack/(?:{'|'.join(NORM_MODULES)})(?:_\d+)?)/")
     last = {}  # scope -> its last node's output (nodes are in topological order)
     produced_in = {}
     for n in g.node:
-        hit = scope.match(n.name)
+        hit = NORM_SCOPE.match(n.name)
         if hit and n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             last[hit.group(1)] = n.output[0]
             produced_in.update({o: hit.group(1) for o in n.output})
