@@ -7,6 +7,8 @@ Per-text sums = printed mean x positions, so exact to the printed digits. Usage:
 import json, math, sys
 from pathlib import Path
 
+from kztts.lm_accuracy import _aggregate  # a row's metrics from its per-text sums, as measured rows get them
+
 template = json.loads(Path(sys.argv[1]).read_text())  # a measured shard's lm_accuracy.json (for the metadata)
 out = Path(sys.argv[2])
 FIG = {  # text: positions, token count, fp32 ppl, w8a16 cos mean, cos min, top-1, ppl, greedy prefix, wall, commit
@@ -27,11 +29,7 @@ for text, (n, ntok, p32, cos, cmin, top1, ppl, prefix, wall, commit) in FIG.item
         else:
             per = {"positions": n, "cos_sum": cos * n, "cos_min": cmin, "top1": k, "nll_sum": n * math.log(ppl),
                    "greedy_prefix": prefix}
-        r.update({"tokens": n, "logits_cos_mean": per["cos_sum"] / n, "logits_cos_min": per["cos_min"],
-                  "top1_agree": per["top1"] / n, "ppl": math.exp(per["nll_sum"] / n),
-                  "ppl_per_sample": {text: math.exp(per["nll_sum"] / n)},
-                  "greedy_prefix_mean": per["greedy_prefix"] / steps, "greedy_equal": int(per["greedy_prefix"] == steps),
-                  "greedy_prompts": 1, "per_sample": {text: per}, "ms_per_token": None})
+        r.update({**_aggregate({text: per}, steps), "ms_per_token": None})
         rows.append(r)
     d = {**template, "texts": [text], "rows": rows, "load_avg_end": None,
          "command": template["command"].replace("--texts code", f"--texts {text}").replace("w8full_code", f"w8full_{text}"),
