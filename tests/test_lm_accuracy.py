@@ -127,6 +127,30 @@ def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     assert "did not finish" in capsys.readouterr().err
 
 
+
+def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys):
+    """benchmarks/README.md's full-set w8a16 all-htp row of the real 1.5B is what ``--merge`` makes of
+    the shard reports kept in benchmarks/lm_w8a16_fullset (the simulator row takes 6 h, so the published
+    figures must stay reproducible from the kept sums, not from run directories that are gone)."""
+    from pathlib import Path
+
+    from kztts.bench.lm import main
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    shards = [root / "lm_w8a16_fullset" / t for t in ("code", "english", "french", "chinese")]
+    assert main(["--merge", *map(str, shards), "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
+    row = rows["htp-sim w8a16 all-htp"]
+    assert row["error"] is None and row["greedy_prompts"] == 4
+    assert sum(s["positions"] for s in row["per_sample"].values()) == 240
+    published = (f"| {row['logits_cos_mean']:.6f} | {row['logits_cos_min']:.6f} | {row['top1_agree']:.3f} "
+                 f"| {row['ppl']:.3f} | {row['greedy_prefix_mean']:.3f} | {row['greedy_equal']}/4 |")
+    readme = (root / "README.md").read_text()
+    table_row = next(line for line in readme.splitlines() if line.startswith("| htp-sim **w8a16 all-htp** (one text"))
+    assert published in table_row, (published, table_row)
+    assert f"{rows['cpu fp32']['ppl']:.3f}" == "4.648"  # the same fp32 reference as the other 1.5B rows
+
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded
