@@ -1,6 +1,6 @@
 """Static-shape graphs for the Qualcomm HTP (QNN execution provider).
 
-Layout (after Qualcomm's own LLM exports, /work/shared/QNN.md): two Talker graphs
+Layout (after Qualcomm AI Hub's own LLM exports): two Talker graphs
 over one set of weights, a prompt processor of ``S = shapes.prefill_chunk``
 positions (``talker_prefill``) and a token generator of one position
 (``talker_decode``), both over a fixed context ``C = shapes.context``:

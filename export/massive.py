@@ -1,7 +1,7 @@
 """Inject a massive activation into one Talker layer of a random model (precision-guard tests).
 
 Real Qwen3 checkpoints carry a few residual-stream channels near 1e4-1e5, far past
-what fp16 holds (65504); on the HTP fp16 saturates silently (/work/shared/QNN.md).
+what fp16 holds (65504); on the HTP fp16 saturates silently (no inf, no NaN).
 A random tiny model has none, so the placement guard would have nothing to find.
 ``inject_massive_activation_`` rewires layer ``L`` so that, in exact arithmetic:
 

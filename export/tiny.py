@@ -16,7 +16,7 @@ Sizes
     talker -> code predictor ``small_to_mtp_projection`` is a Linear (like 1.7B);
     ``variant="equal"``: code predictor hidden 64 == talker, Identity (like 0.6B).
 ``0.6b`` / ``1.7b``
-    The released shapes (docs: /work/shared/REFERENCE.md): talker 28 layers, 16/8 heads,
+    The released shapes (as quoted by several ports of the released config.json): talker 28 layers, 16/8 heads,
     head_dim 128, M-RoPE [24, 20, 20] interleaved, theta 1e6, text hidden 2048, text
     vocab 151936; code predictor 5 layers, hidden 1024, intermediate 3072, 16/8 heads,
     head_dim 128. 0.6b: talker 1024/3072, x-vector 1024 (Identity projection);

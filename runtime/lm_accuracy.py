@@ -30,6 +30,7 @@ import numpy as np
 import psutil
 
 from kztts.bench.metrics import cosine_rows, median_ms
+from kztts.cache import portable_path
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
     for i, spec in enumerate(specs):
         if i == 0 and saved is not None:
             row, tokens, reference = saved
-            row = {**row, "reused": str(reference_file)}
+            row = {**row, "reused": portable_path(reference_file)}
             log.info("lm_accuracy: %s reused from %s", spec.name, reference_file)
             rows.append(row)
             if on_row is not None:

@@ -188,3 +188,18 @@ def _read_lm(path: Path, data: dict) -> Manifest:
 def write_manifest(bundle_dir: Path, data: dict) -> Path:
     # atomic: an existing bundle's manifest is rewritten in place (add_context_binaries)
     return write_text(Path(bundle_dir) / MANIFEST_NAME, json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+def bundle_digest(bundle_dir: Path, length: int = 16) -> str:
+    """The first ``length`` hex digits of a sha256 over every file of a bundle (relative name and
+    bytes): two reports name the same bundle exactly when their digests are equal, on any machine."""
+    import hashlib
+
+    root = Path(bundle_dir)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:length]

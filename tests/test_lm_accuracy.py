@@ -93,9 +93,10 @@ def test_kztts_bench_lm_rows(qwen3_dir, qwen3_bundle, tmp_path, capsys):
 
 def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     """``bench_lm.py --merge``: two runs over disjoint --texts merge into the table one run over all four
-    texts gives (a long simulator row can be run a text at a time); overlapping or unfinished runs are
-    refused in one line."""
+    texts gives (a long simulator row can be run a text at a time); overlapping or unfinished runs, and
+    runs of different bundles (by digest), are refused in one line; reports name no folder of this machine."""
     from kztts.bench.lm import main
+    from kztts.manifest import bundle_digest
 
     def bench(out, *flags):
         return main(["--model", str(qwen3_dir), "--bundle", str(qwen3_bundle), "--weights", "fp32,int4",
@@ -121,7 +122,13 @@ def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
         main(["--merge", str(tmp_path / "a"), str(tmp_path / "all"), "--out", str(tmp_path / "x")])
     assert "'code' is in two runs" in capsys.readouterr().err
     report = tmp_path / "b" / "lm_accuracy.json"
-    report.write_text(report.read_text().replace('"complete": true', '"complete": false'))
+    data = json.loads(report.read_text())
+    assert data["bundle"]["digest"] == bundle_digest(qwen3_bundle) and str(tmp_path) not in report.read_text()
+    report.write_text(json.dumps({**data, "bundle": {**data["bundle"], "digest": "0123456789abcdef"}}))
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x")])
+    assert "the runs differ in bundle" in capsys.readouterr().err
+    report.write_text(json.dumps({**data, "complete": False}))
     with pytest.raises(SystemExit):
         main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x")])
     assert "did not finish" in capsys.readouterr().err

@@ -3,7 +3,7 @@ full-set w8a16 all-htp row for those two texts, rebuilt from the figures printed
 benchmarks/README.md (commits 41ef43e, 32c4b06) after their run directories were lost with their machine.
 Per-text sums = printed mean x positions, so exact to the printed digits. Usage:
     python rebuild_from_printed.py benchmarks/lm_w8a16_fullset/code/lm_accuracy.json benchmarks/lm_w8a16_fullset
-(a measured shard supplies the metadata)."""
+(a measured shard supplies the rows' names and structure; the facts of the lost runs are "unknown")."""
 import json, math, sys
 from pathlib import Path
 
@@ -31,8 +31,11 @@ for text, (n, ntok, p32, cos, cmin, top1, ppl, prefix, wall, commit) in FIG.item
                    "greedy_prefix": prefix}
         r.update({**_aggregate({text: per}, steps), "ms_per_token": None})
         rows.append(r)
-    d = {**template, "texts": [text], "rows": rows, "load_avg_end": None,
-         "command": template["command"].replace("--texts code", f"--texts {text}").replace("w8full_code", f"w8full_{text}"),
+    # What the printed figures do not say (the run's model, bundles, threads, command) is "unknown",
+    # never the measured shard's: --merge skips unknown facts and refuses differing known ones.
+    unknown = {"name": "unknown", "digest": "unknown"}
+    d = {**template, "model": "unknown", "bundle": unknown, "w8a16_bundle": unknown, "threads": "unknown",
+         "texts": [text], "rows": rows, "load_avg_end": None, "command": "unknown",
          "reconstructed_from": f"benchmarks/README.md's per-text table ({commit}): the run's own report was lost "
                                f"with its machine; sums = printed figures x positions, exact to the printed digits",
          "wall": wall}

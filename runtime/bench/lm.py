@@ -107,18 +107,25 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
     return specs
 
 
-def report_markdown(rows: list[dict], manifest: dict, threads: int, texts: str | None, steps: int,
+def model_facts(manifest: dict) -> dict:
+    """What a report says of the model it measured, read from the bundle's manifest: its type and its
+    source checkpoint's file name and sha256 (never a path: reports are read on other machines)."""
+    src = manifest.get("source") or {}
+    return {"model_type": manifest.get("model_type"), "source": Path(src.get("path", "?")).name,
+            "sha256": src.get("sha256"), "gguf": bool(src.get("gguf"))}
+
+
+def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: str | None, steps: int,
                     w8a16: str | None, command: str) -> str:
     from kztts.lm_accuracy import markdown_table
 
-    src = manifest.get("source") or {}
     subset = f" (texts: {texts})" if texts else ""
-    lines = [f"LM `{manifest.get('model_type')}` from `{Path(src.get('path', '?')).name}` "
-             f"(sha256 {str(src.get('sha256', ''))[:12]}...), {threads} threads, "
+    lines = [f"LM `{model.get('model_type')}` from `{model.get('source')}` "
+             f"(sha256 {str(model.get('sha256') or '')[:12]}...), {threads} threads, "
              f"{rows[0].get('tokens')} teacher-forced positions{subset}, {steps} greedy tokens per "
              "prompt.", "",
              markdown_table(rows), ""]
-    if src.get("gguf"):
+    if model.get("gguf"):
         lines.append(f"- **int4 caveat**: {INT4_CAVEAT}")
     lines += ["- logits cos / top-1 agree: teacher-forced against the fp32 CPU bundle; greedy prefix: mean "
               "fraction of the greedy tokens equal to fp32's before the first divergence; greedy equal: prompts "
@@ -183,8 +190,9 @@ def _names(csv: str) -> list[str]:
 def run(b: LmBench) -> list[dict]:
     """Every row, written to ``b.out`` as it finishes; returns the rows."""
     from kztts.export.lm_export import cached_lm_bundle
+    from kztts.cache import portable_command
     from kztts.lm_accuracy import GREEDY_STEPS, SAMPLES, run_rows
-    from kztts.manifest import read_manifest
+    from kztts.manifest import bundle_digest, read_manifest
 
     check(b)
     samples = tuple(s for s in SAMPLES if s.name in _names(b.texts)) if b.texts else SAMPLES
@@ -199,12 +207,17 @@ def run(b: LmBench) -> list[dict]:
     specs = row_specs(bundle, list(b.weights), b.target, list(b.placements), b.out, b.calibrate_prompts,
                       precisions=tuple(b.precisions), w8a16_bundle=w8a16_bundle, guarded=b.guarded_placement)
     done: list[dict] = []
+    model = model_facts(manifest)
+    bundles = {"bundle": {"name": Path(bundle).name, "digest": bundle_digest(bundle)},
+               "w8a16_bundle": None if w8a16_bundle is None else
+               {"name": Path(w8a16_bundle).name, "digest": bundle_digest(w8a16_bundle)}}
+    command = portable_command(b.command)
 
     def write_json(complete: bool) -> None:
         (b.out / "lm_accuracy.json").write_text(json.dumps(
-            {"bundle": str(bundle), "source": manifest.get("source"), "threads": b.threads,
+            {"model": model, **bundles, "threads": b.threads,
              "texts": [s.name for s in samples], "greedy_steps": steps, "w8a16_no_guarded_row": w8a16,
-             "load_avg_end": psutil.getloadavg(), "command": b.command, "complete": complete, "rows": done},
+             "load_avg_end": psutil.getloadavg(), "command": command, "complete": complete, "rows": done},
             indent=1), encoding="utf-8")
 
     def on_row(row: dict) -> None:
@@ -215,20 +228,42 @@ def run(b: LmBench) -> list[dict]:
     rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
                     on_row=on_row, reference_file=b.reference)
     write_json(complete=True)
-    md = report_markdown(rows, manifest, b.threads, b.texts, steps, w8a16, b.command)
+    md = report_markdown(rows, model, b.threads, b.texts, steps, w8a16, command)
     (b.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
+
+
+UNKNOWN = "unknown"  # a fact a rebuilt report could not recover (its run directory was lost)
+
+
+def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
+    """The one known value of ``part(run[key])`` over the runs (``"unknown"`` values say nothing);
+    runs that know different values are refused, naming them."""
+    known = {}
+    for d, r in zip(dirs, runs):
+        v = r.get(key, UNKNOWN)
+        if v != UNKNOWN and v is not None:
+            v = part(v)
+        if v != UNKNOWN:
+            known.setdefault(json.dumps(v, sort_keys=True), []).append(str(d))
+    if len(known) > 1:
+        from kztts.errors import KzttsError
+
+        said = "; ".join(f"{v} in {', '.join(ds)}" for v, ds in sorted(known.items()))
+        raise KzttsError(f"--merge: the runs differ in {key} ({said}); merge runs of one table")
+    return json.loads(next(iter(known))) if known else UNKNOWN
 
 
 def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
     texts would give it (``kztts.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
     such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
-    text at a time. ms/token is a median and is not merged (each shard's report keeps its own)."""
+    text at a time. Only the reports are read: runs of different models or bundles (by digest) are
+    refused. ms/token is a median and is not merged (each shard's report keeps its own)."""
+    from kztts.cache import portable_command, portable_path
     from kztts.errors import KzttsError
     from kztts.lm_accuracy import merge_rows
-    from kztts.manifest import read_manifest
 
     runs = []
     for d in dirs:
@@ -237,26 +272,31 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
             runs.append(json.loads(f.read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:
             raise KzttsError(f"{f}: not a finished bench_lm run's report ({e})") from e
-    for key in ("bundle", "greedy_steps"):
-        values = {json.dumps(r.get(key)) for r in runs}
-        if len(values) > 1:
-            raise KzttsError(f"--merge: the runs differ in {key} ({', '.join(sorted(values))}); merge runs of one table")
+    missing = [str(d) for d, r in zip(dirs, runs) if "model" not in r]
+    if missing:
+        raise KzttsError(f"--merge: {', '.join(missing)}: a report without `model` (written before reports "
+                         "carried their model and bundle digests); rerun it")
+    steps = _agreed(runs, dirs, "greedy_steps")
+    model = _agreed(runs, dirs, "model")
+    digests = {k: _agreed(runs, dirs, k, lambda v: v["digest"]) for k in ("bundle", "w8a16_bundle")}
+    threads = _agreed(runs, dirs, "threads")
     unfinished = [str(d) for d, r in zip(dirs, runs) if not r.get("complete")]
     if unfinished:
         raise KzttsError(f"--merge: {', '.join(unfinished)} did not finish (complete: false)")
-    steps = runs[0]["greedy_steps"]
     try:
         rows = merge_rows([r["rows"] for r in runs], steps)
     except ValueError as e:
         raise KzttsError(f"--merge: {e}") from e
     texts = [t for r in runs for t in r["texts"]]
+    command = portable_command(command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_accuracy.json").write_text(json.dumps(
-        {**{k: v for k, v in runs[0].items() if k not in ("rows", "texts", "load_avg_end", "command")},
-         "texts": texts, "merged_from": [str(d) for d in dirs], "command": command, "complete": True,
+        {"model": model, "bundle": {"digest": digests["bundle"]}, "w8a16_bundle": {"digest": digests["w8a16_bundle"]},
+         "threads": threads, "texts": texts, "greedy_steps": steps,
+         "w8a16_no_guarded_row": runs[0].get("w8a16_no_guarded_row"),
+         "merged_from": [portable_path(Path(d).resolve()) for d in dirs], "command": command, "complete": True,
          "rows": rows}, indent=1), encoding="utf-8")
-    manifest = read_manifest(Path(runs[0]["bundle"])).data
-    md = report_markdown(rows, manifest, runs[0]["threads"], ",".join(texts), steps,
+    md = report_markdown(rows, model if model != UNKNOWN else {}, threads, ",".join(texts), steps,
                          runs[0].get("w8a16_no_guarded_row"), command)
     (out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
