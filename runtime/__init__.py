@@ -1,5 +1,45 @@
-"""kztts: Qwen3-TTS (12 Hz) on ONNX Runtime, CPU and Qualcomm QNN/HTP."""
-from kztts.errors import BundleError, ContextOverflowError, KzttsError
+"""kztts: Qwen3-TTS (12 Hz) and Qwen causal LMs as ONNX graphs on ONNX Runtime, on the CPU and on
+Qualcomm NPUs (QNN/HTP).
 
-__all__ = ["BundleError", "ContextOverflowError", "KzttsError"]
+The front door::
+
+    from kztts import TTS, LM, Voice, KzttsError
+
+    tts = TTS("my-bundle")                        # a folder written by `kztts export`
+    result = tts.synthesize("Hello.", tts.voice_from_xvector("voice.npy"))
+
+``TTS``, ``Voice``, ``SynthesisRequest``, ``SynthesisResult``, ``GenerationSettings`` and ``LM`` load on
+first use, so ``import kztts`` itself loads neither numpy nor ONNX Runtime.
+"""
+from __future__ import annotations
+
+import importlib
+
+from kztts.core.errors import BundleError, ContextOverflowError, KzttsError
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "TTS": "kztts.tts.tts",
+    "Voice": "kztts.tts.request",
+    "SynthesisRequest": "kztts.tts.request",
+    "SynthesisResult": "kztts.tts.tts",
+    "GenerationSettings": "kztts.generation.settings",
+    "LM": "kztts.lm.lm",
+}
+
+__all__ = ["TTS", "Voice", "SynthesisRequest", "SynthesisResult", "GenerationSettings", "LM", "KzttsError",
+           "BundleError", "ContextOverflowError", "__version__"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kztts' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

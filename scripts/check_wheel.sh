@@ -57,7 +57,7 @@ case "$PKG" in
     "$SITE"/kztts/__init__.py) ;;
     *) echo "check_wheel: kztts comes from $PKG, not from $SITE" >&2; exit 1 ;;
 esac
-"$V/python" -c "import kztts.targets as t; d = t.configs_dir(); print('    targets', t.list_targets(), 'in', d); \
+"$V/python" -c "import kztts.htp.targets as t; d = t.configs_dir(); print('    targets', t.list_targets(), 'in', d); \
 assert str(d).startswith('$SITE') and t.list_targets(), d"
 
 step "kztts synth \"Hello.\" -o x.wav (the embedded demo model, built into the fresh cache)"
@@ -67,7 +67,7 @@ test -s x.wav
 step "kztts export TINY --target simulator -o B (TINY: the demo's random-weight checkpoint)"
 TINY=$(ls -d "$KZTTS_CACHE"/models/tiny-equal-*)
 "$V/kztts" export "$TINY" --target simulator -o B
-"$V/python" -c "from kztts.manifest import read_manifest as r; m = r('B'); \
+"$V/python" -c "from kztts.bundle.manifest import read_manifest as r; m = r('B'); \
 s = sorted(n for n, g in m.graphs.items() if g.variant == 'static'); print('    static graphs:', s); assert s"
 
 step "kztts inspect DEMO --target x-elite (DEMO: the demo bundle in the cache)"

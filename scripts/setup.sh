@@ -10,4 +10,4 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[export,qnn,bench,quality,test]'
 .venv/bin/python -m pip install -q --no-deps qwen-tts==0.1.1
-.venv/bin/python -c "import kztts, kztts.export.qwen_import as q; q.import_qwen_tts(); print('kztts', kztts.__version__, 'ready in .venv')"
+.venv/bin/python -c "import kztts, kztts.export.common.qwen_import as q; q.import_qwen_tts(); print('kztts', kztts.__version__, 'ready in .venv')"

@@ -32,14 +32,14 @@ def variant(request) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(variant):
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_tiny(variant)
 
 
 @pytest.fixture(scope="session")
 def tiny_bundle_dir(tiny_model_dir):
-    from kztts.export.bundle_writer import cached_bundle
+    from kztts.export.tts.bundle_writer import cached_bundle
 
     return cached_bundle(tiny_model_dir)
 
@@ -47,7 +47,7 @@ def tiny_bundle_dir(tiny_model_dir):
 @pytest.fixture(scope="session")
 def reference(tiny_model_dir):
     """The official qwen-tts wrapper on the tiny checkpoint (fp32, eager)."""
-    from kztts.export.checkpoint import load_reference
+    from kztts.export.common.checkpoint import load_reference
 
     return load_reference(tiny_model_dir)
 
@@ -57,7 +57,7 @@ def small_target(tmp_path_factory):
     """The simulator target with test-sized static shapes (context 64, prefill chunk 16)."""
     import json
 
-    from kztts.targets import configs_dir
+    from kztts.htp.targets import configs_dir
 
     data = json.loads((configs_dir() / "simulator.json").read_text())
     data["shapes"].update(prefill_chunk=SMALL_CHUNK, context=SMALL_CONTEXT, decoder_chunk=5)  # divides the decoder segments (300, 275)
@@ -71,7 +71,7 @@ def small_target(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_dir():
     """The tiny "proj" checkpoint (not parametrized): the HTP tests' model."""
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_tiny("proj")
 
@@ -79,6 +79,6 @@ def tiny_dir():
 @pytest.fixture(scope="session")
 def htp_bundle(tiny_dir, small_target):
     """``tiny_dir`` exported with the static graphs of ``small_target`` (cached)."""
-    from kztts.export.bundle_writer import cached_target_bundle
+    from kztts.export.tts.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(tiny_dir, small_target)

@@ -1,4 +1,4 @@
-"""Atomic replacement (kztts.atomic) and the link-or-copy of bundle files, including what Windows refuses."""
+"""Atomic replacement (kztts.core.atomic) and the link-or-copy of bundle files, including what Windows refuses."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kztts.atomic import atomic_path, replace, write_text
-from kztts.errors import KzttsError
+from kztts.core.atomic import atomic_path, replace, write_text
+from kztts.core.errors import KzttsError
 
 
 def _windows_refuses(monkeypatch):
@@ -70,7 +70,7 @@ def test_replacing_a_memory_mapped_table_keeps_the_mapping_valid(tmp_path):
 
 
 def test_staged_dir_in_use_is_one_line(tmp_path, monkeypatch):
-    from kztts.build_cache import staged_dir
+    from kztts.core.build_cache import staged_dir
 
     out = tmp_path / "bundle"
     out.mkdir()
@@ -87,7 +87,7 @@ def test_staged_dir_in_use_is_one_line(tmp_path, monkeypatch):
 def test_link_tree_copies_when_no_link_can_be_made(tmp_path, monkeypatch, across_fs, caplog):
     """Windows without the symlink privilege, on a file system without hard links: copies."""
     pytest.importorskip("torch")
-    from kztts.export.bundle_writer import link_tree
+    from kztts.export.tts.bundle_writer import link_tree
 
     src, dst = tmp_path / "base", tmp_path / "new"
     (src / "graphs").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The static graphs' attention scales q before the QK^T product (``kztts.export.qwen3_stack``): Qwen2.5's large
+"""The static graphs' attention scales q before the QK^T product (``kztts.export.common.qwen3_stack``): Qwen2.5's large
 q/k biases make q.k exceed fp16's range where the scaled scores do not. On the HTP simulator (fp16) an attention
 whose q.k is ~1e5 (scores ~1.3e4) must match the fp32 CPU graph."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ class _Attn(nn.Module):
 class _Graph(nn.Module):
     def __init__(self):
         super().__init__()
-        from kztts.export.qwen3_stack import Qwen3Stack
+        from kztts.export.common.qwen3_stack import Qwen3Stack
 
         self.attn = _Attn()
         self.stack = Qwen3Stack(nn.ModuleList(), nn.Identity(), num_heads=HEADS, num_kv_heads=KV, head_dim=HD)
@@ -54,8 +54,8 @@ def test_scaled_scores_on_the_htp_match_the_cpu(tmp_path, small_target):
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
     import onnxruntime as ort
 
-    from kztts.export.onnx_export import export_onnx
-    from kztts.qnn import create_session
+    from kztts.export.common.onnx_export import export_onnx
+    from kztts.htp.qnn import create_session
 
     feeds = _inputs()
     graph = _Graph().eval()

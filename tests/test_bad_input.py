@@ -1,5 +1,5 @@
 """Bad input is refused before any work: exit 2, one line naming the file or variable, no traceback,
-nothing left behind (issue 18). Most cases run in-process through ``kztts.cli.main``."""
+nothing left behind. Most cases run in-process through ``kztts.cli.main.main``."""
 from __future__ import annotations
 
 import errno
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kztts import cli
-from kztts.audio import synthetic_voice
+from kztts.cli import export as cli_export
+from kztts.cli import main as cli
+from kztts.core.audio import synthetic_voice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ def test_huge_thread_count_returns_at_once(tmp_path):
     """The issue's hang: a fresh process with KZTTS_THREADS=999999 must answer in under 5 s."""
     env = {**os.environ, "KZTTS_THREADS": "999999"}
     start = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "hello", "-o", str(tmp_path / "a.wav")],
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "hello", "-o", str(tmp_path / "a.wav")],
                          capture_output=True, text=True, env=env, timeout=60)
     elapsed = time.monotonic() - start
     line = assert_refused(res.returncode, res.stderr, "KZTTS_THREADS", "999999")
@@ -68,7 +69,7 @@ def test_huge_thread_count_returns_at_once(tmp_path):
 
 
 def test_boolean_variables_accept_the_documented_spellings(monkeypatch):
-    from kztts import env
+    from kztts.core import env
 
     for raw, want in [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False),
                       ("NO", False), ("off", False), ("", False)]:
@@ -80,8 +81,8 @@ def test_boolean_variables_accept_the_documented_spellings(monkeypatch):
 
 
 def test_thread_bound_is_the_documented_one(monkeypatch):
-    from kztts import env
-    from kztts.errors import KzttsError
+    from kztts.core import env
+    from kztts.core.errors import KzttsError
 
     top = env.max_threads()
     assert top == max(64, 4 * (os.cpu_count() or 1))
@@ -93,7 +94,7 @@ def test_thread_bound_is_the_documented_one(monkeypatch):
 
 
 def test_every_kztts_variable_is_read_through_kztts_env():
-    """No module reads a KZTTS_* variable itself (the sampling overrides go through kztts.settings)."""
+    """No module reads a KZTTS_* variable itself (the sampling overrides go through kztts.generation.settings)."""
     pattern = re.compile(r"""(os\.environ(\.get)?\s*[\[(]|os\.getenv\()\s*["']KZTTS_""")
     offenders = [str(p.relative_to(ROOT)) for folder in ("runtime", "export") for p in (ROOT / folder).rglob("*.py")
                  if p.name != "env.py" and pattern.search(p.read_text())]
@@ -222,7 +223,7 @@ def test_expected_os_errors_are_one_line(capsys, monkeypatch, tmp_path, code, wo
     def fail(args):
         raise OSError(code, os.strerror(code), str(tmp_path / "out" / "x.onnx"))
 
-    monkeypatch.setattr(cli, "cmd_export", fail)
+    monkeypatch.setattr(cli_export, "cmd_export", fail)
     rc, _, err = run(capsys, "export", tmp_path, "-o", tmp_path / "out")
     line = assert_refused(rc, err, str(tmp_path / "out" / "x.onnx"), words)
     assert "; " in line.split(words, 1)[1]  # and what to do
@@ -232,7 +233,7 @@ def test_a_bug_keeps_its_traceback_and_asks_for_a_report(capsys, monkeypatch, tm
     def fail(args):
         raise RuntimeError("an internal invariant broke")
 
-    monkeypatch.setattr(cli, "cmd_export", fail)
+    monkeypatch.setattr(cli_export, "cmd_export", fail)
     rc, _, err = run(capsys, "export", tmp_path, "-o", tmp_path / "out")
     assert rc == 1
     assert "Traceback" in err and "RuntimeError: an internal invariant broke" in err
@@ -241,7 +242,7 @@ def test_a_bug_keeps_its_traceback_and_asks_for_a_report(capsys, monkeypatch, tm
 
 # ------------------------------------------------------------------ outputs: all or none
 def test_atomic_outputs_all_or_none(tmp_path):
-    from kztts.atomic import atomic_outputs
+    from kztts.core.atomic import atomic_outputs
 
     finals = [tmp_path / "p.json", tmp_path / "p.report.json", tmp_path / "p.png"]
     with pytest.raises(ValueError):
@@ -267,12 +268,12 @@ def test_calibrate_plot_into_a_missing_folder_leaves_nothing(capsys, tmp_path):
 
 
 def test_synth_refuses_mp3_before_synthesis(capsys, monkeypatch, tmp_path):
-    import kztts.tts
+    import kztts.cli.synth
 
     def no_synthesis(*a, **kw):
         raise AssertionError("the model was opened before the output was checked")
 
-    monkeypatch.setattr(kztts.tts, "TTS", no_synthesis)
+    monkeypatch.setattr(kztts.cli.synth, "TTS", no_synthesis)
     rc, _, err = run(capsys, "synth", "hello", "-o", tmp_path / "out.mp3")
     line = assert_refused(rc, err, str(tmp_path / "out.mp3"), "'.mp3'")
     assert ".flac, .ogg, .wav" in line
@@ -292,7 +293,7 @@ def test_validate_refuses_another_checkpoint_before_any_replay(capsys, monkeypat
                                                                tiny_bundle_dir):
     """Another checkpoint (here: the same files but one setting changed, so another sha256) is
     named in one line; the qwen-tts reference is never loaded."""
-    import kztts.export.validate as validate
+    import kztts.export.validate.tts as validate
 
     other = tmp_path / "other"
     for p in Path(tiny_model_dir).rglob("*"):
@@ -336,14 +337,14 @@ def _voice(path: Path, seconds: float, sr: int, channels: int = 1) -> Path:
 @pytest.mark.parametrize("seconds, sr, words", [(0.1, 24000, "lasts 0.10 s"), (600.0, 8000, "lasts 600.00 s"),
                                                (2.0, 4000, "sample rate 4000 Hz")])
 def test_voice_recording_out_of_range_is_refused(capsys, monkeypatch, tmp_path, seconds, sr, words):
-    import kztts.tts
+    import kztts.cli.synth
 
     voice = _voice(tmp_path / "voice.wav", seconds, sr)
 
     def no_synthesis(*a, **kw):
         raise AssertionError("the model was opened before the voice was checked")
 
-    monkeypatch.setattr(kztts.tts, "TTS", no_synthesis)
+    monkeypatch.setattr(kztts.cli.synth, "TTS", no_synthesis)
     for flag in (["--speaker-wav", voice], ["--ref-audio", voice, "--ref-text", "hello"]):
         rc, _, err = run(capsys, "synth", "hello", "-o", tmp_path / "a.wav", *flag)
         assert_refused(rc, err, str(voice), words)
@@ -351,16 +352,16 @@ def test_voice_recording_out_of_range_is_refused(capsys, monkeypatch, tmp_path, 
 
 
 def test_voice_recording_in_range_is_noted(tmp_path, caplog):
-    from kztts.audio import read_voice
+    from kztts.core.audio import read_voice
 
     voice = _voice(tmp_path / "v.wav", 2.0, 48000, channels=2)
-    with caplog.at_level("WARNING", logger="kztts.audio"):
+    with caplog.at_level("WARNING", logger="kztts.core.audio"):
         samples, sr = read_voice(voice)
     assert sr == 48000 and samples.ndim == 1 and len(samples) == 96000
     notes = [r.getMessage() for r in caplog.records]
     assert notes == [f"{voice}: mixed 2 channels down to mono, resampled 48000 Hz -> 24000 Hz (2.00 s)"]
     caplog.clear()
-    with caplog.at_level("WARNING", logger="kztts.audio"):
+    with caplog.at_level("WARNING", logger="kztts.core.audio"):
         read_voice(_voice(tmp_path / "plain.wav", 2.0, 24000))
     assert caplog.records == []
 
@@ -368,7 +369,7 @@ def test_voice_recording_in_range_is_noted(tmp_path, caplog):
 @pytest.mark.parametrize("variant", ["equal"], indirect=True)
 def test_stereo_48k_voice_synthesises_with_a_note(tmp_path, tiny_bundle_dir):
     voice = _voice(tmp_path / "v.wav", 2.0, 48000, channels=2)
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "hello", "-o", str(tmp_path / "a.wav"),
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "hello", "-o", str(tmp_path / "a.wav"),
                           "--bundle", str(tiny_bundle_dir), "--speaker-wav", str(voice), "--max-frames", "2"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -378,8 +379,8 @@ def test_stereo_48k_voice_synthesises_with_a_note(tmp_path, tiny_bundle_dir):
 
 # ------------------------------------------------------------------ progress and quiet
 def test_progress_lines_and_quiet(capsys, tmp_path, monkeypatch):
-    from kztts import progress
-    from kztts.build_cache import build_once
+    from kztts.core import progress
+    from kztts.core.build_cache import build_once
 
     def build(work):
         (work / "kztts.json").write_text("{}")

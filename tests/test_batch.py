@@ -1,4 +1,4 @@
-"""Continuous batching (``kztts.batch_loop``): each request of a batch gets the codes and audio it gets
+"""Continuous batching (``kztts.tts.batch_loop``): each request of a batch gets the codes and audio it gets
 alone, greedy or sampled, whether it stops at EOS, at its ``max_frames``, or joins late.
 
 On the tiny model with the EOS bias (``cached_tiny(eos_bias=True)``: greedy speech ends by EOS
@@ -11,21 +11,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kztts.batch_loop import BatchRequest
-from kztts.errors import KzttsError
+from kztts.core.errors import KzttsError
+from kztts.tts.request import SynthesisRequest
 
 
 @pytest.fixture(scope="module")
 def eos_bundle():
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("proj", eos_bias=True))
 
 
 @pytest.fixture(scope="module")
 def tts(eos_bundle):
-    from kztts.tts import TTS
+    from kztts.tts.tts import TTS
 
     return TTS(eos_bundle)
 
@@ -34,18 +34,18 @@ def tts(eos_bundle):
 def requests(tts):
     """Four requests: different texts, languages, voices (x-vectors and an ICL voice), seeds, lengths;
     greedy and sampled (the Code Predictor with top-k and top-p, a repetition penalty)."""
-    from kztts.audio import synthetic_voice
-    from kztts.tts import Voice
+    from kztts.core.audio import synthetic_voice
+    from kztts.tts.request import Voice
 
     rng = np.random.default_rng(7)
     xv = [Voice(rng.standard_normal(tts.speaker_size).astype(np.float32)) for _ in range(2)]
     icl = tts.voice_from_reference(synthetic_voice(seconds=0.5), 24000, "A short reference.")
     s = tts.default_settings()
     sampled = replace(s, code_predictor=replace(s.code_predictor, top_k=20, top_p=0.9, repetition_penalty=1.1))
-    return [BatchRequest("Hello there, how are you today?", xv[0], "english", seed=1, greedy=True, max_frames=30),
-            BatchRequest("Bonjour tout le monde.", xv[1], "french", seed=2, settings=sampled, max_frames=30),
-            BatchRequest("Short.", xv[0], None, seed=3, max_frames=4),  # cut by max_frames
-            BatchRequest("你好，世界！这是一个测试。", icl, "chinese", seed=4, max_frames=30)]
+    return [SynthesisRequest("Hello there, how are you today?", xv[0], "english", seed=1, greedy=True, max_frames=30),
+            SynthesisRequest("Bonjour tout le monde.", xv[1], "french", seed=2, settings=sampled, max_frames=30),
+            SynthesisRequest("Short.", xv[0], None, seed=3, max_frames=4),  # cut by max_frames
+            SynthesisRequest("你好，世界！这是一个测试。", icl, "chinese", seed=4, max_frames=30)]
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def test_a_text_longer_than_the_context_is_refused(tts, requests, monkeypatch):
 
 
 def test_batching_needs_the_fused_cpu_graphs(eos_bundle):
-    from kztts.bundle import Bundle
-    from kztts.plan import resolve_plan
+    from kztts.bundle.bundle import Bundle
+    from kztts.plan.resolve import resolve_plan
 
     plan = resolve_plan(Bundle.open(eos_bundle, load_graphs=False), attention="plain")
     with pytest.raises(KzttsError, match="batched synthesis runs the fused CPU graphs, but this plan runs talker"):
@@ -110,7 +110,7 @@ def test_batching_needs_the_fused_cpu_graphs(eos_bundle):
 
 
 def _cli(capsys, *args):
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     capsys.readouterr()
     code = main([str(a) for a in args])
@@ -119,10 +119,10 @@ def _cli(capsys, *args):
 
 
 def test_synth_file_writes_a_wav_per_line_and_a_summary(tts, eos_bundle, tmp_path, capsys, monkeypatch):
-    import kztts.tts
-    from kztts.audio import read_wav
+    import kztts.cli.synth
+    from kztts.core.audio import read_wav
 
-    monkeypatch.setattr(kztts.tts, "TTS", lambda bundle, **kw: tts)  # the module's opened TTS
+    monkeypatch.setattr(kztts.cli.synth, "TTS", lambda bundle, **kw: tts)  # the module's opened TTS
     xv = tmp_path / "voice.npy"
     np.save(xv, np.random.default_rng(1).standard_normal(tts.speaker_size).astype(np.float32))
     lines = [{"text": "Hello there.", "language": "english", "seed": 5, "name": "hello"},
@@ -177,7 +177,7 @@ def test_bench_batch_rows(tmp_path):
     import sys
 
     out = tmp_path / "bench"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32",
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--size", "tiny", "--weights", "fp32",
                           "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
                           "--no-reference", "--batch", "1,2", "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]

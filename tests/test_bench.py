@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from kztts.bench.grid import grid, htp_grid, parse_htp_precisions, parse_list, parse_targets, parse_threads
-from kztts.bench.metrics import agreement, snr_db
-from kztts.errors import KzttsError
+from kztts.core.errors import KzttsError
+from kztts.core.metrics import agreement, snr_db
 
 
 def test_grid_is_the_cross_product():
@@ -40,7 +40,7 @@ def test_metrics():
 
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32,int8",
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--size", "tiny", "--weights", "fp32,int8",
                           "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
                           "--attention", "fused,plain", "--e2e-runs", "1", "--out", str(out)], capture_output=True,
                          text=True)
@@ -115,8 +115,8 @@ def test_graph_read_bytes_counts_each_use_and_not_gathered_tables(tmp_path):
 
 
 def test_busy_rows_are_flagged():
-    from kztts.bench.metrics import is_busy
     from kztts.bench.report import load_cell
+    from kztts.core.metrics import is_busy
 
     assert not is_busy([2.4, 2.5], 2) and is_busy([2.4, 2.6], 2) and is_busy([1.6], 1)
     assert load_cell({"load_avg_before": [0.8], "load_avg_after": [3.1], "busy": True}) == "0.8/3.1 BUSY"
@@ -159,7 +159,7 @@ def _qnn_reason() -> str | None:
 
     if importlib.util.find_spec("onnxruntime_qnn") is None:
         return "onnxruntime-qnn is not installed: pip install 'kztts[qnn]'"
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     return None if qnn_available() else qnn_unavailable_reason()
 
@@ -169,7 +169,7 @@ def _bench_htp(out, precision: str) -> dict:
     if reason:
         print(f"skipping the HTP bench rows: {reason}")
         pytest.skip(reason)
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--target", "simulator",
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--size", "tiny", "--target", "simulator",
                           "--htp-precision", precision, "--threads", "1", "--frames", "2", "--warmup", "1",
                           "--no-reference", "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""kztts.build_cache: one build per key under a file lock, staged and published atomically."""
+"""kztts.core.build_cache: one build per key under a file lock, staged and published atomically."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kztts.build_cache import build_once, code_key, staged_dir
+from kztts.core.build_cache import build_once, code_key, staged_dir
 
 
 def _leftovers(root: Path) -> list[str]:
@@ -40,7 +40,7 @@ def test_two_threads_build_once(tmp_path):
 _CHILD = """
 import sys, time
 from pathlib import Path
-from kztts.build_cache import build_once
+from kztts.core.build_cache import build_once
 
 def build(work):
     with open(sys.argv[2], "a") as log:
@@ -116,9 +116,9 @@ def test_code_key_covers_files_modules_and_options(tmp_path):
     assert len(key) == 12 and len(code_key(a, length=8)) == 8
     assert code_key(a, b) == key and code_key(b, a) != key
     assert code_key(a, b, extra=b"int4") != key
-    import kztts.cache
+    import kztts.core.cache
 
-    assert code_key(kztts.cache) == code_key(kztts.cache.__file__)
+    assert code_key(kztts.core.cache) == code_key(kztts.core.cache.__file__)
 
 
 def test_staged_dir_replaces_a_directory_whole_or_not_at_all(tmp_path):

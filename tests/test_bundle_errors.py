@@ -6,15 +6,15 @@ import shutil
 
 import pytest
 
-from kztts.bundle import Bundle
-from kztts.errors import BundleError, KzttsError
+from kztts.bundle.bundle import Bundle
+from kztts.core.errors import BundleError, KzttsError
 
 
 @pytest.fixture(scope="module")
 def tiny_bundle_dir():
     """The checks are about files, not model shapes: one variant is enough."""
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("proj"))
 
@@ -129,7 +129,7 @@ def test_graph_with_other_io(bundle_copy):
 
 
 def test_export_refuses_other_model_type(tmp_path):
-    from kztts.export.checkpoint import read_config
+    from kztts.export.common.checkpoint import read_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with pytest.raises(KzttsError, match=r"config\.json: model_type is 'qwen2', not 'qwen3_tts'"):

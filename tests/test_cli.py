@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 
-
 def kztts(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "kztts.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kztts.cli.main", *map(str, args)], capture_output=True,
                           text=True, **kw)
 
 

@@ -1,9 +1,9 @@
 """What the command line does that no other test ran: the README's demo command and ``--model``,
-``--preset seed``, sampling overrides (flag > environment variable > default), ``--pipeline``,
+``--preset windowed-penalty``, sampling overrides (flag > environment variable > default), ``--pipeline``,
 ``export --overwrite`` and the cleanup of a failed export, QNN's per-graph CPU fallback and
 ``KZTTS_DISABLE_QNN``, and the printed (non-JSON) reports of ``inspect`` and ``validate`` (slow).
 
-In-process through ``kztts.cli.main`` on the cached tiny model and bundles (each check is cheap;
+In-process through ``kztts.cli.main.main`` on the cached tiny model and bundles (each check is cheap;
 the export checks replace the graph exporters, whose output other tests check, by stubs)."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kztts.audio import read_wav, synthetic_voice, write_wav
-from kztts.errors import KzttsError
+from kztts.core.audio import read_wav, synthetic_voice, write_wav
+from kztts.core.errors import KzttsError
 
 TEXT = "Hello world, this is a tiny test."
 FRAMES = 6
@@ -25,7 +25,7 @@ on_equal = pytest.mark.parametrize("variant", ["equal"], indirect=True)  # the d
 
 def cli(capsys, *args) -> tuple[int, str, str]:
     """``kztts ARGS`` in this process: (exit code, stdout, stderr)."""
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     capsys.readouterr()
     code = main([str(a) for a in args])
@@ -40,12 +40,13 @@ SYNTH_OPTIONS = dict(cp_mode="frame", target=None, strict=False, placement=None,
 
 @pytest.fixture
 def shared_tts(monkeypatch):
-    """``kztts.tts.TTS`` opened once per bundle and options in this module (the CLI's calls too):
+    """``kztts.tts.tts.TTS`` opened once per bundle and options in this module (the CLI's calls too):
     opening a tiny bundle's sessions takes ~4 s, a synthesis of a few frames ~0.2 s, and a ``TTS``
     keeps no state from one synthesis to the next."""
-    import kztts.tts
+    import kztts.cli.synth
+    import kztts.tts.tts
 
-    real = kztts.tts.TTS
+    real = kztts.tts.tts.TTS
 
     def opened(bundle, **options):
         key = (str(Path(bundle).resolve()), repr(sorted(options.items())))
@@ -53,7 +54,7 @@ def shared_tts(monkeypatch):
             _OPENED[key] = real(bundle, **options)
         return _OPENED[key]
 
-    monkeypatch.setattr(kztts.tts, "TTS", opened)
+    monkeypatch.setattr(kztts.cli.synth, "TTS", opened)
     return opened
 
 
@@ -113,18 +114,20 @@ def bundle_args(tiny_bundle_dir, voice_wav, shared_tts):
 
 
 @on_equal
-def test_preset_seed_is_the_seed_preset(tiny_bundle_dir, bundle_args, shared_tts, tmp_path, capsys):
+def test_windowed_penalty_preset_and_its_former_name(tiny_bundle_dir, bundle_args, shared_tts, tmp_path, capsys):
     from dataclasses import replace
 
-    from kztts.settings import seed_preset
+    from kztts.generation.settings import windowed_penalty_preset
 
     reference = synth_codes(capsys, tmp_path, *bundle_args, name="reference")
-    seed = synth_codes(capsys, tmp_path, *bundle_args, "--preset", "seed", name="seed")
-    assert not np.array_equal(seed, reference)  # the Code Predictor's repetition penalty changes the draws
+    windowed = synth_codes(capsys, tmp_path, *bundle_args, "--preset", "windowed-penalty", name="windowed")
+    assert not np.array_equal(windowed, reference)  # the Code Predictor's repetition penalty changes the draws
     tts = shared_tts(tiny_bundle_dir, **SYNTH_OPTIONS)
-    settings = replace(seed_preset(tts.bundle.manifest.generation), max_frames=FRAMES)
+    settings = replace(windowed_penalty_preset(tts.bundle.manifest.generation), max_frames=FRAMES)
     want = tts.synthesize(TEXT, tts.voice_from_wav(*read_wav(bundle_args[3])), seed=0, settings=settings)
-    np.testing.assert_array_equal(seed, want.codes)
+    np.testing.assert_array_equal(windowed, want.codes)
+    former = synth_codes(capsys, tmp_path, *bundle_args, "--preset", "seed", name="former")  # still accepted
+    np.testing.assert_array_equal(former, windowed)
 
 
 @on_equal
@@ -151,8 +154,8 @@ def test_sampling_flag_beats_environment_beats_default(bundle_args, tmp_path, ca
 @on_equal
 def test_pipeline_flag_decodes_on_a_background_thread_with_the_same_output(bundle_args, tmp_path, capsys,
                                                                           monkeypatch):
-    import kztts.tts
-    from kztts.codec import BackgroundDecoder
+    import kztts.tts.tts
+    from kztts.runners.codec import BackgroundDecoder
 
     made = []
 
@@ -161,7 +164,7 @@ def test_pipeline_flag_decodes_on_a_background_thread_with_the_same_output(bundl
             made.append(self)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(kztts.tts, "BackgroundDecoder", Recorded)
+    monkeypatch.setattr(kztts.tts.tts, "BackgroundDecoder", Recorded)
     plain = synth_codes(capsys, tmp_path, *bundle_args, "--stream", name="plain")
     assert made == []
     piped = synth_codes(capsys, tmp_path, *bundle_args, "--stream", "--pipeline", name="piped")
@@ -189,8 +192,7 @@ def quick_export(monkeypatch, reference):
     each, and the checkpoint loaded once per session (the ``reference`` fixture, what load_reference
     returns): the checkpoint is still hashed, the embeddings and the manifest still written. What is
     tested is where the bundle goes, not the graphs (other tests check those). Returns the stub calls."""
-    from kztts.export import (bundle_writer, code_predictor_graph, codec_graphs, gqa_graphs, speaker_graph,
-                              tokenizer)
+    from kztts.export.tts import bundle_writer
 
     calls: list[str] = []
 
@@ -204,12 +206,11 @@ def quick_export(monkeypatch, reference):
 
     monkeypatch.setattr(bundle_writer, "load_reference", lambda model_dir: reference)
     monkeypatch.setattr(bundle_writer, "export_talker", stub("talker"))
-    monkeypatch.setattr(tokenizer, "export_tokenizer",
+    monkeypatch.setattr(bundle_writer, "export_tokenizer",
                         lambda model_dir, work: (work / "tokenizer.json").write_text("{}"))
-    for module, name in ((code_predictor_graph, "export_code_predictor"), (gqa_graphs, "export_gqa_graphs"),
-                         (codec_graphs, "export_decoder"), (codec_graphs, "export_encoder"),
-                         (speaker_graph, "export_speaker_encoder")):
-        monkeypatch.setattr(module, name, stub(name))
+    for name in ("export_code_predictor", "export_gqa_graphs", "export_decoder", "export_encoder",
+                 "export_speaker_encoder"):
+        monkeypatch.setattr(bundle_writer, name, stub(name))
     return calls
 
 
@@ -240,13 +241,13 @@ def test_export_overwrite_replaces_the_folder(tiny_model_dir, tiny_bundle_dir, t
 def test_export_failing_midway_leaves_nothing_behind(tiny_model_dir, tmp_path, quick_export, capsys, monkeypatch):
     import errno
 
-    from kztts.export import codec_graphs
+    from kztts.export.tts import bundle_writer
 
     def disk_full(model, work, export_id):
         (work / "graphs" / "decoder.onnx").write_bytes(b"half a graph")
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    monkeypatch.setattr(codec_graphs, "export_decoder", disk_full)
+    monkeypatch.setattr(bundle_writer, "export_decoder", disk_full)
     code, _, err = cli(capsys, "export", tiny_model_dir, "-o", tmp_path / "new")
     assert code == 2 and "no space left on the device" in err and "Traceback" not in err
     assert "export_gqa_graphs" in quick_export  # it failed midway, after graphs were written
@@ -265,7 +266,7 @@ def test_export_failing_midway_leaves_nothing_behind(tiny_model_dir, tmp_path, q
 def qnn_here():
     """The QNN EP registered in this process (skips, saying why, when it cannot be)."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"the QNN EP cannot run here: {qnn_unavailable_reason()}")
@@ -290,7 +291,7 @@ def test_a_graph_qnn_cannot_prepare_runs_on_the_cpu_unless_strict(qnn_here, smal
     it; the other one still opens on QNN; in strict mode the refusal is an error naming the file."""
     import onnxruntime as ort
 
-    from kztts import qnn
+    from kztts.htp import qnn
 
     bad, good = _two_op_model(tmp_path / "refused.onnx"), _two_op_model(tmp_path / "fine.onnx")
     real = ort.InferenceSession
@@ -301,12 +302,12 @@ def test_a_graph_qnn_cannot_prepare_runs_on_the_cpu_unless_strict(qnn_here, smal
         return real(path, sess_options=sess_options, providers=providers, **kw)
 
     monkeypatch.setattr(qnn.ort, "InferenceSession", htp_refuses_one)
-    with caplog.at_level(logging.WARNING, logger="kztts.qnn"):
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.qnn"):
         on_cpu = qnn.create_session(bad, small_target)
         on_htp = qnn.create_session(good, small_target)
     assert on_cpu.get_providers() == ["CPUExecutionProvider"]
     assert qnn.EP_NAME in on_htp.get_providers() and qnn.Placement.of(on_htp).qnn_nodes == 2
-    warned = [r.getMessage() for r in caplog.records if r.name == "kztts.qnn"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "kztts.htp.qnn"]
     assert len(warned) == 1 and warned[0].startswith("refused.onnx: the QNN execution provider could not prepare "
                                                      "this graph for target 'simulator' (QNN graph finalize "
                                                      "failed (injected)); running it on the CPU execution provider")
@@ -322,10 +323,10 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
                                                 caplog, capsys):
     """``KZTTS_DISABLE_QNN=1``: a target's HTP graphs run on the CPU EP after one warning; strict mode
     refuses in one line that names the variable. ``0`` or empty leave QNN enabled."""
-    from kztts import qnn
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_target_bundle
-    from kztts.plan import resolve_plan
+    from kztts.bundle.bundle import Bundle
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.htp import qnn
+    from kztts.plan.resolve import resolve_plan
 
     htp_bundle = cached_target_bundle(tiny_model_dir, small_target)
     model = _two_op_model(tmp_path / "m.onnx")
@@ -338,7 +339,7 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
     plan = resolve_plan(Bundle.open(htp_bundle, load_graphs=False), target=str(small_target))
     on_htp = [g for s in plan.steps.values() if s.device == "htp" for g in s.graphs]
     assert {"talker_prefill", "talker_decode", "cp_frame"} <= set(on_htp)  # the plan still says HTP
-    with caplog.at_level(logging.WARNING, logger="kztts.qnn"):
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.qnn"):
         opened = {g: plan.session(g).get_providers() for g in on_htp}
         qnn.create_session(model, small_target)
     assert set(map(tuple, opened.values())) == {("CPUExecutionProvider",)}, opened  # every one on the CPU EP
@@ -371,7 +372,7 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
     """The text form of ``kztts inspect BUNDLE --target T`` against its JSON form, on a CPU export's
     static ``cp_frame`` and dynamic Talker graphs. With QNN disabled, so that nothing is compiled for
     the simulator (~15 s per graph): the header says so and the static graph runs on the CPU EP."""
-    from kztts import qnn
+    from kztts.htp import qnn
 
     monkeypatch.setattr(qnn, "_STATE", qnn._State())
     monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")

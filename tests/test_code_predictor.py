@@ -13,10 +13,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from kztts.code_predictor import CodePredictor
-from kztts.embeddings import EmbeddingTables
-from kztts.errors import KzttsError
-from kztts.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
+from kztts.bundle.embeddings import EmbeddingTables
+from kztts.core.errors import KzttsError
+from kztts.generation.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
+from kztts.runners.code_predictor import CodePredictor
 
 FRAMES = 41
 GREEDY = SamplingParams.greedy_params()
@@ -31,11 +31,10 @@ def cosine_rows(a, b):
 @pytest.fixture(scope="module")
 def exported(reference, variant, tmp_path_factory):
     """cp_step / cp_frame graphs and the embedding tables of one tiny variant, in a module tmp dir."""
-    from kztts.export.graph_parts import model_config, special_ids
-    from kztts.export.code_predictor_graph import export_code_predictor
-    from kztts.export.embeddings import export_embeddings
-
-    from kztts.export.gqa_graphs import export_cp_frame_gqa
+    from kztts.export.common.embeddings import export_embeddings
+    from kztts.export.graphs.code_predictor_graph import export_code_predictor
+    from kztts.export.graphs.gqa_graphs import export_cp_frame_gqa
+    from kztts.export.graphs.graph_parts import model_config, special_ids
 
     model = reference.model
     out = tmp_path_factory.mktemp(f"cp_{variant}")
@@ -57,7 +56,7 @@ def make_cp(exported, mode, frame_graph="cp_frame"):
 @pytest.fixture(scope="module")
 def frames(reference):
     """Greedy reference codes [F, 16] and the talker hidden that fed each frame's code predictor."""
-    from kztts.export.reference import reference_run, teacher_forced_talker
+    from kztts.export.common.reference import reference_run, teacher_forced_talker
 
     run = reference_run(reference, "xvec_nonstream", frames=FRAMES)
     _, hidden = teacher_forced_talker(reference.model, run.prefill, run.trailing, run.tts_pad, run.codes)
@@ -104,7 +103,7 @@ def test_teacher_forced_step_logits_cosine(reference, exported, frames):
 
 
 def test_embedding_sum_and_next_talker_input(reference, exported, frames):
-    from kztts.export.reference import codec_input
+    from kztts.export.common.reference import codec_input
 
     codes, hidden = frames
     tables = exported["tables"]
@@ -120,7 +119,7 @@ def test_embedding_sum_and_next_talker_input(reference, exported, frames):
 
 SAMPLED = [
     SamplingParams(0.9, 50, 1.0),
-    SamplingParams(0.9, 50, 1.0, repetition_penalty=1.05),  # the seed's in-frame preset
+    SamplingParams(0.9, 50, 1.0, repetition_penalty=1.05),  # the windowed-penalty preset's Code Predictor
     SamplingParams(1.3, 0, 0.8, repetition_penalty=1.3),  # top-k off: the selection keeps every id
     SamplingParams(0.5, 3, 0.95, repetition_penalty=0.8),
 ]
@@ -267,7 +266,7 @@ def test_in_graph_sampler_matches_host_sampler(tmp_path_factory, select_k):
     """Every batch whole (mixed settings), and with ``select_k`` also the rows where top-k is on
     or greedy alone (a row without top-k makes the whole batch sort the vocabulary) and, for a
     sample, each row alone (its own limit: k plus the ties at its k-th score)."""
-    from kztts.export.code_predictor_graph import export_sampler
+    from kztts.export.graphs.code_predictor_graph import export_sampler
 
     path = export_sampler(tmp_path_factory.mktemp("sampler") / "sampler.onnx", select_k=select_k)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -300,7 +299,7 @@ def test_in_graph_sampler_matches_host_sampler(tmp_path_factory, select_k):
 def test_top_k_selection_reads_only_the_kept_ids(tmp_path_factory):
     """With ``select_k`` no TopK of the graph takes a constant k (the vocabulary): its k comes
     from the top_k input; the draw order is as long as top-k keeps, ties at the k-th included."""
-    from kztts.export.code_predictor_graph import export_sampler
+    from kztts.export.graphs.code_predictor_graph import export_sampler
 
     path = export_sampler(tmp_path_factory.mktemp("sampler_k") / "sampler.onnx", select_k=True)
     m = onnx.load(str(path))
@@ -318,7 +317,7 @@ def test_top_k_selection_reads_only_the_kept_ids(tmp_path_factory):
 
 def test_sample_rows_torch_function_matches_host():
     """The torch function itself (what the frame graph is traced from), in eager mode."""
-    from kztts.export.code_predictor_graph import sample_rows
+    from kztts.export.graphs.code_predictor_graph import sample_rows
 
     rng = np.random.default_rng(7)
     n, v = 300, 2048

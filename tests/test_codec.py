@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts import audio
-from kztts.codec import Decoder, Encoder, StreamingDecoder, check_codes
-from kztts.errors import KzttsError
+from kztts.core import audio
+from kztts.core.errors import KzttsError
+from kztts.runners.codec import Decoder, Encoder, StreamingDecoder, check_codes
 
 on_proj = pytest.mark.parametrize("variant", ["proj"], indirect=True)
 FRAMES = 310  # crosses qwen-tts's 300-frame decode segment (left context 25)
@@ -22,7 +22,7 @@ def synthetic_voice(sr: int, seconds: float = 1.3, seed: int = 0) -> np.ndarray:
 @pytest.fixture(scope="module")
 def codec_dir(reference, tmp_path_factory):
     """The codec graphs as ``export_decoder`` / ``export_encoder`` write them (default options): (folder, specs)."""
-    from kztts.export.codec_graphs import export_decoder, export_encoder
+    from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
 
     out = tmp_path_factory.mktemp("codec")
     specs = export_decoder(reference.model, out, "test")
@@ -32,7 +32,7 @@ def codec_dir(reference, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def codec(codec_dir):
-    from kztts.sessions import open_session
+    from kztts.bundle.sessions import open_session
 
     out, specs = codec_dir
     return {name: (open_session(out, spec), spec) for name, spec in specs.items()}
@@ -169,9 +169,10 @@ def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def stream_graph(reference, tmp_path_factory):
     """name -> a decoder_stream session exported with those DecoderOptions (``plain``: none)."""
-    from kztts.export.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, export_stream_graph
-    from kztts.sessions import SessionConfig, _session_options
     import onnxruntime as ort
+
+    from kztts.bundle.sessions import SessionConfig, _session_options
+    from kztts.export.graphs.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, export_stream_graph
 
     out = tmp_path_factory.mktemp("decoder-options")
     made = {}
@@ -207,7 +208,7 @@ def test_decoder_options_keep_the_samples(stream_graph, codes, reference_wav, na
 
 @on_proj
 def test_default_export_is_the_benchmarked_choice(codec_dir):
-    """The decoder graph ``export_decoder`` writes has the three rewrites benchmarks/README.md measured
+    """The decoder graph ``export_decoder`` writes has the three rewrites benchmarks/decoder/README.md measured
     and chose, read from the ONNX graph itself (the plain graph of this decoder has 6 ConvTranspose,
     58 Exp, a Pow on every Sin and only 3-D Conv weights), and its manifest entry names them."""
     import collections
@@ -215,10 +216,10 @@ def test_default_export_is_the_benchmarked_choice(codec_dir):
 
     import onnx
 
-    from kztts.export.codec_graphs import DEFAULT_OPTIONS
+    from kztts.export.graphs.codec_graphs import DEFAULT_OPTIONS
 
     out, specs = codec_dir
-    benchmarked = Path(__file__).resolve().parents[1] / "benchmarks" / "README.md"
+    benchmarked = Path(__file__).resolve().parents[1] / "benchmarks" / "decoder" / "README.md"
     assert "| conv2d+tconv_as_conv+fold_snake | 1 | 4 |" in benchmarked.read_text()
     assert DEFAULT_OPTIONS.name == "conv2d+tconv_as_conv+fold_snake"
     for name in ("decoder", "decoder_stream"):
@@ -256,7 +257,7 @@ class FakeDecoder:
 
 
 def test_background_decoder_keeps_order_and_counts_busy_time():
-    from kztts.codec import BackgroundDecoder
+    from kztts.runners.codec import BackgroundDecoder
 
     worker = BackgroundDecoder(FakeDecoder(delay=0.01))
     try:
@@ -273,7 +274,7 @@ def test_background_decoder_keeps_order_and_counts_busy_time():
 def test_background_decoder_error_reaches_the_caller_and_later_jobs_fail_too():
     import threading
 
-    from kztts.codec import BackgroundDecoder
+    from kztts.runners.codec import BackgroundDecoder
 
     worker = BackgroundDecoder(FakeDecoder(fail_at=2), name="kztts-decoder-test")
     for k in range(4):

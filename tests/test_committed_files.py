@@ -1,5 +1,5 @@
 """Committed files name no folder of the machine that wrote them: a report, a command or a doc read on
-another machine must not point at ``/root/...`` or ``/work/...`` of the one that made it (a merge that
+another machine must not point at the home or work folders of the one that made it (a merge that
 opened such a path passed only on that machine)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kztts.cost: the per-graph bytes and MACs of a frame at a target, checked against an independent count
+"""kztts.htp.cost: the per-graph bytes and MACs of a frame at a target, checked against an independent count
 made here with the ``onnx`` package (initializers, Constant values, declared I/O shapes, the Talker's
 MatMul weights and attention shapes), and the paper estimate's arithmetic and labels."""
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 onnx = pytest.importorskip("onnx")  # the export extra: the independent count reads the files with it
 from onnx import numpy_helper  # noqa: E402
 
-from kztts.cost import bundle_cost, format_cost, paper_estimate  # noqa: E402
-from kztts.targets import TargetError, load_target  # noqa: E402
+from kztts.htp.cost import bundle_cost, format_cost, paper_estimate  # noqa: E402
+from kztts.htp.targets import TargetError, load_target  # noqa: E402
 
 PROJ = pytest.mark.parametrize("variant", ["proj"], indirect=True)  # one tiny model is enough here
 
 
 @pytest.fixture(scope="module")
 def htp_bundle(tiny_model_dir, small_target):
-    from kztts.export.bundle_writer import cached_target_bundle
+    from kztts.export.tts.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(tiny_model_dir, small_target)
 
@@ -106,7 +106,7 @@ def talker_macs(model, cfg: dict, seq: int, context: int) -> int:
 
 @PROJ
 def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
-    from kztts.manifest import read_manifest
+    from kztts.bundle.manifest import read_manifest
 
     manifest = read_manifest(htp_bundle)
     target = load_target(small_target)
@@ -156,7 +156,7 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
     frame = [rows["talker_decode"], rows["cp_frame"], rows["decoder_chunk"]]
     assert report["frame"]["bytes"] == pytest.approx(sum(r["bytes_per_call"] * r["calls_per_frame"] for r in frame))
     dec = rows["talker_decode"]
-    assert dec["kv_dtype"] == "float16"  # fp16 graphs take fp16 KV (kztts.graphs.HTP_KV_DTYPES): nothing left to halve
+    assert dec["kv_dtype"] == "float16"  # fp16 graphs take fp16 KV (kztts.bundle.graphs.HTP_KV_DTYPES): nothing left to halve
     assert dec["fp16_kv_bytes_per_call"] == dec["bytes_per_call"]
     assert report["paper_estimate"] == {"label": "paper estimate", "available": False,
                                         "reason": "not for a simulator: its host times are not a device"}
@@ -165,7 +165,7 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
 @PROJ
 def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(htp_bundle, small_target, tmp_path):
     """Talker and decoder on the CPU: the dynamic graphs at the target's shapes, weights at their stored size."""
-    from kztts.manifest import read_manifest
+    from kztts.bundle.manifest import read_manifest
 
     data = json.loads(small_target.read_text())
     data["placement"].update(talker_prefill="cpu", talker_decode="cpu", decoder="cpu")
@@ -236,8 +236,8 @@ def test_cost_keys_are_validated(small_target, tmp_path):
 @PROJ
 def test_inspect_json_carries_the_cost(htp_bundle, small_target, tmp_path, capsys, monkeypatch):
     """``kztts inspect --target T --json`` includes the same report (QNN off: nothing compiled here)."""
-    from kztts import qnn
-    from kztts.cli import main
+    from kztts.cli.main import main
+    from kztts.htp import qnn
 
     monkeypatch.setattr(qnn, "_STATE", qnn._State())
     monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")

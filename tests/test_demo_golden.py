@@ -1,5 +1,5 @@
 """`kztts synth` on the embedded demo model gives bit-identical codes and WAV bytes to those recorded
-before the graph registry / execution plan refactor (issue 14), greedy and sampled.
+before the graph registry / execution plan refactor, greedy and sampled.
 
 The digests were recorded at commit e10a751 with onnxruntime 1.32.0 on an x86-64 CPU with AVX-512
 (`kztts synth "Hello from kztts." -o hello.wav --greedy --codes-out codes.npy`, and `--seed 7`
@@ -23,7 +23,7 @@ GOLDEN = {  # run flags -> (frames, sha256 of the int64 codes, sha256 of the WAV
                       "acfc675a6dbe5cc59dabc13fe63aab223a0e73bd024deba170a2835b12e35b60"),
 }
 # The seed-7 WAV was re-recorded when synthesize's decode became the streaming graph fed 16 frames
-# per run (kztts.codec.FRAMES_PER_RUN, issue 20) instead of one run per 300-frame segment: same
+# per run (kztts.runners.codec.FRAMES_PER_RUN) instead of one run per 300-frame segment: same
 # codes; 3632 of its 1119360 16-bit samples moved by one step (float rounding, max 2.3e-6), and
 # against qwen-tts's decoder of the same codes both are as close (max |diff| 3.70e-6 each, rms
 # 4.078e-7 new vs 4.087e-7 before). The greedy run (88 frames) kept its bytes.
@@ -41,7 +41,7 @@ def _machine() -> dict:
 @pytest.mark.parametrize("flags", list(GOLDEN), ids=["greedy", "seed7"])
 def test_demo_synthesis_is_bit_identical_to_the_recorded_one(flags, tmp_path):
     wav, codes = tmp_path / "hello.wav", tmp_path / "codes.npy"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", TEXT, "-o", str(wav), "--codes-out", str(codes),
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", TEXT, "-o", str(wav), "--codes-out", str(codes),
                           *flags], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     frames, codes_sha, wav_sha = GOLDEN[flags]

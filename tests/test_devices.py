@@ -12,13 +12,13 @@ import pytest
 
 def test_devices_json_lists_the_cpu_and_the_qnn_simulator():
     pytest.importorskip("onnxruntime_qnn", reason="the QNN simulator ships in onnxruntime-qnn's x86-64 wheel")
-    from kztts.qnn_package import host_is_simulator
+    from kztts.htp.qnn_package import host_is_simulator
 
     if not host_is_simulator():
         pytest.skip("the HTP simulator runs on x86-64 hosts only")
     # a subprocess: the probe session must not share this process's QNN backend state (fp16 mode leaks)
     env = {k: v for k, v in os.environ.items() if k not in ("KZTTS_QNN_PACKAGE_DIR", "KZTTS_DISABLE_QNN")}
-    out = subprocess.run([sys.executable, "-m", "kztts.cli", "devices", "--json"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "kztts.cli.main", "devices", "--json"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
@@ -34,7 +34,7 @@ def test_devices_json_lists_the_cpu_and_the_qnn_simulator():
 
 
 def test_target_rows_name_the_missing_skel(tmp_path, monkeypatch):
-    from kztts.cli_devices import target_rows
+    from kztts.cli.devices import target_rows
 
     (tmp_path / "libQnnHtpV73Skel.so").write_bytes(b"\0")
     monkeypatch.setenv("KZTTS_QNN_PACKAGE_DIR", str(tmp_path))

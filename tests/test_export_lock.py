@@ -1,4 +1,4 @@
-"""Exports and crashes (issue 18): a destination has one writer at a time (the second fails at once,
+"""Exports and crashes: a destination has one writer at a time (the second fails at once,
 in one line), staging folders of killed runs are removed by the next run, and a published
 directory has the mode of any new directory (umask), not mkdtemp's 0o700."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kztts.build_cache import build_once, exclusive_output, output_lock_path, remove_stale_stages, staged_dir
-from kztts.errors import KzttsError
+from kztts.core.build_cache import build_once, exclusive_output, output_lock_path, remove_stale_stages, staged_dir
+from kztts.core.errors import KzttsError
 
 # A writer that stages ``out`` under its lock, says "ready", and holds both until stdin closes.
 _HOLDER = """
 import sys
 from pathlib import Path
-from kztts.build_cache import exclusive_output, staged_dir
+from kztts.core.build_cache import exclusive_output, staged_dir
 
 out = Path(sys.argv[1])
 with exclusive_output(out), staged_dir(out) as work:
@@ -68,8 +68,8 @@ def test_a_second_writer_fails_at_once_naming_the_lock_and_the_process(holder):
 
 
 def test_cli_export_to_a_destination_being_written_fails_before_any_work(holder, capsys):
-    from kztts.cli import main
-    from kztts.export.tiny import cached_tiny
+    from kztts.cli.main import main
+    from kztts.export.tts.tiny import cached_tiny
 
     pytest.importorskip("torch", reason="kztts export needs the export extra")
     out, proc = holder
@@ -125,10 +125,10 @@ def test_published_directories_have_the_mode_of_a_new_directory(tmp_path, mask):
 def test_two_exports_to_one_destination_one_succeeds_the_other_fails_in_one_line(tmp_path):
     """Two real ``kztts export`` of the tiny checkpoint started together: one writes a complete,
     working bundle with a normal mode, the other exits 2 with one line naming the lock."""
-    from kztts.export.tiny import cached_tiny
-    from kztts.tts import TTS, Voice
-
     import numpy as np
+
+    from kztts import TTS, Voice
+    from kztts.export.tts.tiny import cached_tiny
 
     model, out = cached_tiny("proj"), tmp_path / "bundle"
     cli = Path(sys.executable).with_name("kztts")

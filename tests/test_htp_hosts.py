@@ -1,4 +1,4 @@
-"""HTP graphs in host processes (``kztts.htp_hosts``): a target's ``process_context_mb`` spreads
+"""HTP graphs in host processes (``kztts.htp.hosts``): a target's ``process_context_mb`` spreads
 them over child processes; the results equal one process's, and a dead host is a clear error."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from kztts.errors import KzttsError
+from kztts.core.errors import KzttsError
 
 PROMPT = "Hello, how are you? Bonjour 你好"
 BUDGET_MB = 0.4  # the tiny Qwen3's layer graphs are 0.17 MB, its heads 0.10 MB: three hosts
@@ -17,9 +17,9 @@ BUDGET_MB = 0.4  # the tiny Qwen3's layer graphs are 0.17 MB, its heads 0.10 MB:
 
 @pytest.fixture(scope="module")
 def bundle(small_target):
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.export.lm_tiny import cached_tiny_lm
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
@@ -36,7 +36,7 @@ def hosted_target(small_target, tmp_path_factory):
 
 
 def _ids(bundle) -> list[int]:
-    from kztts.lm import LM
+    from kztts.lm.lm import LM
 
     cpu = LM(bundle)
     cpu.stop_ids = frozenset()
@@ -52,8 +52,8 @@ def _feed(lm, ids: list[int]) -> list[np.ndarray]:
 def test_hosted_graphs_equal_one_process(bundle, small_target, hosted_target):
     """all-htp on the layer graphs, strict, with the fp16 guard on: the graphs spread over three
     host processes of at most 0.4 MB each give the logits of one process, bit for bit."""
-    from kztts.htp_hosts import HostedSession
-    from kztts.lm import LM
+    from kztts.htp.hosts import HostedSession
+    from kztts.lm.lm import LM
 
     ids = _ids(bundle)
     one = LM(bundle, target=small_target, placement="all-htp", strict=True)
@@ -79,7 +79,7 @@ def test_hosted_graphs_equal_one_process(bundle, small_target, hosted_target):
 def test_whole_stack_graphs_in_hosts(bundle, small_target, tmp_path, placement, runner):
     """The whole-stack static graphs (0.42 MB each) in two hosts of 0.6 MB: the static runner (its decode
     step passes arrays: a hosted session has no IO binding) and the KV handover give one process's logits."""
-    from kztts.lm import LM
+    from kztts.lm.lm import LM
 
     data = json.loads(small_target.read_text())
     data["process_context_mb"] = 0.6
@@ -101,8 +101,8 @@ def test_whole_stack_graphs_in_hosts(bundle, small_target, tmp_path, placement, 
 def test_a_dead_host_is_a_clear_error(bundle, hosted_target):
     """A host killed under the runtime (the OOM killer's signal) fails the next call naming the
     host, the signal and the graphs it held; no hang, no traceback from inside the pipe."""
-    from kztts.htp_hosts import HostError
-    from kztts.lm import LM
+    from kztts.htp.hosts import HostError
+    from kztts.lm.lm import LM
 
     lm = LM(bundle, target=hosted_target, placement="all-htp", strict=True)
     host = lm.plan.hosts.hosts[1]
@@ -116,9 +116,9 @@ def test_a_dead_host_is_a_clear_error(bundle, hosted_target):
 
 def test_a_graph_larger_than_the_budget_is_refused(bundle, small_target):
     """A graph that cannot fit one process is refused before anything starts, with what to do."""
-    from kztts.bundle import Bundle
-    from kztts.htp_hosts import HtpHosts
-    from kztts.targets import load_target
+    from kztts.bundle.bundle import Bundle
+    from kztts.htp.hosts import HtpHosts
+    from kztts.htp.targets import load_target
 
     hosts = HtpHosts(Bundle.open(bundle, load_graphs=False), load_target(small_target), True, 0.1)
     with pytest.raises(KzttsError, match=r"talker_prefill_layer_0: its HTP graph files take 0.16\d+ MB, more than one "
@@ -129,7 +129,7 @@ def test_a_graph_larger_than_the_budget_is_refused(bundle, small_target):
 
 _PARENT_SCRIPT = """
 import multiprocessing as mp, sys, time
-from kztts.htp_hosts import _exit_with_parent
+from kztts.htp.hosts import _exit_with_parent
 
 def child():  # a host inside a long call
     _exit_with_parent()

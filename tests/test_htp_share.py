@@ -3,7 +3,7 @@
 QNN's weight sharing (prompt and token graphs in one context binary, ``ep.share_ep_contexts``) is
 what device targets ship; the x86 simulator of onnxruntime-qnn 2.7.0 dies loading such a binary
 (shown here in a child process). The simulator target therefore ships ``talker_graphs:
-prefill-only``: decode steps run as padded prefill chunks (``kztts.talker_prefill_only``).
+prefill-only``: decode steps run as padded prefill chunks (``kztts.runners.talker_prefill_only``).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _with(target: Path, tmp_path: Path, name: str, placement: dict | None = None
 
 
 def test_talker_graphs_is_a_checked_target_key(tmp_path):
-    from kztts.targets import TargetError, load_target
+    from kztts.htp.targets import TargetError, load_target
 
     assert load_target("simulator").talker_graphs == "prefill-only"  # it cannot load a weight-shared context
     assert load_target("x_elite").talker_graphs == "prefill+decode"  # devices share weights in one context
@@ -43,9 +43,9 @@ def test_prefill_only_runner_equals_prefill_and_decode_on_the_cpu(htp_bundle):
     the last usable position C - 1: the window that re-runs positions past C - S is exercised."""
     import onnxruntime as ort
 
-    from kztts.bundle import Bundle
-    from kztts.talker_prefill_only import PrefillOnlyTalker
-    from kztts.talker_static import StaticTalker
+    from kztts.bundle.bundle import Bundle
+    from kztts.runners.talker_prefill_only import PrefillOnlyTalker
+    from kztts.runners.talker_static import StaticTalker
 
     b = Bundle.open(htp_bundle, load_graphs=False)
     m = b.manifest
@@ -75,7 +75,7 @@ def test_prefill_only_runner_equals_prefill_and_decode_on_the_cpu(htp_bundle):
 _CODES = r"""
 import sys, json, numpy as np
 from dataclasses import replace
-from kztts.tts import TTS, Voice
+from kztts import TTS, Voice
 bundle, frames = sys.argv[1], int(sys.argv[2])
 out = {}
 for target in sys.argv[3:]:
@@ -109,7 +109,7 @@ def test_prefill_only_on_the_simulator_gives_the_same_codes(htp_bundle, small_ta
 
 _LOAD_SHARED = r"""
 import sys
-from kztts.qnn import create_session
+from kztts.htp.qnn import create_session
 create_session(sys.argv[1], sys.argv[2], strict=True, context={"ep.share_ep_contexts": "1"})
 print("loaded")
 """
@@ -129,7 +129,7 @@ def _bin_bytes(work: Path, made: dict) -> int:
 _MAKE = r"""
 import json, sys
 from pathlib import Path
-from kztts.export.htp_export import make_context_binaries
+from kztts.export.htp.static_graphs import make_context_binaries
 work, target, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 names = sys.argv[4:]
 if mode == "separate":
@@ -167,7 +167,7 @@ def test_weight_shared_context_crashes_the_simulator_and_prefill_only_keeps_one_
             load = subprocess.run([sys.executable, "-c", _LOAD_SHARED, str(work / made["talker_prefill"]["file"]),
                                    str(small_target)], capture_output=True, text=True, timeout=600)
             assert load.returncode != 0, ("the simulator now loads weight-shared context binaries: drop "
-                                          "simulator.json's prefill-only and kztts.qnn's x86 fallback")
+                                          "simulator.json's prefill-only and kztts.htp.qnn's x86 fallback")
             assert load.returncode == -signal.SIGSEGV, (load.returncode, load.stderr[-2000:])
     weights = _fp16_weight_bytes(htp_bundle / "graphs" / "talker_prefill.onnx")
     print(f"\ncontext binary bytes: shared {sizes['shared']}, separate {sizes['separate']}, prefill-only "

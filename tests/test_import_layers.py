@@ -1,67 +1,125 @@
-"""Who may import whom (docs/DESIGN.md, "Map"): base modules import only base modules, the runtime
-never imports the tooling or the exporter, nothing imports the CLI entry point, and there is no
-import cycle, counting the imports inside functions too."""
+"""Who may import whom, by folder (each folder's ``__init__`` docstring says it): a module imports
+its own folder and the layers below it, never a layer above or beside it; nothing imports the CLI;
+there is no import cycle; and imports of kztts sit at module top, but for the exporter (torch is an
+optional extra) where the runtime's tooling calls it."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {"kztts", "kztts.errors", "kztts.env", "kztts.atomic", "kztts.progress", "kztts.graphs", "kztts.manifest",
-        "kztts.cache", "kztts.rope", "kztts.segments", "kztts.sampling_chain", "kztts.build_cache"}
-TOOLING = ("kztts.cli", "kztts.calibrate", "kztts.bench", "kztts.validation", "kztts.worker_process", "kztts.replay",
-           "kztts.lm_accuracy", "kztts.export")
+
+# The layers, lowest first. Folders of one rank (tts, lm) are siblings: neither imports the other.
+RANKS = {
+    "kztts.core": 0, "kztts.bundle": 1, "kztts.generation": 2, "kztts.htp": 3, "kztts.runners": 4,
+    "kztts.plan": 5, "kztts.tts": 6, "kztts.lm": 6, "kztts.eval": 7,
+    "kztts.export.common": 8.0, "kztts.export.graphs": 8.1, "kztts.export.htp": 8.2, "kztts.export.tts": 8.3,
+    "kztts.export.lm": 8.4, "kztts.export.validate": 8.5,
+    "kztts.bench": 9, "kztts.cli": 10,
+}
+FRONT_DOOR = {"kztts": 0.5, "kztts.export": 8.0}  # the packages' own __init__: above core, below the rest
+MAX_MODULES = 15  # a folder a reader takes in at a glance
+
+
+def folder(module: str) -> str:
+    """The layer folder of a module (the longest ``RANKS`` prefix)."""
+    best = max((f for f in RANKS if module == f or module.startswith(f + ".")), key=len, default=None)
+    if best is None:
+        raise AssertionError(f"{module} lies in no layer folder: add its folder to RANKS and DESIGN")
+    return best
+
+
+def rank(module: str) -> float:
+    return FRONT_DOOR[module] if module in FRONT_DOOR else RANKS[folder(module)]
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for pkg, folder in (("kztts", ROOT / "runtime"), ("kztts.export", ROOT / "export")):
-        for f in folder.rglob("*.py"):
-            parts = [p for p in f.relative_to(folder).with_suffix("").parts if p != "__init__"]
+    for pkg, root in (("kztts", ROOT / "runtime"), ("kztts.export", ROOT / "export")):
+        for f in root.rglob("*.py"):
+            parts = [p for p in f.relative_to(root).with_suffix("").parts if p != "__init__"]
+            if pkg == "kztts" and parts[:1] == ["export"]:
+                continue
             mods[".".join([pkg, *parts])] = f
     return mods
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def _imports(path: Path, known: set[str]) -> dict[str, bool]:
+    """{imported kztts module: at module top} (a module imported both ways counts as at top)."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(n) for n in tree.body} | {id(c) for n in tree.body if isinstance(n, (ast.If, ast.Try))
+                                         for c in ast.walk(n)}
+    out: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        names: set[str] = set()
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            names = {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in out if m in known}
+            names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        for m in names & known:
+            out[m] = out.get(m, False) or id(node) in top
+    return out
 
 
-def _tooling(name: str) -> bool:
-    return any(name == t or name.startswith(t + ".") or (t == "kztts.cli" and name.startswith("kztts.cli_"))
-               for t in TOOLING)
-
-
-def _graph() -> dict[str, set[str]]:
+def _graph() -> dict[str, dict[str, bool]]:
     mods = _modules()
-    return {m: _imports(f, set(mods)) - {m} for m, f in mods.items()}
+    known = set(mods)
+    graph = {}
+    for m, f in mods.items():
+        deps = _imports(f, known)
+        deps.pop(m, None)
+        # `from kztts.x import y` names the package kztts.x too: the package itself is not an import
+        graph[m] = {d: t for d, t in deps.items() if not (mods[d].name == "__init__.py" and any(
+            o.startswith(d + ".") for o in deps))}
+    return graph
+
+
+def layer_breaches(graph: dict[str, dict[str, bool]]) -> list[str]:
+    bad = []
+    for m, deps in graph.items():
+        for d in deps:
+            same = m not in FRONT_DOOR and d not in FRONT_DOOR and folder(m) == folder(d)
+            if d.startswith("kztts.cli") and not m.startswith("kztts.cli"):
+                bad.append(f"{m} imports the command line {d}")
+            elif not same and rank(d) >= rank(m) and d not in ("kztts", "kztts.export"):
+                bad.append(f"{m} ({folder(m) if m not in FRONT_DOOR else m}) imports {d} (a layer "
+                           f"{'beside' if rank(d) == rank(m) else 'above'} it)")
+    return bad
+
+
+def deferred_imports(graph: dict[str, dict[str, bool]]) -> list[str]:
+    """Imports of kztts inside functions, but for the runtime calling the exporter (torch)."""
+    return [f"{m} imports {d} inside a function" for m, deps in graph.items() for d, at_top in deps.items()
+            if not at_top and not (d.startswith("kztts.export") and not m.startswith("kztts.export"))]
 
 
 def test_layers():
-    g = _graph()
-    bad = []
-    for m, deps in g.items():
-        if m in BASE:
-            bad += [f"{m} (base) imports {d}" for d in deps if d not in BASE]
-        elif not _tooling(m):
-            bad += [f"{m} (runtime) imports {d}" for d in deps if _tooling(d)]
-        bad += [f"{m} imports the entry point kztts.cli" for d in deps if d == "kztts.cli"]
+    bad = layer_breaches(_graph())
     assert not bad, "\n".join(sorted(bad))
 
 
+def test_imports_at_module_top():
+    bad = deferred_imports(_graph())
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_folders_stay_small():
+    counts: dict[str, int] = {}
+    for m in _modules():
+        if m not in FRONT_DOOR and not m.endswith(tuple(RANKS)):
+            counts[folder(m)] = counts.get(folder(m), 0) + 1
+    big = {f: n for f, n in counts.items() if n > MAX_MODULES}
+    assert not big, big
+
+
 def test_no_import_cycles():
-    g = _graph()
+    g = {m: set(deps) for m, deps in _graph().items()}
     state: dict[str, int] = {}
     cycles = []
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = 1
-        for d in sorted(g[m]):
+        for d in sorted(g.get(m, ())):
             if state.get(d) == 1:
                 cycles.append(" -> ".join(stack[stack.index(d):] + [m, d]) if d in stack else f"{m} -> {d}")
             elif d not in state:
@@ -74,21 +132,28 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-def test_the_checks_see_a_planted_cycle_and_layer_breach(monkeypatch):
-    """The checker itself: a runtime module importing the bench, and a two-module cycle, are found."""
+def test_the_checks_see_planted_breaches():
+    """The checker itself: a layer importing one above it, one beside it, the CLI, a deferred import
+    and a cycle are each found."""
+    g = {"kztts.tts.tts": {"kztts.bench.worker": True, "kztts.lm.lm": True},
+         "kztts.runners.talker": {"kztts.cli.main": True, "kztts.core.errors": False},
+         "kztts.bench.worker": {"kztts.tts.tts": True, "kztts.export.tts.tiny": False}}
+    breaches = layer_breaches(g)
+    assert "kztts.tts.tts (kztts.tts) imports kztts.bench.worker (a layer above it)" in breaches
+    assert "kztts.tts.tts (kztts.tts) imports kztts.lm.lm (a layer beside it)" in breaches
+    assert "kztts.runners.talker imports the command line kztts.cli.main" in breaches
+    assert not [b for b in breaches if b.startswith("kztts.bench.worker")]
+    assert deferred_imports(g) == ["kztts.runners.talker imports kztts.core.errors inside a function"]
     import sys
 
-    g = {"kztts.tts": {"kztts.bench.worker"}, "kztts.bench.worker": {"kztts.tts"}}
-    monkeypatch.setattr(sys.modules[__name__], "_graph", lambda: g)
-    try:
-        test_layers()
-    except AssertionError as exc:
-        assert "kztts.tts (runtime) imports kztts.bench.worker" in str(exc)
-    else:
-        raise AssertionError("the layer check missed a runtime -> tooling import")
+    module = sys.modules[__name__]
+    real = module._graph
+    module._graph = lambda: g
     try:
         test_no_import_cycles()
     except AssertionError as exc:
-        assert "kztts.bench.worker" in str(exc) and "kztts.tts" in str(exc)
+        assert "kztts.bench.worker" in str(exc) and "kztts.tts.tts" in str(exc)
     else:
         raise AssertionError("the cycle check missed a cycle")
+    finally:
+        module._graph = real

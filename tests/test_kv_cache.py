@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts.errors import ContextOverflowError
-from kztts.kv_cache import KVCache
+from kztts.core.errors import ContextOverflowError
+from kztts.runners.kv_cache import KVCache
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

@@ -1,8 +1,8 @@
 """KV cache I/O of the static HTP Talker graphs in the HTP's precision (tiny model, context 64).
 
 fp16 graphs take and return float16 KV by default; the same bundle retyped to float32 KV
-(``kztts.export.kv_io``) is the pre-change baseline. The simulator side runs in child processes
-(``kztts.export.validate_htp``), as in tests/test_qnn.py.
+(``kztts.export.htp.kv_io``) is the pre-change baseline. The simulator side runs in child processes
+(``kztts.export.validate.htp``), as in tests/test_qnn.py.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ CONTEXT = 64
 @pytest.fixture(scope="module")
 def fp32_kv_bundle(htp_bundle, tmp_path_factory) -> Path:
     """The same bundle with float32 KV I/O (what the exporter wrote before fp16 KV)."""
-    from kztts.export.kv_io import retype_bundle_kv
+    from kztts.export.htp.kv_io import retype_bundle_kv
 
     out = tmp_path_factory.mktemp("kv") / "fp32kv"
     shutil.copytree(htp_bundle, out)
@@ -29,7 +29,7 @@ def fp32_kv_bundle(htp_bundle, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sequences(htp_bundle):
-    from kztts.export.validate_htp import bundle_sequences
+    from kztts.export.validate.htp import bundle_sequences
 
     return bundle_sequences(htp_bundle, frames=14)
 
@@ -37,8 +37,8 @@ def sequences(htp_bundle):
 def _cpu_talker(bundle_dir: Path, **kw):
     import onnxruntime as ort
 
-    from kztts.manifest import read_manifest
-    from kztts.talker_static import StaticTalker
+    from kztts.bundle.manifest import read_manifest
+    from kztts.runners.talker_static import StaticTalker
 
     m = read_manifest(bundle_dir)
 
@@ -49,9 +49,9 @@ def _cpu_talker(bundle_dir: Path, **kw):
 
 
 def test_fp16_kv_is_the_default_and_halves_the_kv_bytes(htp_bundle, fp32_kv_bundle, sequences):
-    from kztts import graphs as G
-    from kztts.bench.metrics import cosine_rows
-    from kztts.replay import teacher_forced_talker as replay
+    from kztts.bundle import graphs as G
+    from kztts.core.metrics import cosine_rows
+    from kztts.eval.replay import teacher_forced_talker as replay
 
     runs = {}
     for name, bundle in (("fp16", htp_bundle), ("fp32", fp32_kv_bundle)):
@@ -79,9 +79,9 @@ def test_fp16_kv_is_the_default_and_halves_the_kv_bytes(htp_bundle, fp32_kv_bund
 
 
 def test_inspect_counts_half_the_kv_bytes_with_fp16_kv(htp_bundle, fp32_kv_bundle, small_target):
-    """``kztts inspect --target`` (kztts.cost): the Talker's KV bytes per call halve with fp16 KV I/O,
+    """``kztts inspect --target`` (kztts.htp.cost): the Talker's KV bytes per call halve with fp16 KV I/O,
     nothing else in the call changes."""
-    from kztts.cost import bundle_cost
+    from kztts.htp.cost import bundle_cost
 
     rows = {}
     for name, bundle in (("fp16", htp_bundle), ("fp32", fp32_kv_bundle)):
@@ -111,9 +111,9 @@ def test_decode_io_binding_equals_arrays_per_call(htp_bundle):
 
 
 def test_kv_dtype_target_key_is_validated(small_target, tmp_path):
-    from kztts.errors import KzttsError
-    from kztts.export.htp_export import export_htp_graphs
-    from kztts.targets import TargetError, load_target
+    from kztts.core.errors import KzttsError
+    from kztts.export.htp.static_graphs import export_htp_graphs
+    from kztts.htp.targets import TargetError, load_target
 
     data = json.loads(Path(small_target).read_text())
     assert load_target(small_target).kv_dtype is None  # the precision's default
@@ -140,11 +140,11 @@ def test_kv_dtype_target_key_is_validated(small_target, tmp_path):
 
 def test_fp16_kv_on_the_simulator_matches_fp32_kv(htp_bundle, fp32_kv_bundle, small_target, sequences):
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.bench.metrics import cosine_rows
-    from kztts.bundle import Bundle
-    from kztts.export.validate_htp import htp_talker_run
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
+    from kztts.bundle.bundle import Bundle
+    from kztts.core.metrics import cosine_rows
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.validate.htp import htp_talker_run
+    from kztts.runners.talker import Talker
 
     b = Bundle.open(htp_bundle, load_graphs=False)
     cpu = Talker(b.session("talker"), b.manifest.talker, context=CONTEXT)
@@ -166,17 +166,17 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     """w8a16 graphs with 8-bit KV I/O (fixed tied scales) run wholly on the HTP, as accurate as with
     fp32 KV; the host cache is uint8 (a quarter of fp32's bytes) and reads back as floats."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.bench.metrics import cosine_rows
-    from kztts.bundle import Bundle
-    from kztts.export.checkpoint import load_reference
-    from kztts.export.graph_parts import graph_spec
-    from kztts.export.kv_quant import quantize_uint8_kv, read_kv_scales
-    from kztts.export.quantize import CALIBRATION_PROMPTS
-    from kztts.export.validate_htp import htp_talker_run
-    from kztts.manifest import read_manifest, write_manifest
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
-    from kztts.targets import load_target
+    from kztts.bundle.bundle import Bundle
+    from kztts.bundle.manifest import read_manifest, write_manifest
+    from kztts.core.metrics import cosine_rows
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.common.checkpoint import load_reference
+    from kztts.export.graphs.graph_parts import graph_spec
+    from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
+    from kztts.export.htp.w8a16 import CALIBRATION_PROMPTS
+    from kztts.export.validate.htp import htp_talker_run
+    from kztts.htp.targets import load_target
+    from kztts.runners.talker import Talker
 
     bundle = tmp_path / "u8"
     shutil.copytree(fp32_kv_bundle, bundle)  # w8a16 quantizes fp32-KV float graphs
@@ -223,7 +223,7 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
 def test_shared_memory_kv_buffers_fall_back_to_host_memory(caplog):
     """A session asking for the HTP shared-memory allocator that cannot hand out its buffers (the
     simulator has no rpcmem) gets plain host buffers after one warning; other sessions never try."""
-    from kztts.kv_binding import kv_buffers, wants_shared_memory
+    from kztts.runners.kv_binding import kv_buffers, wants_shared_memory
 
     class Session:
         def __init__(self, shared: str):
@@ -239,7 +239,7 @@ def test_shared_memory_kv_buffers_fall_back_to_host_memory(caplog):
     for flag in ("1", "0"):
         s = Session(flag)
         assert wants_shared_memory(s) == (flag == "1")
-        with caplog.at_level("WARNING", logger="kztts.kv_binding"):
+        with caplog.at_level("WARNING", logger="kztts.runners.kv_binding"):
             arrays, owners = kv_buffers(s, [(2, 1, 4, 7), (2, 1, 7, 4)], np.uint8, 128)
         assert [a.shape for a in arrays] == [(2, 1, 4, 7), (2, 1, 7, 4)] and owners == []
         assert all(a.dtype == np.uint8 and (a == 128).all() for a in arrays)

@@ -1,13 +1,13 @@
-"""Causal LMs (issue 17): tiny random Qwen2 / Qwen3 built with the transformers classes, exported to
-LM bundles; the runtime (``kztts.lm``) against transformers, chat sessions against a full re-prefill,
+"""Causal LMs: tiny random Qwen2 / Qwen3 built with the transformers classes, exported to
+LM bundles; the runtime (``kztts.lm.lm``) against transformers, chat sessions against a full re-prefill,
 the runtime's ChatML against the checkpoint's chat template, context overflow, the HTP graphs."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kztts import chatml
-from kztts.errors import ContextOverflowError, KzttsError
+from kztts.core.errors import ContextOverflowError, KzttsError
+from kztts.lm import chatml
 
 KINDS = ("qwen2", "qwen3")
 STEPS = 32
@@ -27,7 +27,7 @@ def kind(request) -> str:
 
 @pytest.fixture(scope="module")
 def lm_dir(kind):
-    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.export.lm.tiny import cached_tiny_lm
 
     return cached_tiny_lm(kind)
 
@@ -35,16 +35,14 @@ def lm_dir(kind):
 @pytest.fixture(scope="module")
 def lm_bundle(lm_dir, kind, small_target):
     """The CPU graphs, the static HTP graphs and the layer segments of the small simulator target."""
-    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
 
     return cached_lm_bundle(lm_dir, target=str(small_target), segments=True)
 
 
 @pytest.fixture(scope="module")
 def hf_model(lm_dir):
-    from transformers import AutoModelForCausalLM
-
-    from transformers import GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(str(lm_dir)).eval()
     model.generation_config = GenerationConfig()  # plain greedy: no eos, no repetition penalty
@@ -59,8 +57,8 @@ def hf_tokenizer(lm_dir):
 
 
 def test_bundle_is_an_lm_bundle(lm_bundle, kind):
-    from kztts import graphs as G
-    from kztts.manifest import read_manifest
+    from kztts.bundle import graphs as G
+    from kztts.bundle.manifest import read_manifest
 
     m = read_manifest(lm_bundle)
     assert m.kind == "lm" and m.data["model_type"] == kind
@@ -76,7 +74,7 @@ def test_greedy_tokens_and_logits_match_transformers(lm_bundle, hf_model):
     import torch
     from transformers import GenerationConfig
 
-    from kztts.lm import LM, Reply
+    from kztts.lm.lm import LM, Reply
 
     lm = LM(lm_bundle)
     lm.stop_ids = frozenset()  # transformers below runs without an eos: compare all 32 steps
@@ -127,8 +125,8 @@ def _reprefill(lm, turns: list[list[int]], replies) -> None:
 def test_chat_session_equals_full_reprefill(lm_bundle):
     """Three turns kept in the KV cache (one prefill in all) equal a full re-prefill of the
     conversation before each reply: tokens and logits."""
-    from kztts.lm import LM
-    from kztts.sampling import SamplingParams
+    from kztts.generation.sampling import SamplingParams
+    from kztts.lm.lm import LM
 
     lm = LM(lm_bundle)
     session = lm.chat_session(system="Be brief.")
@@ -163,7 +161,7 @@ def test_chat_session_equals_full_reprefill(lm_bundle):
 def test_chatml_equals_the_checkpoints_template(lm_bundle, hf_tokenizer):
     """The runtime's ChatML (text and ids) equals transformers' apply_chat_template of the
     checkpoint; a session's turns concatenate to the rendered conversation."""
-    from kztts.lm import LM
+    from kztts.lm.lm import LM
 
     lm = LM(lm_bundle)
     conversations = [
@@ -186,8 +184,8 @@ def test_chatml_equals_the_checkpoints_template(lm_bundle, hf_tokenizer):
 
 
 def test_context_overflow_is_a_clear_error(lm_bundle, capsys):
-    from kztts.cli import main
-    from kztts.lm import LM
+    from kztts.cli.main import main
+    from kztts.lm.lm import LM
 
     lm = LM(lm_bundle, context=24)
     with pytest.raises(ContextOverflowError, match="context of 24 positions"):
@@ -205,8 +203,8 @@ def test_context_overflow_is_a_clear_error(lm_bundle, capsys):
 def test_cli_generate_and_chat(lm_bundle, capsys, monkeypatch):
     import io
 
-    from kztts.cli import main
-    from kztts.lm import LM, Reply
+    from kztts.cli.main import main
+    from kztts.lm.lm import LM, Reply
 
     assert main(["generate", str(lm_bundle), PROMPT, "--max-new-tokens", "6", "--greedy"]) == 0
     out = capsys.readouterr().out
@@ -223,8 +221,8 @@ def test_cli_generate_and_chat(lm_bundle, capsys, monkeypatch):
 
 
 def test_sampling_is_seeded(lm_bundle):
-    from kztts.lm import LM
-    from kztts.sampling import SamplingParams
+    from kztts.generation.sampling import SamplingParams
+    from kztts.lm.lm import LM
 
     lm = LM(lm_bundle)
     p = SamplingParams(1.0, 0, 0.95, 1.1)
@@ -240,7 +238,7 @@ def test_sampling_is_seeded(lm_bundle):
 
 
 def test_export_cli_refusals(tmp_path, capsys, lm_dir, small_target):
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     assert main(["export", str(lm_dir), "-o", str(tmp_path / "b"), "--target", str(small_target), "--precision",
                  "w8a16", "--segments"]) == 2
@@ -255,8 +253,8 @@ def test_export_cli_refusals(tmp_path, capsys, lm_dir, small_target):
 
 
 def test_a_tts_bundle_is_refused(tiny_bundle_dir):
-    from kztts.errors import BundleError
-    from kztts.lm import LM
+    from kztts.core.errors import BundleError
+    from kztts.lm.lm import LM
 
     with pytest.raises(BundleError, match="not a causal LM"):
         LM(tiny_bundle_dir)
@@ -264,7 +262,7 @@ def test_a_tts_bundle_is_refused(tiny_bundle_dir):
 
 @pytest.fixture(scope="module")
 def htp_bundle(lm_bundle):
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
@@ -275,7 +273,7 @@ def htp_bundle(lm_bundle):
 def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record_property):
     """The static graphs on the HTP simulator (strict: every node on QNN), teacher-forced against the
     CPU; a chat's second turn extends the cache (the handover continues on the CPU)."""
-    from kztts.lm import LM
+    from kztts.lm.lm import LM
 
     cpu = LM(htp_bundle)
     ref = []
@@ -303,10 +301,10 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
 @pytest.fixture(scope="module")
 def w8a16_bundle(small_target):
     """The tiny Qwen3 with w8a16 static graphs of the small target (calibrated on
-    kztts.export.lm_quantize.CALIBRATION_TEXTS), no layer graphs."""
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.export.lm_tiny import cached_tiny_lm
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    kztts.export.lm.w8a16.CALIBRATION_TEXTS), no layer graphs."""
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
@@ -316,17 +314,17 @@ def w8a16_bundle(small_target):
 @pytest.mark.parametrize("placement", ["all-htp", "prefill-htp-decode-cpu"])
 def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, record_property):
     """w8a16 QDQ static graphs on the HTP simulator (strict), teacher-forced over two accuracy texts
-    (kztts.lm_accuracy.SAMPLES, not the calibration texts) against (a) the same QDQ graphs on the CPU EP:
+    (kztts.eval.lm_accuracy.SAMPLES, not the calibration texts) against (a) the same QDQ graphs on the CPU EP:
     what the simulator and the runner add, tight (the handover: its HTP prefill's logits); (b) the bundle's fp32
     CPU graphs: what w8a16 costs. Measured (b), all-htp: cosine min 0.9965 / mean 0.9994, top-1 0.96; before
-    the MatMul weights went per-channel and the RMSNorms float (kztts.export.quantize) it was 0.846 / 0.953,
+    the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.w8a16) it was 0.846 / 0.953,
     top-1 0.65: this random model, drawn wide (lm_tiny.INIT_STD), has heavy-tailed rows that the norms'
     per-tensor 16-bit grids lost."""
     import onnxruntime as ort
 
-    from kztts.lm import LM
-    from kztts.lm_accuracy import SAMPLES, teacher_forced, tokenize
-    from kztts.talker_static import StaticTalker
+    from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
+    from kztts.lm.lm import LM
+    from kztts.runners.talker_static import StaticTalker
 
     m = LM(w8a16_bundle).bundle.manifest
     assert {n: m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {
@@ -390,7 +388,7 @@ def quantized_inside_norms(path) -> set[str]:
     MatMul's input) and/or "inside"."""
     import onnx
 
-    from kztts.export.static_layers import NORM_SCOPE
+    from kztts.export.graphs.static_layers import NORM_SCOPE
 
     g = onnx.load(str(path)).graph
     last = {}  # scope -> its last node's output (nodes are in topological order)
@@ -407,7 +405,7 @@ def quantized_inside_norms(path) -> set[str]:
 
 
 def small_target_mask(target) -> float:
-    from kztts.targets import load_target
+    from kztts.htp.targets import load_target
 
     return load_target(target).attention_mask_value
 
@@ -419,11 +417,11 @@ def test_calibrate_and_every_placement(which, small_target, tmp_path):
     agrees with the CPU."""
     import json
 
-    from kztts.cli import main
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.export.lm_tiny import cached_tiny_lm
-    from kztts.lm import LM
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.cli.main import main
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.lm.lm import LM
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
@@ -456,23 +454,23 @@ def test_calibrate_and_every_placement(which, small_target, tmp_path):
 
 
 def test_tts_refuses_an_lm_bundle(lm_bundle):
-    from kztts.errors import BundleError
-    from kztts.tts import TTS
+    from kztts.core.errors import BundleError
+    from kztts.tts.tts import TTS
 
     with pytest.raises(BundleError, match="causal-LM bundle"):
         TTS(lm_bundle)
 
 
 def _gguf_and_dir_bundles():
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.export.lm_tiny import cached_tiny_gguf, cached_tiny_lm
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_gguf, cached_tiny_lm
 
     return cached_tiny_gguf(), cached_lm_bundle(cached_tiny_lm("qwen2"))
 
 
 def _same_lm(a, b) -> None:
-    from kztts.lm import LM, Reply
-    from kztts.sampling import SamplingParams
+    from kztts.generation.sampling import SamplingParams
+    from kztts.lm.lm import LM, Reply
 
     ra, rb = Reply(), Reply()
     la, lb = LM(a), LM(b)
@@ -489,7 +487,7 @@ def _same_lm(a, b) -> None:
 def test_gguf_export_equals_the_directory_export():
     """A GGUF of the tiny Qwen2 (F32 tensors, its tokenizer and chat template in the metadata) exports
     to a bundle that generates exactly what the directory's bundle does."""
-    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
 
     gguf, dir_bundle = _gguf_and_dir_bundles()
     bundle = cached_lm_bundle(gguf)
@@ -499,26 +497,26 @@ def test_gguf_export_equals_the_directory_export():
 
 @pytest.mark.slow
 def test_export_gguf_cli(tmp_path):
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     gguf, dir_bundle = _gguf_and_dir_bundles()
     assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "b")]) == 0
     _same_lm(tmp_path / "b", dir_bundle)
     # a variant of a CPU-only LM bundle rewrites every graph of graphs/
     assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "v"), "--weights", "int8"]) == 0
-    from kztts.lm import LM
+    from kztts.lm.lm import LM
 
     assert LM(tmp_path / "v").bundle.manifest.data["variant"]["weights"] == "int8"
 
 
 @pytest.mark.parametrize("weights, kv", [("int8", "fp16"), ("int4", "fp32")])
 def test_precision_variants_of_an_lm_bundle(small_target, weights, kv):
-    """``--weights`` / ``--kv`` variants (kztts.export.variants) of an LM bundle run and stay near fp32
+    """``--weights`` / ``--kv`` variants (kztts.export.tts.variants) of an LM bundle run and stay near fp32
     (measured on the tiny Qwen3, last-position logits: int8 + kv fp16 0.9994, int4 0.926; random weights)."""
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.export.lm_tiny import cached_tiny_lm
-    from kztts.export.variants import cached_variant
-    from kztts.lm import LM
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.export.tts.variants import cached_variant
+    from kztts.lm.lm import LM
 
     lm_bundle = cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), segments=True)
     base, var = LM(lm_bundle), LM(cached_variant(lm_bundle, weights=weights, kv=kv))

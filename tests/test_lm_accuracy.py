@@ -1,4 +1,4 @@
-"""LM accuracy rows (``kztts.lm_accuracy``) and ``kztts validate`` on LM bundles (issue 17), on the
+"""LM accuracy rows (``kztts.eval.lm_accuracy``) and ``kztts validate`` on LM bundles, on the
 tiny random Qwen2 / Qwen3 LMs of tests/test_lm.py (same cached bundles)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from kztts.lm_accuracy import SAMPLES, RowSpec, common_prefix, markdown_table, perplexity, run_rows
+from kztts.eval.lm_accuracy import SAMPLES, RowSpec, common_prefix, markdown_table, perplexity, run_rows
 
 
 @pytest.fixture(scope="module")
 def qwen3_dir():
-    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.export.lm.tiny import cached_tiny_lm
 
     return cached_tiny_lm("qwen3")
 
@@ -21,7 +21,7 @@ def qwen3_dir():
 @pytest.fixture(scope="module")
 def qwen3_bundle(qwen3_dir, small_target):
     """test_lm.py's bundle: CPU graphs, static HTP graphs and layer segments of the small target."""
-    from kztts.export.lm_export import cached_lm_bundle
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
 
     return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)
 
@@ -41,14 +41,15 @@ def test_metrics_on_known_values():
 def test_rows_cpu_variant(qwen3_bundle, tmp_path):
     """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so.
     The fp32 row saved to a file is reused by a second run (same rows), not by a run with other settings."""
-    from kztts.export.variants import cached_variant
+    from kztts.core.cache import portable_path
+    from kztts.export.tts.variants import cached_variant
 
     specs = [RowSpec("cpu fp32", qwen3_bundle),
              RowSpec("cpu int4", cached_variant(qwen3_bundle, weights="int4"), weights="int4")]
     saved = tmp_path / "ref.npz"
     rows = run_rows(specs, threads=1, context=64, reference_file=saved)
     again = run_rows(specs, threads=1, context=64, reference_file=saved)
-    assert "reused" not in rows[0] and again[0]["reused"] == str(saved)
+    assert "reused" not in rows[0] and again[0]["reused"] == portable_path(saved)  # no machine folder in reports
     assert {k: v for k, v in again[0].items() if k != "reused"} == rows[0]
     assert again[1]["logits_cos_mean"] == rows[1]["logits_cos_mean"] and again[1]["ppl"] == rows[1]["ppl"]
     assert "reused" not in run_rows(specs[:1], threads=1, context=64, steps=8, reference_file=saved)[0]
@@ -68,7 +69,7 @@ def test_rows_cpu_variant(qwen3_bundle, tmp_path):
 def test_kztts_bench_lm_rows(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     """``kztts bench --lm SOURCE``: the LM rows from the bench command (CPU fp32 + int8 on a text subset),
     the report naming the command; a bad flag is refused in one line before any work."""
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     out = tmp_path / "lm"
     assert main(["bench", "--lm", str(qwen3_dir), "--lm-bundle", str(qwen3_bundle), "--weights", "fp32,int8",
@@ -96,7 +97,7 @@ def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     texts gives (a long simulator row can be run a text at a time); overlapping or unfinished runs, and
     runs of different bundles (by digest), are refused in one line; reports name no folder of this machine."""
     from kztts.bench.lm import main
-    from kztts.manifest import bundle_digest
+    from kztts.bundle.manifest import bundle_digest
 
     def bench(out, *flags):
         return main(["--model", str(qwen3_dir), "--bundle", str(qwen3_bundle), "--weights", "fp32,int4",
@@ -135,15 +136,15 @@ def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
 
 
 def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys):
-    """benchmarks/README.md's full-set w8a16 all-htp row of the real 1.5B is what ``--merge`` makes of
-    the shard reports kept in benchmarks/lm_w8a16_fullset (the simulator row takes 6 h, so the published
-    figures must stay reproducible from the kept sums, not from run directories that are gone)."""
+    """benchmarks/lm_precision/README.md's full-set w8a16 all-htp row of the real 1.5B is what ``--merge``
+    makes of the shard reports kept in benchmarks/lm_precision/w8a16_fullset (the simulator row takes 6 h, so
+    the published figures must stay reproducible from the kept sums, not from run directories that are gone)."""
     from pathlib import Path
 
     from kztts.bench.lm import main
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    shards = [root / "lm_w8a16_fullset" / t for t in ("code", "english", "french", "chinese")]
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision"
+    shards = [root / "w8a16_fullset" / t for t in ("code", "english", "french", "chinese")]
     assert main(["--merge", *map(str, shards), "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
@@ -161,17 +162,17 @@ def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys
 
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
-    """benchmarks/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp, guarded
-    (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 under all-htp and
+    """benchmarks/lm_precision/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp,
+    guarded (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 under all-htp and
     prefill-htp-decode-cpu (no guarded row: the exporter's refusal of w8a16 layer graphs is quoted)."""
     import importlib.util
     from pathlib import Path
 
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_lm.py"
+    path = Path(__file__).parent.parent / "benchmarks" / "lm_precision" / "bench_lm.py"
     spec = importlib.util.spec_from_file_location("bench_lm", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -201,8 +202,8 @@ def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
 def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
     """``kztts validate`` on an LM bundle: transformers' greedy tokens and logits; a reference other than
     the bundle's checkpoint is refused in one line."""
-    from kztts.cli import main
-    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.cli.main import main
+    from kztts.export.lm.tiny import cached_tiny_lm
 
     assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--frames", "16", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -218,8 +219,8 @@ def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
 def test_validate_an_lm_placement(qwen3_bundle, qwen3_dir, small_target, capsys):
     """``kztts validate LM_BUNDLE --target T --placement P``: the placement against the bundle's fp32 CPU
     graphs (as for a TTS bundle), judged against the ``lm-placement`` bound."""
-    from kztts.cli import main
-    from kztts.qnn import qnn_available, qnn_unavailable_reason
+    from kztts.cli.main import main
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")

@@ -1,4 +1,4 @@
-"""kztts.export.lm_checkpoint / lm_magnitudes on tiny random Qwen2 and Qwen3 causal LMs, saved as
+"""kztts.export.lm.checkpoint / lm_magnitudes on tiny random Qwen2 and Qwen3 causal LMs, saved as
 Hugging Face directories and as GGUF files (written with the gguf package), and on the real
 Qwen2.5-Coder-1.5B GGUF (slow)."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kztts.errors import KzttsError  # noqa: E402
-from kztts.export.lm_checkpoint import CHECK_STRINGS, check_causal_lm, load_causal_lm  # noqa: E402
-from kztts.export.lm_magnitudes import LAYER_HOOK_STATS, hook_magnitudes  # noqa: E402
+from kztts.core.errors import KzttsError  # noqa: E402
+from kztts.export.lm.checkpoint import CHECK_STRINGS, check_causal_lm, load_causal_lm  # noqa: E402
+from kztts.export.lm.magnitudes import LAYER_HOOK_STATS, hook_magnitudes  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>"]  # the last: beyond transformers' 3
 USER_DEFINED = "<tool_call>"  # an added token that is not special, as in Qwen2.5
@@ -235,10 +235,10 @@ def test_hook_magnitudes_measure_what_the_layer_graphs_probe(tiny_lms, kind):
     the same positions: every layer of the tiny model, fed transformers' own hidden states as one chunk,
     gives through the layer graph's module the magnitudes the hooks record (attention scores aside: not
     hooked)."""
-    from kztts.export.qwen3_stack import rope_cos_sin
-    from kztts.export.segment_graphs import LayerStaticGraph
-    from kztts.export.talker_graph import talker_shape
-    from kztts.segments import LAYER_STATS
+    from kztts.bundle.segments import LAYER_STATS
+    from kztts.export.common.qwen3_stack import rope_cos_sin
+    from kztts.export.graphs.segment_graphs import LayerStaticGraph
+    from kztts.export.graphs.talker_graph import talker_shape
 
     model = tiny_lms[kind][3]
     s = talker_shape(model)
@@ -271,7 +271,7 @@ def test_real_qwen25_coder_checkpoint(tmp_path):
     layers 2-25, cancelled by layer 26's MLP) measured through hooks. About 6 GB of RAM."""
     from tokenizers import Tokenizer
 
-    from kztts.fetch_parts import fetch_checkpoint
+    from kztts.lm.fetch import fetch_checkpoint
 
     lm = load_causal_lm(fetch_checkpoint(), tmp_path)
     f = lm.facts
@@ -322,20 +322,21 @@ def test_calibrate_agrees_with_hooks_on_the_real_checkpoint(tmp_path):
 
     Needs the fetched GGUF (``kztts fetch-lm``) and its LM bundle with layer graphs, named by
     $KZTTS_QWEN25_SEGMENTS_BUNDLE:
-    ``kztts export --gguf GGUF --target benchmarks/simulator_lm512.json --segments -o B`` (context 512, prefill
-    chunk 64, whole-stack HTP graphs not exported; 9-12 min, peak RSS 17.8 GB, 24 GB on disk). The test: 3.5 min."""
+    ``kztts export --gguf GGUF --target benchmarks/lm_precision/simulator_lm512.json --segments -o B`` (context 512,
+    prefill chunk 64, whole-stack HTP graphs not exported; 9-12 min, peak RSS 17.8 GB, 24 GB on disk). The test:
+    3.5 min."""
     import gc
     import os
 
     from tokenizers import Tokenizer
 
-    from kztts import chatml
-    from kztts.bundle import Bundle
-    from kztts.fetch_parts import checkpoint_path
-    from kztts.lm import LM
-    from kztts.placement import builtin
-    from kztts.plan import resolve_plan
-    from kztts.segments import HEAD_STATS, LAYER_STATS
+    from kztts.bundle.bundle import Bundle
+    from kztts.bundle.segments import HEAD_STATS, LAYER_STATS
+    from kztts.htp.placement import builtin
+    from kztts.lm import chatml
+    from kztts.lm.fetch import checkpoint_path
+    from kztts.lm.lm import LM
+    from kztts.plan.resolve import resolve_plan
 
     gguf = checkpoint_path()
     if not gguf.is_file():

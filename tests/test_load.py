@@ -1,4 +1,4 @@
-"""Load (issue 18): 1,000 sequential syntheses in one process on the demo model keep memory flat.
+"""Load: 1,000 sequential syntheses in one process on the demo model keep memory flat.
 
 The syntheses run in a child process that imports the runtime only (the demo bundle is built
 here, with torch), so its RSS is that of an application using ``kztts.TTS``.
@@ -16,8 +16,8 @@ CALLS, WARMUP, MAX_GROWTH = 1000, 50, 0.05
 _CHILD = """
 import json, sys, time
 import psutil
-from kztts.audio import synthetic_voice
-from kztts.tts import TTS
+from kztts.core.audio import synthetic_voice
+from kztts.tts.tts import TTS
 
 bundle, calls, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 texts = ("Hello from kztts.", "A longer sentence, with a clause or two, to vary the prompt length.", "Hi.")
@@ -39,8 +39,8 @@ print(json.dumps({"rss": rss, "seconds": time.perf_counter() - started, "torch":
 
 @pytest.mark.slow
 def test_a_thousand_syntheses_keep_memory_flat(record_property):
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     bundle = cached_bundle(cached_tiny("equal"))  # the demo model (kztts synth without --bundle)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(bundle), str(CALLS), str(WARMUP)],

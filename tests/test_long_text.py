@@ -1,5 +1,5 @@
-"""Text longer than one Talker context: split at sentence/clause boundaries (``kztts.text_split``), each
-piece spoken as its own synthesis would be, the audio joined without clicks (``kztts.audio_join``), and
+"""Text longer than one Talker context: split at sentence/clause boundaries (``kztts.tts.text_split``), each
+piece spoken as its own synthesis would be, the audio joined without clicks (``kztts.tts.audio_join``), and
 a limit that cuts a piece's speech said on stderr and in the result, never silently."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from kztts.audio_join import PieceJoiner, join_pieces
-from kztts.text_split import frames_per_token, split_text
+from kztts.tts.audio_join import PieceJoiner, join_pieces
+from kztts.tts.text_split import frames_per_token, split_text
 
 ENGLISH = """The morning train was late again, and the platform filled with people who had somewhere else to be.
 A woman in a green coat read the timetable twice; she did not believe it either time.
@@ -134,8 +134,8 @@ def test_join_fades_the_inner_edges_and_streams_identically():
 # ------------------------------------------------------------------ with the tiny model
 @pytest.fixture(scope="module")
 def bundle():
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("equal"))
 
@@ -143,28 +143,28 @@ def bundle():
 @pytest.fixture(scope="module")
 def small(bundle):
     """A Talker context of 64 positions: several pieces for a few paragraphs, fast."""
-    from kztts.tts import TTS
+    from kztts.tts.tts import TTS
 
     return TTS(bundle, context=64)
 
 
 @pytest.fixture(scope="module")
 def voice(small):
-    from kztts.audio import synthetic_voice
+    from kztts.core.audio import synthetic_voice
 
     return small.voice_from_wav(synthetic_voice(), 24000)
 
 
 def test_prompt_length_matches_the_built_prompt(small, voice):
-    from kztts.audio import synthetic_voice
-    from kztts.prompt import prompt_length
+    from kztts.core.audio import synthetic_voice
+    from kztts.tts.prompt import prompt_length
 
     icl = small.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
     for v in (voice, icl):
         for language in (None, "english"):
             for streaming in (False, True):
                 for text in ("Hi.", "A somewhat longer text to speak, with a clause."):
-                    built = small._prompt(text, v, language, streaming).embeds.shape[0]
+                    built = small.prompt(text, v, language=language, streaming_text=streaming).embeds.shape[0]
                     ref = small.tokenizer.ref_body(small.tokenizer.ref_ids(v.ref_text)) if v.icl else []
                     assert prompt_length(small._text_tokens(text), language=language is not None, speaker=True,
                                          mode="icl" if v.icl else "xvector", non_streaming=not streaming,
@@ -175,7 +175,7 @@ def test_prompt_length_matches_the_built_prompt(small, voice):
 @pytest.mark.parametrize("text, language", [(ENGLISH, "english"), (CHINESE, "chinese")], ids=["english", "chinese"])
 def test_paragraphs_are_pieces_each_equal_to_its_own_synthesis(small, voice, text, language, caplog):
     kw = dict(language=language, greedy=True, max_frames=4)
-    with caplog.at_level(logging.WARNING, logger="kztts.tts"):
+    with caplog.at_level(logging.WARNING, logger="kztts.tts.tts"):
         result = small.synthesize(text, voice, **kw)
     pieces = result.pieces
     assert len(pieces) >= 3 and _same_text([p.text for p in pieces], text)
@@ -212,7 +212,7 @@ def test_sampled_pieces_use_the_same_seed_each(small, voice):
 
 def test_a_piece_cut_by_the_context_is_reported(small, voice, caplog):
     """Without a max_frames the tiny model speaks on until the 64-position context is full."""
-    with caplog.at_level(logging.WARNING, logger="kztts.tts"):
+    with caplog.at_level(logging.WARNING, logger="kztts.tts.tts"):
         result = small.synthesize("Hello there.", voice, greedy=True)
     assert len(result.pieces) == 1 and not result.stopped_by_eos
     assert result.limits and "context of 64 positions" in result.limits[0]
@@ -220,7 +220,7 @@ def test_a_piece_cut_by_the_context_is_reported(small, voice, caplog):
 
 
 def test_twenty_thousand_characters_lose_no_text(bundle, tmp_path):
-    from kztts.tts import TTS
+    from kztts.tts.tts import TTS
 
     words = "the quick brown fox jumps over a lazy dog while seven people watch quietly".split()
     rng = random.Random(0)
@@ -234,7 +234,7 @@ def test_twenty_thousand_characters_lose_no_text(bundle, tmp_path):
     assert len(pieces) > 1 and _same_text(pieces, text)
     # the CLI with a per-utterance cap: the whole text fits one prompt, the cap binds and is said
     out = tmp_path / "long.wav"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", text, "-o", str(out), "--bundle", str(bundle),
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", text, "-o", str(out), "--bundle", str(bundle),
                           "--xvector", str(_xvector(tts, tmp_path)), "--max-frames", "3"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -252,8 +252,8 @@ def _xvector(tts, tmp_path):
 
 def test_icl_pieces_each_equal_their_own_synthesis(bundle):
     """An ICL voice: every piece's prompt carries the reference, and still fits."""
-    from kztts.audio import synthetic_voice
-    from kztts.tts import TTS
+    from kztts.core.audio import synthetic_voice
+    from kztts.tts.tts import TTS
 
     tts = TTS(bundle, context=48)  # the 17 reference frames and transcript take 31 positions
     icl = tts.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")

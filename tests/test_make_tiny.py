@@ -1,4 +1,4 @@
-"""kztts.export.tiny: random-weight Qwen3-TTS checkpoints that the official qwen-tts loads and runs."""
+"""kztts.export.tts.tiny: random-weight Qwen3-TTS checkpoints that the official qwen-tts loads and runs."""
 from __future__ import annotations
 
 import json
@@ -10,15 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kztts.errors import KzttsError  # noqa: E402
-from kztts.export.qwen_import import import_qwen_tts  # noqa: E402
+from kztts.core.errors import KzttsError  # noqa: E402
+from kztts.export.common.qwen_import import import_qwen_tts  # noqa: E402
 
 try:
     import_qwen_tts()  # never import qwen_tts directly: the shim installs the torchaudio placeholder
 except ImportError as exc:  # pragma: no cover
     pytest.skip(f"qwen-tts unavailable: {exc}", allow_module_level=True)
 
-from kztts.export import tiny  # noqa: E402
+from kztts.export.tts import tiny  # noqa: E402
 
 TEXT = "Hello world, this is a tiny test."
 GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=24)
@@ -141,9 +141,9 @@ def test_marker_and_cache_reuse():
 def test_bundle_manifest_marks_random_weights(tmp_path):
     """The bundle of a make-tiny checkpoint says it has random weights (its audio is not speech);
     a checkpoint without the marker (a real one) gets null."""
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_bundle, random_weight_provenance
-    from kztts.manifest import random_weights_label
+    from kztts.bundle.bundle import Bundle
+    from kztts.bundle.manifest import random_weights_label
+    from kztts.export.tts.bundle_writer import cached_bundle, random_weight_provenance
 
     info = Bundle.open(cached_bundle(tiny.cached_tiny("proj")), load_graphs=False).manifest.random_weights
     assert info == {"made_by": "kztts make-tiny", "size": "tiny", "variant": "proj", "seed": 1234, "eos_bias": None}
@@ -269,7 +269,7 @@ def test_read_only_location_raises_kzttserror_and_leaves_nothing(tmp_path, monke
     the OS call failing, not by permission bits, so it runs as root too (CI), which ignores them."""
     import errno
 
-    from kztts import build_cache
+    from kztts.core import build_cache
 
     def refuse(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), kwargs.get("dir"))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kztts.audio import synthetic_voice, write_wav
-from kztts.errors import KzttsError
-from kztts.tts import TTS, Voice
+from kztts import TTS, Voice
+from kztts.core.audio import synthetic_voice, write_wav
+from kztts.core.errors import KzttsError
 
 FRAMES = 40
 TEXT = "Hello world, this is a tiny test."
@@ -19,7 +19,7 @@ REF_TEXT = "A reference sentence."
 
 
 def kztts(*args):
-    return subprocess.run([sys.executable, "-m", "kztts.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kztts.cli.main", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def reference_wav(reference, codes, ref_codes):
 
 @pytest.mark.parametrize("mode", ["xvec_nonstream", "xvec_stream", "icl_nonstream", "icl_stream"])
 def test_synth_greedy_codes_and_wav_equal_qwen_tts(reference, tiny_bundle_dir, voice_wav, tmp_path, mode):
-    from kztts.export.reference import reference_run
+    from kztts.export.common.reference import reference_run
 
     wav, sr = sf.read(voice_wav, dtype="float32")
     ref = reference_run(reference, mode, frames=FRAMES, language="English", text=TEXT, ref_text=REF_TEXT,
@@ -151,7 +151,7 @@ def test_tts_opens_one_decoder_graph(tiny_bundle_dir):
 
 
 def test_decoder_threads_are_set_per_graph(monkeypatch):
-    from kztts.sessions import SessionConfig
+    from kztts.bundle.sessions import SessionConfig
 
     cfg = SessionConfig(threads=2, decoder_threads=1, graph_threads=(("talker", 3),))
     assert [cfg.threads_for(g) for g in ("talker", "cp_frame", "decoder", "decoder_stream")] == [3, 2, 1, 1]
@@ -174,10 +174,10 @@ def test_same_seed_same_codes_and_sampling_differs_by_seed(tts):
 @pytest.mark.parametrize("variant", ["equal"], indirect=True)
 def test_stop_path_on_a_model_that_emits_eos(tmp_path, variant):
     """A checkpoint biased to EOS: generation stops there, like qwen-tts, and the audio is that long."""
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.checkpoint import load_reference
-    from kztts.export.reference import reference_run
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.common.checkpoint import load_reference
+    from kztts.export.common.reference import reference_run
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     model_dir = cached_tiny(variant, eos_bias=True)
     ref = reference_run(load_reference(model_dir), "xvec_nonstream", frames=60, language="English", text=TEXT)

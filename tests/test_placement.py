@@ -1,7 +1,7 @@
 """The precision guard: layer segments, calibration, placements (CPU parts here, HTP parts on the simulator).
 
 The test model has a ~1e5 activation injected into Talker layer 1 (``make-tiny
---massive-layer 1``, ``kztts.export.massive``): fp16 cannot hold it, fp32 can.
+--massive-layer 1``, ``kztts.export.tts.massive``): fp16 cannot hold it, fp32 can.
 """
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from kztts.errors import KzttsError
-from kztts.placement import PlacementError, builtin, parse_placement
-from kztts.plan import resolve_placement
+from kztts.core.errors import KzttsError
+from kztts.htp.placement import PlacementError, builtin, parse_placement
+from kztts.plan.resolve import resolve_placement
 
 MASSIVE_LAYER = 1
 
 
 @pytest.fixture(scope="module")
 def massive_model():
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_tiny("proj", massive_layer=MASSIVE_LAYER)
 
@@ -29,21 +29,21 @@ def massive_model():
 @pytest.fixture(scope="module")
 def massive_bundle(massive_model, small_target):
     """CPU graphs + static HTP graphs + per-layer segments (export needs no QNN)."""
-    from kztts.export.bundle_writer import cached_target_bundle
+    from kztts.export.tts.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(massive_model, small_target, segments=True)
 
 
 @pytest.fixture(scope="module")
 def report(massive_bundle):
-    from kztts.calibrate import calibrate
+    from kztts.eval.calibrate import calibrate
 
     return calibrate(massive_bundle, frames=12)
 
 
 @pytest.fixture(scope="module")
 def guarded_file(report, tmp_path_factory):
-    from kztts.placement import write_placement
+    from kztts.htp.placement import write_placement
 
     return write_placement(report.placement(), tmp_path_factory.mktemp("placement") / "guarded.json")
 
@@ -67,7 +67,7 @@ def qnn():
 
 @pytest.fixture(scope="module")
 def massive_reference(massive_model):
-    from kztts.export.checkpoint import load_reference
+    from kztts.export.common.checkpoint import load_reference
 
     return load_reference(massive_model)
 
@@ -106,7 +106,7 @@ def test_resolve_placement_errors_name_the_file(tmp_path):
 
 
 def test_explicit_placement_from_a_qnn_configs_target(tmp_path):
-    from kztts.targets import TargetError, configs_dir, load_target
+    from kztts.htp.targets import TargetError, configs_dir, load_target
 
     data = json.loads((configs_dir() / "simulator.json").read_text())
     plain = tmp_path / "plain.json"
@@ -170,12 +170,12 @@ def test_injected_activation_lives_inside_one_layer_of_the_reference(massive_ref
 
 
 def test_segment_graphs_on_the_cpu_equal_the_talker_graph(massive_bundle):
-    from kztts.bundle import Bundle
-    from kztts.bench.metrics import cosine_rows
-    from kztts.export.validate_htp import bundle_sequences
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
-    from kztts.plan import resolve_plan
+    from kztts.bundle.bundle import Bundle
+    from kztts.core.metrics import cosine_rows
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.validate.htp import bundle_sequences
+    from kztts.plan.resolve import resolve_plan
+    from kztts.runners.talker import Talker
 
     seqs = bundle_sequences(massive_bundle, frames=10)
     b = Bundle.open(massive_bundle)
@@ -199,10 +199,10 @@ def test_static_attention_masks_whatever_the_scores_scale():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from kztts.export.qwen3_stack import Qwen3Stack, rope_cos_sin
-    from kztts.export.segment_graphs import LayerStaticGraph
-    from kztts.export.talker_graph import talker_shape
-    from kztts.talker_static import chunk_inputs
+    from kztts.export.common.qwen3_stack import Qwen3Stack, rope_cos_sin
+    from kztts.export.graphs.segment_graphs import LayerStaticGraph
+    from kztts.export.graphs.talker_graph import talker_shape
+    from kztts.runners.talker_static import chunk_inputs
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -254,7 +254,7 @@ def test_calibrate_cli_writes_placement_report_and_plot(massive_bundle, tmp_path
     out = tmp_path / "guard.json"
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two prompts\nHello there, how are you?\n\nBonjour tout le monde.\n")
-    proc = subprocess.run([sys.executable, "-m", "kztts.cli", "calibrate", str(massive_bundle), "--prompts",
+    proc = subprocess.run([sys.executable, "-m", "kztts.cli.main", "calibrate", str(massive_bundle), "--prompts",
                            str(prompts), "--frames", "6", "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "2 prompts" in proc.stdout and "layer 1 on cpu" in proc.stdout
@@ -267,7 +267,7 @@ def test_calibrate_cli_writes_placement_report_and_plot(massive_bundle, tmp_path
 
 
 def test_calibrate_refuses_bad_prompts_and_bundles(massive_bundle, tmp_path):
-    from kztts.calibrate import calibrate, load_prompts
+    from kztts.eval.calibrate import calibrate, load_prompts
 
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps([{"text": "hi", "lang": "en"}]))
@@ -281,7 +281,7 @@ def test_calibrate_refuses_bad_prompts_and_bundles(massive_bundle, tmp_path):
 
 
 def test_calibrate_needs_layer_segments(tiny_bundle_dir):
-    from kztts.calibrate import calibrate
+    from kztts.eval.calibrate import calibrate
 
     with pytest.raises(KzttsError, match="--segments"):
         calibrate(tiny_bundle_dir)
@@ -290,7 +290,7 @@ def test_calibrate_needs_layer_segments(tiny_bundle_dir):
 # ------------------------------------------------------------------ on the HTP simulator
 def test_all_htp_is_measurably_wrong_on_the_injected_model(qnn, massive_bundle, massive_model, massive_reference,
                                                            talker_only_target):
-    from kztts.export.validate_placement import validate_placement
+    from kztts.export.validate.placement import validate_placement
 
     r = validate_placement(massive_bundle, massive_model, "all-htp", talker_only_target, frames=8,
                            tts=massive_reference)
@@ -301,7 +301,7 @@ def test_all_htp_is_measurably_wrong_on_the_injected_model(qnn, massive_bundle, 
 
 def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_model, massive_reference,
                                                   talker_only_target, guarded_file):
-    from kztts.export.validate_placement import validate_placement
+    from kztts.export.validate.placement import validate_placement
 
     r = validate_placement(massive_bundle, massive_model, guarded_file, talker_only_target, frames=24,
                            tts=massive_reference)
@@ -324,14 +324,14 @@ def test_guarded_placement_restores_fp32_accuracy(qnn, massive_bundle, massive_m
 
 
 def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
-    from kztts.audio import synthetic_voice
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_target_bundle
-    from kztts.export.tiny import cached_tiny
-    from kztts.talker import Talker
-    from kztts.talker_handover import HandoverTalker
-    from kztts.plan import resolve_plan
-    from kztts.tts import TTS
+    from kztts.bundle.bundle import Bundle
+    from kztts.core.audio import synthetic_voice
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.plan.resolve import resolve_plan
+    from kztts.runners.talker import Talker
+    from kztts.runners.talker_handover import HandoverTalker
+    from kztts.tts.tts import TTS
 
     bundle = Bundle.open(cached_target_bundle(cached_tiny("proj"), small_target))
     text = "Hello world, this is a tiny test."
@@ -345,7 +345,7 @@ def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
     assert got.shape == want.shape == (30, 16) and (got == want).all()
 
     # the KV the CPU decoded from is the HTP prefill's own, not a CPU recomputation
-    prompt = cpu._prompt(text, voice, "english", False).embeds
+    prompt = cpu.prompt(text, voice, language="english").embeds
     ref = resolve_plan(bundle, target=small_target, placement="all-htp", strict=True).open_talker()
     ref.prefill(prompt)
     cpu_talker = Talker(bundle.session("talker"), bundle.manifest.talker, context=64)
@@ -363,7 +363,7 @@ def test_prefill_htp_decode_cpu_hands_over_the_htp_kv(qnn, small_target):
 def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model, tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"talker": {"cpu_layers": [7]}}))
-    proc = subprocess.run([sys.executable, "-m", "kztts.cli", "validate", str(massive_bundle), "--reference",
+    proc = subprocess.run([sys.executable, "-m", "kztts.cli.main", "validate", str(massive_bundle), "--reference",
                            str(massive_model), "--placement", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert f"{bad}: talker.cpu_layers: unknown layer 7: the Talker has layers 0..3" in proc.stderr
@@ -373,14 +373,14 @@ def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model
 def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_target, guarded_file, tmp_path):
     """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not, and says so
     (the run-time saturation guard; under --strict it refuses, tests/test_saturation.py)."""
-    from kztts.audio import synthetic_voice, write_wav
+    from kztts.core.audio import synthetic_voice, write_wav
 
     target = talker_only_target
     voice = write_wav(tmp_path / "voice.wav", synthetic_voice(), 24000)
 
     def synth(*extra):
         codes = tmp_path / f"codes{len(list(tmp_path.iterdir()))}.npy"
-        proc = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hello world, this is a test.",
+        proc = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "Hello world, this is a test.",
                                "--bundle", str(massive_bundle), "--speaker-wav", str(voice), "-o",
                                str(tmp_path / "out.wav"), "--greedy", "--max-frames", "12", "--codes-out", str(codes),
                                *extra], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""The execution plan (``kztts.plan``) and the graph registry (``kztts.graphs``): one place decides
+"""The execution plan (``kztts.plan.resolve``) and the graph registry (``kztts.bundle.graphs``): one place decides
 every graph's device, and the runtime honours it (the decoder on the HTP included)."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import sys
 import numpy as np
 import pytest
 
-from kztts import graphs as G
-from kztts.errors import BundleError, KzttsError
+from kztts.bundle import graphs as G
+from kztts.core.errors import BundleError, KzttsError
 
 
 @pytest.fixture(scope="module")
 def plain_bundle():
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.bundle.bundle import Bundle
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return Bundle.open(cached_bundle(cached_tiny("equal")), load_graphs=False)
 
@@ -39,7 +39,8 @@ def _target_file(tmp_path, small_target, **placement):
 
 
 def test_cpu_plan_prefers_fused_graphs_and_names_every_role(plain_bundle, monkeypatch):
-    from kztts.plan import ROLES, resolve_plan
+    from kztts.plan.execution import ROLES
+    from kztts.plan.resolve import resolve_plan
 
     plan = resolve_plan(plain_bundle)
     assert list(plan.steps) == list(ROLES) and plan.runner == "cpu"
@@ -57,7 +58,7 @@ def test_cpu_plan_prefers_fused_graphs_and_names_every_role(plain_bundle, monkey
 
 
 def test_missing_static_graph_falls_back_or_fails_by_strict_mode(plain_bundle, small_target, caplog):
-    from kztts.plan import resolve_plan
+    from kztts.plan.resolve import resolve_plan
 
     plan = resolve_plan(plain_bundle, target=small_target)  # the decoder is on the HTP in this target
     dec = plan.steps["decoder"]
@@ -71,8 +72,8 @@ def test_missing_static_graph_falls_back_or_fails_by_strict_mode(plain_bundle, s
 
 
 def test_target_keys_choose_each_talker_phase(htp_bundle, small_target, tmp_path):
-    from kztts.bundle import Bundle
-    from kztts.plan import resolve_plan
+    from kztts.bundle.bundle import Bundle
+    from kztts.plan.resolve import resolve_plan
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     assert resolve_plan(bundle, target=small_target).runner == "static"
@@ -88,7 +89,7 @@ def test_target_keys_choose_each_talker_phase(htp_bundle, small_target, tmp_path
 def test_speaker_encoder_key_is_honoured_or_refused(plain_bundle, small_target, tmp_path):
     """kztts exports no static speaker encoder: a target that asks for it gets the CPU (logged) or,
     strict, an error naming the missing graph."""
-    from kztts.plan import resolve_plan
+    from kztts.plan.resolve import resolve_plan
 
     t = _target_file(tmp_path, small_target, speaker_encoder="htp", decoder="cpu")
     step = resolve_plan(plain_bundle, target=t).steps["speaker_encoder"]
@@ -101,11 +102,11 @@ def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, decoder_tar
     """A target with ``decoder: htp``: ``decoder_chunk`` runs wholly on the HTP simulator (strict),
     for ``synthesize`` and ``stream`` alike; its audio is compared with the CPU decoder's."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.audio import synthetic_voice
-    from kztts.bench.metrics import snr_db
-    from kztts.codec import Decoder, StaticChunkDecoder
-    from kztts.qnn import Placement
-    from kztts.tts import TTS
+    from kztts.core.audio import synthetic_voice
+    from kztts.core.metrics import snr_db
+    from kztts.htp.qnn import Placement
+    from kztts.runners.codec import Decoder, StaticChunkDecoder
+    from kztts.tts.tts import TTS
 
     tts = TTS(htp_bundle, target=decoder_target, strict=True)
     assert tts.plan.runner == "cpu" and tts.plan.steps["code_predictor"].device == "cpu"
@@ -129,8 +130,8 @@ def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, decoder_tar
 def test_static_chunk_decoder_pads_without_changing_the_real_samples(htp_bundle):
     """``decoder_chunk`` (5 frames per run) on the CPU EP: decoding 13 frames (two whole runs and a
     padded one, pushed in uneven pieces) gives the samples of the dynamic CPU decoder."""
-    from kztts.bundle import Bundle
-    from kztts.codec import Decoder, StaticChunkDecoder
+    from kztts.bundle.bundle import Bundle
+    from kztts.runners.codec import Decoder, StaticChunkDecoder
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     codes = np.random.default_rng(0).integers(0, 2048, size=(13, 16))
@@ -145,17 +146,17 @@ def test_static_chunk_decoder_pads_without_changing_the_real_samples(htp_bundle)
 
 
 def test_synth_explain_and_inspect_plan_print_the_plan(htp_bundle, small_target, tmp_path):
-    from kztts.audio import synthetic_voice, write_wav
+    from kztts.core.audio import synthetic_voice, write_wav
 
     voice = tmp_path / "v.wav"
     write_wav(voice, synthetic_voice(), 24000)
-    out = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hi.", "-o", str(tmp_path / "o.wav"),
+    out = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "Hi.", "-o", str(tmp_path / "o.wav"),
                           "--bundle", str(htp_bundle), "--speaker-wav", str(voice), "--explain", "--greedy",
                           "--max-frames", "3"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.split()}
     assert rows["decoder"][1:3] == ["decoder_stream", "cpu"] and rows["talker_prefill"][1:3] == ["talker_gqa", "cpu"]
-    plan = subprocess.run([sys.executable, "-m", "kztts.cli", "inspect", str(htp_bundle), "--plan", "--json",
+    plan = subprocess.run([sys.executable, "-m", "kztts.cli.main", "inspect", str(htp_bundle), "--plan", "--json",
                            "--target", str(small_target)], capture_output=True, text=True)
     assert plan.returncode == 0, plan.stderr
     steps = {s["role"]: s for s in json.loads(plan.stdout)["steps"]}
@@ -164,8 +165,8 @@ def test_synth_explain_and_inspect_plan_print_the_plan(htp_bundle, small_target,
 
 
 def test_static_chunk_decoder_refuses_a_run_that_splits_a_segment(htp_bundle):
-    from kztts.bundle import Bundle
-    from kztts.codec import StaticChunkDecoder
+    from kztts.bundle.bundle import Bundle
+    from kztts.runners.codec import StaticChunkDecoder
 
     sess = Bundle.open(htp_bundle, load_graphs=False).session("decoder_chunk")  # 5 frames per run, on the CPU EP
     with pytest.raises(BundleError, match="does not divide"):
@@ -184,7 +185,7 @@ def test_a_bundle_without_a_feature_input_is_refused_in_one_line(plain_bundle):
 
 def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, htp_bundle):
     """Every graph's KV inputs/outputs in the manifest follow its registry scheme."""
-    from kztts.bundle import Bundle
+    from kztts.bundle.bundle import Bundle
 
     for bundle in (plain_bundle, Bundle.open(htp_bundle, load_graphs=False)):
         L = int(bundle.manifest.talker["num_layers"])
@@ -202,9 +203,9 @@ def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch,
     """What adding w4a16 touches: the registry entry makes every CLI choice, the target schema and
     the bench axis accept it; the export refuses it until its builder exists."""
     from kztts.bench.grid import parse_htp_precisions
-    from kztts.cli import build_parser
-    from kztts.export import htp_export
-    from kztts.targets import load_target
+    from kztts.cli.main import build_parser
+    from kztts.export.htp import static_graphs as htp_export
+    from kztts.htp.targets import load_target
 
     monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w4a16"))
     monkeypatch.setitem(G.HTP_PRECISION_HELP, "w4a16", "4-bit weights")
@@ -225,10 +226,10 @@ def test_an_older_bundle_without_a_fed_input_is_refused_before_running(tmp_path)
     the manifest, as an older export would be) is refused in one line naming the re-export."""
     import shutil
 
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
-    from kztts.tts import TTS
+    from kztts.bundle.bundle import Bundle
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.tts.tts import TTS
 
     src = cached_bundle(cached_tiny("equal"))
     dst = tmp_path / "old"

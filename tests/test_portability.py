@@ -116,7 +116,7 @@ for n in names:
         importlib.import_module(n)
     except Exception as exc:
         failed[n] = repr(exc)
-from kztts.cli import main
+from kztts.cli.main import main
 code = main(["synth", "Hello.", "-o", sys.argv[2], "--max-frames", "4", "--greedy"])
 print(json.dumps({"modules": sorted(names), "failed": failed, "synth": code}))
 """
@@ -128,8 +128,8 @@ def _blocked_run(body: str, *args: str, cwd: Path) -> subprocess.CompletedProces
 
 
 def test_modules_import_and_demo_synthesis_runs_with_unix_only_modules_blocked(tmp_path):
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     cached_bundle(cached_tiny("equal"))  # the demo's bundle, so the child only loads it
     out = tmp_path / "demo.wav"
@@ -137,8 +137,8 @@ def test_modules_import_and_demo_synthesis_runs_with_unix_only_modules_blocked(t
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert not report["failed"], report["failed"]
-    assert {"kztts.cli", "kztts.tts", "kztts.bench.metrics", "kztts.export.tiny",
-            "kztts.export.bundle_writer"} <= set(report["modules"])
+    assert {"kztts.cli.main", "kztts.tts.tts", "kztts.core.metrics", "kztts.export.tts.tiny",
+            "kztts.export.tts.bundle_writer"} <= set(report["modules"])
     assert report["synth"] == 0 and out.stat().st_size > 44
 
 

@@ -4,22 +4,21 @@ For both tiny variants, every prompt mode (x-vector / ICL, streaming / non-strea
 language auto and explicit, and a short and a long text, the prefill embeddings,
 trailing text and tts_pad that qwen-tts's ``generate`` builds are captured (its
 ``talker.generate`` is patched to record its inputs and stop: nothing is generated)
-and compared with ``kztts.prompt.build_prompt`` on tables exported to a temp dir.
+and compared with ``kztts.tts.prompt.build_prompt`` on tables exported to a temp dir.
 """
 from __future__ import annotations
 
 import logging
 
 import numpy as np
-
-from kztts.audio import synthetic_voice
 import pytest
 import torch
 
-from kztts.embeddings import EmbeddingTables, bf16_to_f32
-from kztts.errors import KzttsError
-from kztts.prompt import build_prompt, language_id
-from kztts.text import TextTokenizer
+from kztts.bundle.embeddings import EmbeddingTables, bf16_to_f32
+from kztts.core.audio import synthetic_voice
+from kztts.core.errors import KzttsError
+from kztts.tts.prompt import build_prompt, language_id
+from kztts.tts.text import TextTokenizer
 
 TOL = 1e-5
 MODES = ("xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream")
@@ -49,9 +48,9 @@ def ref_model(reference):
 @pytest.fixture(scope="module")
 def exported(ref_model, tiny_model_dir, tmp_path_factory):
     """Embedding tables + tokenizer.json exported into a temp bundle dir."""
-    from kztts.export.graph_parts import special_ids
-    from kztts.export.embeddings import export_embeddings
-    from kztts.export.tokenizer import export_tokenizer
+    from kztts.export.common.embeddings import export_embeddings
+    from kztts.export.common.tokenizer import export_tokenizer
+    from kztts.export.graphs.graph_parts import special_ids
 
     out = tmp_path_factory.mktemp("bundle")
     spec = export_embeddings(ref_model.model, out)
@@ -141,7 +140,7 @@ def test_prompt_matches_reference(ref_model, exported, voice, variant, mode, lan
 
 
 def test_prompt_lengths_follow_reference_md(exported, voice):
-    """The seed's fixed sentence: 19 prefill positions for 8 text tokens (x-vector, non-streaming)."""
+    """An earlier C++ port's fixed sentence: 19 prefill positions for 8 text tokens (x-vector, non-streaming)."""
     tok, tables = exported["tok"], exported["tables"]
     ids = tok.assistant_ids("Hello world, this is a tiny test.")
     body = len(ids) - 8
@@ -196,11 +195,11 @@ def test_opening_tables_does_not_read_the_text_table(exported):
 
 
 def test_fp16_fallback_warns(tmp_path, caplog):
-    from kztts.export.embeddings import _write_text_table
+    from kztts.export.common.embeddings import _write_text_table
 
     w = torch.randn(10, 4) / 3  # not bf16-representable
     (tmp_path / "embeddings").mkdir()
-    with caplog.at_level(logging.WARNING, logger="kztts.export.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="kztts.export.common.embeddings"):
         spec = _write_text_table(w, tmp_path)
     assert spec["dtype"] == "fp16"
     assert "prompt accuracy is reduced" in caplog.text
@@ -214,7 +213,7 @@ def test_fp16_fallback_warns(tmp_path, caplog):
 # ---------------------------------------------------------------- tokenizer
 def test_tokenizer_matches_reference_processor(ref_model, exported):
     """Including strings where qwen-tts's fix_mistral_regex pre-tokenizer differs from Qwen's."""
-    from kztts.export.tokenizer import CHECK_STRINGS
+    from kztts.export.common.tokenizer import CHECK_STRINGS
 
     tok = exported["tok"]
     for s in CHECK_STRINGS + ("iPhone", "JavaScript", TEXTS["long"]):
@@ -223,7 +222,7 @@ def test_tokenizer_matches_reference_processor(ref_model, exported):
 
 
 def test_export_tokenizer_missing_files(tmp_path):
-    from kztts.export.tokenizer import export_tokenizer
+    from kztts.export.common.tokenizer import export_tokenizer
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -15,7 +15,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-
 CONTEXT, CHUNK = 64, 16
 
 
@@ -28,7 +27,7 @@ def qnn():
 
 @pytest.fixture(scope="module")
 def reference_tts(tiny_dir):
-    from kztts.export.checkpoint import load_reference
+    from kztts.export.common.checkpoint import load_reference
 
     return load_reference(tiny_dir)
 
@@ -36,13 +35,13 @@ def reference_tts(tiny_dir):
 @pytest.fixture(scope="module")
 def sequences(htp_bundle):
     """Teacher-forcing inputs: two real text prompts + 14 decode steps each."""
-    from kztts.export.validate_htp import bundle_sequences
+    from kztts.export.validate.htp import bundle_sequences
 
     return bundle_sequences(htp_bundle, frames=14)
 
 
 def _cos(a, b):
-    from kztts.bench.metrics import cosine_rows
+    from kztts.core.metrics import cosine_rows
 
     return cosine_rows(a, b)
 
@@ -60,7 +59,7 @@ def _hardmax_model(path: Path) -> Path:
 
 # ------------------------------------------------------------------ session factory
 def test_strict_mode_names_the_unsupported_op(qnn, tmp_path, small_target):
-    from kztts.qnn import Placement, QnnPlacementError, create_session
+    from kztts.htp.qnn import Placement, QnnPlacementError, create_session
 
     model = _hardmax_model(tmp_path / "hardmax.onnx")
     with pytest.raises(QnnPlacementError, match=r"Hardmax.*the_hardmax") as info:
@@ -86,8 +85,8 @@ else:  # installed but its library does not load
     fake.get_library_path = lambda: "/nonexistent/libonnxruntime_providers_qnn.so"
     fake.get_qnn_htp_path = lambda: "/nonexistent/libQnnHtp.so"
     sys.modules["onnxruntime_qnn"] = fake
-from kztts.errors import KzttsError
-from kztts.qnn import create_session, qnn_available
+from kztts.core.errors import KzttsError
+from kztts.htp.qnn import create_session, qnn_available
 model, target = sys.argv[2], sys.argv[3]
 assert not qnn_available()
 for _ in range(3):
@@ -109,7 +108,7 @@ def test_missing_qnn_falls_back_with_one_warning(tmp_path, small_target, mode):
     assert out.returncode == 0, out.stderr
     warnings = [ln for ln in out.stderr.splitlines() if "QNN execution provider unavailable" in ln]
     assert len(warnings) == 1, out.stderr
-    assert warnings[0].startswith("WARNING kztts.qnn") and "running on the CPU execution provider" in warnings[0]
+    assert warnings[0].startswith("WARNING kztts.htp.qnn") and "running on the CPU execution provider" in warnings[0]
     reason = "not installed" if mode == "missing" else "failed to load"
     assert reason in warnings[0]
     assert "STRICT: strict mode: the QNN execution provider is unavailable" in out.stdout
@@ -117,8 +116,8 @@ def test_missing_qnn_falls_back_with_one_warning(tmp_path, small_target, mode):
 
 # ------------------------------------------------------------------ static graphs
 def test_static_graphs_run_wholly_on_qnn_in_strict_mode(qnn, htp_bundle, small_target):
-    from kztts.bundle import Bundle
-    from kztts.qnn import EP_NAME, Placement, open_target_session
+    from kztts.bundle.bundle import Bundle
+    from kztts.htp.qnn import EP_NAME, Placement, open_target_session
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     graphs = {n: g for n, g in bundle.manifest.graphs.items() if g.variant == "static"}
@@ -141,10 +140,10 @@ def test_static_graphs_run_wholly_on_qnn_in_strict_mode(qnn, htp_bundle, small_t
 def test_static_and_dynamic_cpu_graphs_agree(htp_bundle, sequences):
     import onnxruntime as ort
 
-    from kztts.bundle import Bundle
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
-    from kztts.talker_static import StaticTalker
+    from kztts.bundle.bundle import Bundle
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.runners.talker import Talker
+    from kztts.runners.talker_static import StaticTalker
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     m = bundle.manifest
@@ -169,17 +168,17 @@ def test_static_and_dynamic_cpu_graphs_agree(htp_bundle, sequences):
     a, _ = static.prefill(e)
     b, _ = dynamic.prefill(e)
     assert _cos(a[None], b[None])[0] >= 0.99999 and static.position == CONTEXT - 1
-    from kztts.errors import ContextOverflowError
+    from kztts.core.errors import ContextOverflowError
 
     with pytest.raises(ContextOverflowError, match=f"context {CONTEXT - 1}"):
         static.decode(e[0])
 
 
 def test_teacher_forced_htp_fp16_matches_cpu_fp32(qnn, htp_bundle, small_target, sequences):
-    from kztts.bundle import Bundle
-    from kztts.export.validate_htp import htp_talker_run
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
+    from kztts.bundle.bundle import Bundle
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.validate.htp import htp_talker_run
+    from kztts.runners.talker import Talker
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     cpu = Talker(bundle.session("talker"), bundle.manifest.talker, context=CONTEXT)
@@ -197,7 +196,7 @@ def test_teacher_forced_htp_fp16_matches_cpu_fp32(qnn, htp_bundle, small_target,
 # ------------------------------------------------------------------ context binaries
 _CTX_MAKE = r"""
 import sys, numpy as np
-from kztts.export.htp_export import add_context_binaries
+from kztts.export.htp.static_graphs import add_context_binaries
 bundle, target, out = sys.argv[1:4]
 saved = {}
 def probe(name, sess):
@@ -215,8 +214,8 @@ np.savez(out, **saved)
 
 _CTX_LOAD = r"""
 import sys, time, numpy as np
-from kztts.bundle import Bundle
-from kztts.qnn import Placement, open_target_session
+from kztts.bundle.bundle import Bundle
+from kztts.htp.qnn import Placement, open_target_session
 bundle, target, ref = sys.argv[1:4]
 b = Bundle.open(bundle, load_graphs=False)
 saved = np.load(ref)
@@ -236,7 +235,7 @@ for name in ("talker_prefill", "talker_decode"):
 def test_context_binary_reloads_with_identical_outputs(qnn, htp_bundle, small_target, tmp_path):
     import shutil
 
-    from kztts.manifest import read_manifest
+    from kztts.bundle.manifest import read_manifest
 
     bundle = tmp_path / "bundle"
     shutil.copytree(htp_bundle, bundle)
@@ -263,14 +262,14 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     wholly on the HTP; their teacher-forced logits vs CPU fp32 are measured and reported."""
     import shutil
 
-    from kztts.bundle import Bundle
-    from kztts.export.graph_parts import graph_spec
-    from kztts.export.quantize import CALIBRATION_PROMPTS, quantize_talker_graphs
-    from kztts.export.validate_htp import htp_talker_run
-    from kztts.manifest import read_manifest, write_manifest
-    from kztts.replay import teacher_forced_talker as replay
-    from kztts.talker import Talker
-    from kztts.targets import load_target
+    from kztts.bundle.bundle import Bundle
+    from kztts.bundle.manifest import read_manifest, write_manifest
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.graphs.graph_parts import graph_spec
+    from kztts.export.htp.w8a16 import CALIBRATION_PROMPTS, quantize_talker_graphs
+    from kztts.export.validate.htp import htp_talker_run
+    from kztts.htp.targets import load_target
+    from kztts.runners.talker import Talker
 
     bundle = tmp_path / "bundle"
     shutil.copytree(htp_bundle, bundle)
@@ -304,7 +303,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
 
 # ------------------------------------------------------------------ kztts inspect / validate --target
 def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
-    out = subprocess.run([sys.executable, "-m", "kztts.cli", "inspect", str(htp_bundle), "--target",
+    out = subprocess.run([sys.executable, "-m", "kztts.cli.main", "inspect", str(htp_bundle), "--target",
                           str(small_target), "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)  # stdout is pure JSON
@@ -319,7 +318,7 @@ def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
 
 def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, tiny_dir):
     """`kztts validate --target --json`: the HTP side in its own process, keys as documented."""
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "validate", str(htp_bundle), "--reference", str(tiny_dir),
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "validate", str(htp_bundle), "--reference", str(tiny_dir),
                           "--target", str(small_target), "--frames", "6", "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
@@ -335,7 +334,7 @@ def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, ti
 
 def test_fp16_headroom_flags_activations_near_saturation(tmp_path):
     """HTP fp16 saturates silently at 65504 (QNN.md): the fp32 magnitude check must catch it."""
-    from kztts.export.validate_htp import FP16_RISK, activation_peaks
+    from kztts.export.validate.htp import FP16_RISK, activation_peaks
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
@@ -351,14 +350,14 @@ def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, sm
     """`kztts synth --target` puts the static Talker and the Code Predictor frame graph on the
     HTP (strict: nothing falls back); its greedy codes are compared with the CPU run's and the
     agreement is reported, since fp16 ties may flip a code (QNN.md)."""
-    from kztts.audio import synthetic_voice, write_wav
+    from kztts.core.audio import synthetic_voice, write_wav
 
     voice = tmp_path / "voice.wav"
     write_wav(voice, synthetic_voice(), 24000, subtype="FLOAT")
     runs = {}
     for name, extra in (("htp", ["--target", small_target, "--strict"]), ("cpu", [])):
         codes = tmp_path / f"{name}.npy"
-        res = subprocess.run([sys.executable, "-m", "kztts.cli", "synth", "Hello world.", "-o", tmp_path / f"{name}.wav",
+        res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "Hello world.", "-o", tmp_path / f"{name}.wav",
                               "--bundle", htp_bundle, "--speaker-wav", voice, "--greedy", "--max-frames", "6",
                               "--codes-out", codes, *map(str, extra)], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
@@ -372,7 +371,7 @@ def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, sm
 
 SHARED_CONTEXT_CHILD = r"""
 import sys, numpy as np
-from kztts.tts import TTS, Voice
+from kztts import TTS, Voice
 tts = TTS(sys.argv[1], target="x-elite", strict=True)
 voice = Voice(np.ones(tts.speaker_size, np.float32))
 r = tts.synthesize("Hello.", voice, greedy=True, max_frames=3)
@@ -385,7 +384,7 @@ def test_weight_shared_context_on_the_simulator_compiles_the_source_graph(qnn, t
     """A device target's Talker prefill/decode share one context binary, which the x86 simulator
     segfaults loading (onnxruntime-qnn 2.7.0): the graphs' source is compiled instead, with a
     warning, and the synthesis ends normally (in a child process: a crash fails this test)."""
-    from kztts.export.bundle_writer import cached_target_bundle
+    from kztts.export.tts.bundle_writer import cached_target_bundle
 
     bundle = cached_target_bundle(tiny_dir, "x_elite", context_binary=True)
     manifest = json.loads((bundle / "kztts.json").read_text())

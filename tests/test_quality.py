@@ -1,18 +1,17 @@
-"""Quality measures of sampled speech (kztts.quality, kztts.dnsmos) on constructed audio."""
+"""Quality measures of sampled speech (kztts.eval.quality, kztts.eval.dnsmos) on constructed audio."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
 import sys
-
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kztts import dnsmos, quality
-from kztts.codec import SAMPLES_PER_FRAME
+from kztts.eval import dnsmos, quality
+from kztts.runners.codec import SAMPLES_PER_FRAME
 
 SR = 24000
 FRAME = SAMPLES_PER_FRAME
@@ -127,7 +126,7 @@ def test_dnsmos_windows_follow_speechmos():
 @pytest.mark.skipif(not dnsmos.available(), reason="DNSMOS models not installed (pip install 'kztts[quality]')")
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
 def test_dnsmos_ranks_speech_over_noise(tmp_path):
-    from kztts.audio import read_wav
+    from kztts.core.audio import read_wav
 
     wav = tmp_path / "speech.wav"
     subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(wav),
@@ -146,18 +145,18 @@ def test_dnsmos_ranks_speech_over_noise(tmp_path):
 
 # ------------------------------------------------------------------ kztts bench --quality rows
 def _tiny_fp32_bundle():
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny(variant="equal"))  # the bench's --size tiny model
 
 
 def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
-    from kztts.audio import synthetic_voice
     from kztts.bench.grid import Config
     from kztts.bench.quality_rows import MIN_MAX_FRAMES, RANDOM_NOTE, max_frames, run_quality
-    from kztts.bundle import Bundle
-    from kztts.speaker import SpeakerEncoder
+    from kztts.bundle.bundle import Bundle
+    from kztts.core.audio import synthetic_voice
+    from kztts.runners.speaker import SpeakerEncoder
 
     base = _tiny_fp32_bundle()
     xv = tmp_path / "xvector.npy"
@@ -213,14 +212,14 @@ def test_quality_rows_on_the_htp_simulator(tmp_path, monkeypatch, small_target):
     """An HTP row samples the target's static graphs (strict) and is flagged against the fp32 CPU row;
     ``attach`` carries both summaries into the main table, which then shows the quality columns."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.audio import synthetic_voice
     from kztts.bench import report
     from kztts.bench.grid import Config, HtpConfig
     from kztts.bench.quality_rows import attach, quality_context, run_quality
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_bundle, cached_target_bundle
-    from kztts.export.tiny import cached_tiny
-    from kztts.speaker import SpeakerEncoder
+    from kztts.bundle.bundle import Bundle
+    from kztts.core.audio import synthetic_voice
+    from kztts.export.tts.bundle_writer import cached_bundle, cached_target_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.runners.speaker import SpeakerEncoder
 
     model = cached_tiny("proj")
     base, htp_bundle = cached_bundle(model), cached_target_bundle(model, small_target)
@@ -249,7 +248,7 @@ def test_quality_rows_on_the_htp_simulator(tmp_path, monkeypatch, small_target):
 def test_bench_quality_cli(tmp_path):
     """``kztts bench --size tiny --quality --seeds 3``: the speed table, then the quality table and files."""
     out = tmp_path / "bench"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli", "bench", "--size", "tiny", "--weights", "fp32,int8",
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--size", "tiny", "--weights", "fp32,int8",
                           "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
                           "--no-reference", "--quality", "--seeds", "3", "--out", str(out)],
                          capture_output=True, text=True)

@@ -1,10 +1,10 @@
-"""kztts.replay: the teacher-forced Talker and the greedy CB0 of validation and calibration."""
+"""kztts.eval.replay: the teacher-forced Talker and the greedy CB0 of validation and calibration."""
 from __future__ import annotations
 
 import numpy as np
 
-from kztts.prompt import Prompt
-from kztts.replay import decode_inputs, greedy_cb0, teacher_forced_talker
+from kztts.eval.replay import decode_inputs, greedy_cb0, teacher_forced_talker
+from kztts.tts.prompt import Prompt
 
 H, V = 4, 2048 + 1024
 EOS = V - 1024 + 2

@@ -1,4 +1,4 @@
-"""The static graphs' fp16-safe RMSNorm (``kztts.export.static_layers.SafeRMSNorm``): the reference's
+"""The static graphs' fp16-safe RMSNorm (``kztts.export.graphs.static_layers.SafeRMSNorm``): the reference's
 RMSNorm in exact arithmetic, squares written as a Mul (the HTP's fp16 Pow returns -4 for -0.0), and on the
 HTP simulator equal to the fp32 norm on a row with a massive channel and a negative zero."""
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _rows() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def norm_graph(tmp_path_factory):
-    from kztts.export.onnx_export import export_onnx
-    from kztts.export.static_layers import SafeRMSNorm
+    from kztts.export.common.onnx_export import export_onnx
+    from kztts.export.graphs.static_layers import SafeRMSNorm
 
     ref = _Norm().eval()
     path = export_onnx(SafeRMSNorm(ref).eval(), (torch.from_numpy(_rows()),),
@@ -59,7 +59,7 @@ def test_safe_rmsnorm_on_the_htp_keeps_a_negative_zero_row(norm_graph, small_tar
     """With ``pow(2)`` the row holding 2000 and -0.0 came out ~2000x too large on the simulator (its mean
     square went negative); with the Mul it matches the fp32 norm to fp16 precision."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    from kztts.qnn import create_session
+    from kztts.htp.qnn import create_session
 
     ref, path = norm_graph
     x = _rows()

@@ -1,4 +1,4 @@
-"""kztts.sampling: each processor equals transformers' own, the PRNG and the draw are deterministic."""
+"""kztts.generation.sampling: each processor equals transformers' own, the PRNG and the draw are deterministic."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +16,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from kztts import sampling as S
-from kztts.errors import KzttsError
-from kztts.sampling import SamplingParams, XorShift32
+from kztts.core.errors import KzttsError
+from kztts.generation import sampling as S
+from kztts.generation.sampling import SamplingParams, XorShift32
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 f32 = st.floats(-30, 30, width=32, allow_nan=False, allow_infinity=False)
@@ -160,8 +160,8 @@ class TwoRowPrompt:
 
 
 def frame_loop(logits, talker: SamplingParams, *, window=None, min_new=2, max_frames=20, seed=3):
-    from kztts.frames import FrameLoop
-    from kztts.settings import GenerationSettings
+    from kztts.generation.settings import GenerationSettings
+    from kztts.tts.frame_loop import FrameLoop
 
     settings = GenerationSettings(talker, SamplingParams(0.9, 50, 1.0), talker_repetition_window=window,
                                   max_frames=max_frames, min_new_tokens=min_new)

@@ -1,4 +1,4 @@
-"""kztts.sampling_chain: one description of the sampling chains, followed by the host sampler and
+"""kztts.generation.sampling_chain: one description of the sampling chains, followed by the host sampler and
 by the in-graph sampler generated from it; one place for the sampling settings' ranges."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from kztts import sampling as S
-from kztts import sampling_chain as C
-from kztts.errors import KzttsError
-from kztts.export import code_predictor_graph as G
-from kztts.sampling import ChainInputs, SamplingParams
-from kztts.settings import reference_settings, with_overrides
+from kztts.core.errors import KzttsError
+from kztts.export.graphs import code_predictor_graph as G
+from kztts.generation import sampling as S
+from kztts.generation import sampling_chain as C
+from kztts.generation.sampling import ChainInputs, SamplingParams
+from kztts.generation.settings import reference_settings, with_overrides
 
 TALKER = ["repetition_penalty", "min_new_tokens", "suppress", "temperature", "top_k", "top_p", "draw"]
 CODE_PREDICTOR = ["repetition_penalty", "temperature", "top_k", "top_p", "draw"]
@@ -117,37 +117,37 @@ def test_a_step_without_an_implementation_is_a_clear_error(monkeypatch):
     steps.insert(steps.index(next(s for s in steps if s.name == "top_p")), C.Step("min_p", C.WARPER))
     monkeypatch.setattr(C, "STEPS", tuple(steps))
     x, seen, u = rows(n=2)
-    with pytest.raises(NotImplementedError, match=r"sampling step 'min_p' has no host \(kztts.sampling.HOST_STEPS\)"):
+    with pytest.raises(NotImplementedError, match=r"sampling step 'min_p' has no host \(kztts.generation.sampling.HOST_STEPS\)"):
         host_cp(x, seen, u)
     with pytest.raises(NotImplementedError, match=r"sampling step 'min_p' has no in-graph"):
         graph_cp(x, seen, u)
 
 
 def test_a_step_without_an_implementation_fails_the_import():
-    """The same check runs when kztts.sampling and the export module are imported (a fresh interpreter)."""
+    """The same check runs when kztts.generation.sampling and the export module are imported (a fresh interpreter)."""
     script = """
-import kztts.sampling_chain as C
+import kztts.generation.sampling_chain as C
 C.STEPS = (C.Step("extra", C.PROCESSOR),) + C.STEPS
 try:
-    import kztts.sampling
+    import kztts.generation.sampling
 except NotImplementedError as e:
     print("host:", e)
 C.STEPS = C.STEPS[1:]
-import kztts.sampling as S
+import kztts.generation.sampling as S
 C.STEPS = (C.Step("extra", C.PROCESSOR),) + C.STEPS
 S.HOST_STEPS["extra"] = lambda s, p, c: s
 try:
-    import kztts.export.code_predictor_graph
+    import kztts.export.graphs.code_predictor_graph
 except NotImplementedError as e:
     print("graph:", e)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert "host: sampling step 'extra' has no host (kztts.sampling.HOST_STEPS) implementation" in out
-    assert "graph: sampling step 'extra' has no in-graph (kztts.export.code_predictor_graph.GRAPH_STEPS)" in out
+    assert "host: sampling step 'extra' has no host (kztts.generation.sampling.HOST_STEPS) implementation" in out
+    assert "graph: sampling step 'extra' has no in-graph (kztts.export.graphs.code_predictor_graph.GRAPH_STEPS)" in out
 
 
 def test_a_new_step_is_one_entry_and_one_implementation_per_side(monkeypatch):
-    """The closing note of issue 14: a hypothetical no-op "min_p" warper, registered here only,
+    """A hypothetical no-op "min_p" warper, registered here only,
     runs between top-k and top-p in the host's Talker and Code Predictor chains and in the
     generated in-graph sampler, and changes no token."""
     x, seen, u = rows(n=8, seed=3)

@@ -1,5 +1,5 @@
-"""fp16 saturation at run time (issue 18): the massive-layer tiny model (a ~1e5 activation in
-Talker layer 1, ``kztts.export.massive``) under ``--placement all-htp`` on the simulator target.
+"""fp16 saturation at run time: the massive-layer tiny model (a ~1e5 activation in
+Talker layer 1, ``kztts.export.tts.massive``) under ``--placement all-htp`` on the simulator target.
 The HTP layer graphs' probes are checked on every call: one warning naming the layer (default),
 an error under strict, the count in the summary; with layer 1 on the CPU nothing is flagged."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import logging
 import numpy as np
 import pytest
 
-from kztts.saturation import SaturationError, SaturationGuard
-from kztts.segments import DEFAULT_THRESHOLD, LAYER_STATS
+from kztts.bundle.segments import DEFAULT_THRESHOLD, LAYER_STATS
+from kztts.htp.saturation import SaturationError, SaturationGuard
 
 MASSIVE_LAYER = 1
 TEXT = "Hi."
@@ -23,7 +23,7 @@ def test_the_guard_counts_every_call_over_the_threshold_and_warns_once(caplog):
     below = np.full(len(LAYER_STATS), DEFAULT_THRESHOLD * 0.99, np.float32)
     over = below.copy()
     over[LAYER_STATS.index("mlp_intermediate")] = 1.5e5
-    with caplog.at_level(logging.WARNING, logger="kztts.saturation"):
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
         guard.check("decode", 2, below)
         guard.check("decode", 1, over)
         guard.check("decode", 1, np.where(np.arange(len(LAYER_STATS)) == 0, np.nan, below))  # NaN: overflowed
@@ -37,8 +37,8 @@ def test_the_guard_counts_every_call_over_the_threshold_and_warns_once(caplog):
 
 @pytest.fixture(scope="module")
 def massive_bundle(small_target):
-    from kztts.export.bundle_writer import cached_target_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
     return cached_target_bundle(cached_tiny("proj", massive_layer=MASSIVE_LAYER), small_target, segments=True)
@@ -55,7 +55,7 @@ def talker_only_target(small_target, tmp_path_factory):
 
 
 def _tts(bundle, target, placement, strict=False):
-    from kztts.tts import TTS
+    from kztts.tts.tts import TTS
 
     tts = TTS(bundle, target=target, placement=placement, strict=strict)
     assert tts.plan.runner == "segments"  # the whole-Talker HTP graphs carry no probes
@@ -63,7 +63,7 @@ def _tts(bundle, target, placement, strict=False):
 
 
 def _voice(tts):
-    from kztts.tts import Voice
+    from kztts.tts.request import Voice
 
     return Voice(np.random.default_rng(0).standard_normal(tts.speaker_size).astype(np.float32))
 
@@ -71,11 +71,11 @@ def _voice(tts):
 def test_all_htp_warns_once_and_counts_in_the_summary(massive_bundle, talker_only_target, caplog):
     tts = _tts(massive_bundle, talker_only_target, "all-htp")
     voice = _voice(tts)
-    with caplog.at_level(logging.WARNING, logger="kztts.saturation"):
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
         first = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
         steps = sum(tts.talker.steps.values())  # graph passes of one utterance (prefill chunks, decode steps)
         second = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "kztts.saturation"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kztts.htp.saturation"]
     assert len(warnings) == 1, warnings
     assert f"Talker prefill layer {MASSIVE_LAYER}," in warnings[0]
     assert f"threshold {DEFAULT_THRESHOLD:g}" in warnings[0]
@@ -89,7 +89,7 @@ def test_all_htp_warns_once_and_counts_in_the_summary(massive_bundle, talker_onl
 def test_synth_all_htp_strict_fails_in_one_line_naming_the_layer(massive_bundle, talker_only_target, tmp_path,
                                                                   capsys):
     """The issue's case: ``kztts synth --target T --placement all-htp --strict`` on the saturating model."""
-    from kztts.cli import main
+    from kztts.cli.main import main
 
     xvector = tmp_path / "voice.npy"
     np.save(xvector, np.ones(64, np.float32))  # the tiny model's x-vector size
@@ -108,6 +108,6 @@ def test_the_massive_layer_on_the_cpu_is_not_flagged(massive_bundle, talker_only
                                      "talker": {"cpu_layers": [MASSIVE_LAYER]}}))
     tts = _tts(massive_bundle, talker_only_target, str(placement), strict=True)
     voice = _voice(tts)
-    with caplog.at_level(logging.WARNING, logger="kztts.saturation"):
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
         r = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
-    assert r.fp16_saturations == 0 and not [r for r in caplog.records if r.name == "kztts.saturation"]
+    assert r.fp16_saturations == 0 and not [r for r in caplog.records if r.name == "kztts.htp.saturation"]

@@ -1,5 +1,5 @@
 """Targets for the laptops: the X2 Elite (v81) target, hyphenated target names, and the HTP-skel
-check (``kztts.qnn_package``) the plan applies before any HTP work: a package that ships skels
+check (``kztts.htp.qnn_package``) the plan applies before any HTP work: a package that ships skels
 refuses (strict) or sends to the CPU (one warning) a target whose arch it lacks."""
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import logging
 
 import pytest
 
-from kztts.errors import KzttsError
-from kztts.targets import load_target
+from kztts.core.errors import KzttsError
+from kztts.htp.targets import load_target
 
 
 @pytest.fixture(scope="module")
 def plain_bundle():
-    from kztts.bundle import Bundle
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.bundle.bundle import Bundle
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return Bundle.open(cached_bundle(cached_tiny("equal")), load_graphs=False)
 
@@ -44,7 +44,7 @@ def test_x2_elite_target_and_hyphenated_names():
 
 
 def test_package_listing_finds_skels_by_arch(v73_package):
-    from kztts.qnn_package import find_package, find_skels
+    from kztts.htp.qnn_package import find_package, find_skels
 
     (v73_package / "arm64").mkdir()
     (v73_package / "arm64" / "libQnnHtpV81Skel.so").write_bytes(b"\0")
@@ -57,8 +57,8 @@ def test_package_listing_finds_skels_by_arch(v73_package):
 
 
 def test_missing_skel_refuses_in_strict_mode_with_one_line(plain_bundle, v73_package):
-    from kztts.plan import resolve_plan
-    from kztts.qnn_package import MissingSkelError
+    from kztts.htp.qnn_package import MissingSkelError
+    from kztts.plan.resolve import resolve_plan
 
     with pytest.raises(MissingSkelError) as info:
         resolve_plan(plain_bundle, target="x2-elite", strict=True)
@@ -69,7 +69,7 @@ def test_missing_skel_refuses_in_strict_mode_with_one_line(plain_bundle, v73_pac
 
 
 def test_missing_skel_falls_back_to_cpu_with_one_warning(plain_bundle, v73_package, caplog):
-    from kztts.plan import resolve_plan
+    from kztts.plan.resolve import resolve_plan
 
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
@@ -84,9 +84,9 @@ def test_missing_skel_falls_back_to_cpu_with_one_warning(plain_bundle, v73_packa
 
 
 def test_target_with_a_shipped_skel_passes(plain_bundle, v73_package):
-    from kztts.errors import BundleError
-    from kztts.plan import resolve_plan
-    from kztts.qnn_package import check_target_skel
+    from kztts.core.errors import BundleError
+    from kztts.htp.qnn_package import check_target_skel
+    from kztts.plan.resolve import resolve_plan
 
     assert check_target_skel(load_target("x_elite"), strict=True) is None
     # past the skel check, the plain bundle's missing static graphs are what strict mode names
@@ -95,7 +95,7 @@ def test_target_with_a_shipped_skel_passes(plain_bundle, v73_package):
 
 
 def test_a_package_without_skels_refuses_nothing(tmp_path, monkeypatch):
-    from kztts.qnn_package import check_target_skel
+    from kztts.htp.qnn_package import check_target_skel
 
     (tmp_path / "libQnnHtp.so").write_bytes(b"\0")  # the linux x86_64 wheel: a simulator, no skel
     monkeypatch.setenv("KZTTS_QNN_PACKAGE_DIR", str(tmp_path))
@@ -108,8 +108,8 @@ def test_a_package_without_skels_refuses_nothing(tmp_path, monkeypatch):
 def test_inspect_applies_the_skel_check(plain_bundle, v73_package):
     """``kztts inspect --target`` opens static graphs itself: a target without its skel is refused
     (strict) or shown on the CPU, as the plan does, without compiling anything for the HTP."""
-    from kztts.cli_qnn import inspect_bundle
-    from kztts.qnn_package import MissingSkelError
+    from kztts.cli.inspect import inspect_bundle
+    from kztts.htp.qnn_package import MissingSkelError
 
     with pytest.raises(MissingSkelError, match="v81"):
         inspect_bundle(plain_bundle.path, "x2-elite", strict=True)

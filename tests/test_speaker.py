@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from kztts import audio
-from kztts.audio import read_wav, resample, write_wav
-from kztts.errors import KzttsError
-from kztts.speaker import SpeakerEncoder, load_xvector, mel_filterbank, mel_spectrogram
+from kztts.core import audio
+from kztts.core.audio import read_wav, resample, write_wav
+from kztts.core.errors import KzttsError
+from kztts.runners.speaker import SpeakerEncoder, load_xvector, mel_filterbank, mel_spectrogram
 
 
 def synthetic_voice(sr: int, seconds: float = 1.3, seed: int = 0) -> np.ndarray:
@@ -22,8 +22,8 @@ def cosine(a, b) -> float:
 
 @pytest.fixture(scope="module")
 def speaker(reference, tmp_path_factory):
-    from kztts.export.speaker_graph import export_speaker_encoder
-    from kztts.sessions import open_session
+    from kztts.bundle.sessions import open_session
+    from kztts.export.graphs.speaker_graph import export_speaker_encoder
 
     out = tmp_path_factory.mktemp("speaker")
     spec = export_speaker_encoder(reference.model, out, "test")["speaker_encoder"]
@@ -42,7 +42,7 @@ def test_mel_filterbank_equals_librosa():
 def test_mel_matches_reference():
     import torch
 
-    from kztts.export.qwen_import import import_qwen_tts
+    from kztts.export.common.qwen_import import import_qwen_tts
 
     import_qwen_tts()
     from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram as ref_mel
@@ -94,7 +94,7 @@ def test_load_xvector_npy_and_raw(tmp_path):
     np.save(tmp_path / "a.npy", vec)
     np.save(tmp_path / "b.npy", vec[None].astype(np.float64))
     vec.astype("<f4").tofile(tmp_path / "c.bin")
-    vec.astype("<f4").tofile(tmp_path / "seed_xvector")  # the seed shipped raw f32 without extension
+    vec.astype("<f4").tofile(tmp_path / "seed_xvector")  # an earlier port shipped its x-vector as raw f32, no extension
     for name in ("a.npy", "b.npy", "c.bin", "seed_xvector"):
         got = load_xvector(tmp_path / name, 1024)
         assert got.dtype == np.float32 and got.shape == (1024,)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts.bundle import Bundle
-from kztts.embeddings import EmbeddingTables
-from kztts.errors import ContextOverflowError, KzttsError
-from kztts.talker import Talker
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.embeddings import EmbeddingTables
+from kztts.core.errors import ContextOverflowError, KzttsError
+from kztts.runners.talker import Talker
 
 FRAMES = 26  # >= 24 decode steps after the prefill
 
@@ -23,8 +23,8 @@ def opened(tiny_bundle_dir):
 def test_teacher_forced_talker_matches_reference(reference, opened, graph, mode):
     """Both CPU Talker graphs (plain, and fused attention with the KV bound in place) and
     both Code Predictor modes (``frame`` = ``cp_frame_gqa`` here) against qwen-tts."""
-    from kztts.plan import resolve_plan
-    from kztts.export.validate import validate_mode
+    from kztts.export.validate.tts import validate_mode
+    from kztts.plan.resolve import resolve_plan
 
     bundle, tables = opened
     assert {"talker_gqa", "cp_frame_gqa"} <= set(bundle.manifest.graphs), "tiny head_dim 16 allows the fused graphs"
@@ -101,3 +101,27 @@ def test_bad_shapes_and_order(opened):
         talker.prefill(np.zeros((3, h + 1), np.float32))
     with pytest.raises(KzttsError, match="context 0 must be in 1.."):
         Talker(bundle.session("talker"), bundle.manifest.talker, context=0)
+
+
+def test_every_talker_runner_has_the_runner_api():
+    """The frame loop, the LM and validation take any Talker runner: each class has every member of
+    ``kztts.runners.protocol.TalkerRunner`` (and the check finds a class that lacks one)."""
+    import inspect
+
+    from kztts.runners import protocol
+    from kztts.runners.talker import Talker
+    from kztts.runners.talker_handover import HandoverTalker
+    from kztts.runners.talker_prefill_only import PrefillOnlyTalker
+    from kztts.runners.talker_segmented import SegmentedTalker
+    from kztts.runners.talker_static import StaticTalker
+
+    members = [n for n, _ in inspect.getmembers(protocol.TalkerRunner) if not n.startswith("_")]
+    assert sorted(members) == ["context", "decode", "extend", "position", "prefill", "reset"]
+
+    def missing(cls) -> list[str]:
+        return [n for n in members if not hasattr(cls, n)]
+
+    for cls in (Talker, StaticTalker, PrefillOnlyTalker, HandoverTalker, SegmentedTalker):
+        assert missing(cls) == [], cls
+    assert missing(type("NoExtend", (), {"prefill": None, "decode": None})) == ["context", "extend", "position",
+                                                                                  "reset"]

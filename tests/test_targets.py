@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kztts.errors import KzttsError
-from kztts.targets import SCHEMA, TargetError, configs_dir, list_targets, load_target
+from kztts.core.errors import KzttsError
+from kztts.htp.targets import SCHEMA, TargetError, configs_dir, list_targets, load_target
 
 
 def _write(tmp_path, data, name="t.json"):

@@ -1,4 +1,4 @@
-"""One ``TTS`` shared by threads (issue 18): every result equals the sequential one, a second
+"""One ``TTS`` shared by threads: every result equals the sequential one, a second
 thread waits for an open stream, and a call inside a thread's own paused stream is refused."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from kztts.audio import synthetic_voice
-from kztts.errors import KzttsError
-from kztts.tts import TTS
+from kztts.core.audio import synthetic_voice
+from kztts.core.errors import KzttsError
+from kztts.tts.tts import TTS
 
 TEXTS = ("Hello there, how are you today?", "A second, different sentence to speak.")
 ROUNDS = 3
@@ -19,8 +19,8 @@ FRAMES = 16
 
 @pytest.fixture(scope="module")
 def bundle():
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("proj"))
 

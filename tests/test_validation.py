@@ -1,7 +1,7 @@
-"""kztts.validation: the bounds of ``kztts validate`` and the metric lines it prints."""
+"""kztts.eval.acceptance: the bounds of ``kztts validate`` and the metric lines it prints."""
 from __future__ import annotations
 
-from kztts.validation import BOUNDS, judge, metric_lines
+from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 
 
 def test_metric_lines_mark_each_bounded_value_ok_or_fail():

@@ -4,26 +4,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts.bench.metrics import cosine_rows
-from kztts.bundle import Bundle
-from kztts.plan import resolve_plan
-from kztts.embeddings import EmbeddingTables
-from kztts.sampling import SamplingParams, XorShift32
-from kztts.talker import Talker
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.embeddings import EmbeddingTables
+from kztts.core.metrics import cosine_rows
+from kztts.generation.sampling import SamplingParams, XorShift32
+from kztts.plan.resolve import resolve_plan
+from kztts.runners.talker import Talker
 
 FRAMES = 10
 
 
 @pytest.fixture(scope="module")
 def base_bundle():
-    from kztts.export.bundle_writer import cached_bundle
-    from kztts.export.tiny import cached_tiny
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("equal"))
 
 
 def variant(base, **kw):
-    from kztts.export.variants import cached_variant
+    from kztts.export.tts.variants import cached_variant
 
     return cached_variant(base, **kw)
 
@@ -115,7 +115,7 @@ def test_fp16_kv_fused_talker_runs_attention_in_fp16(base_bundle):
 
 
 def test_variant_rejects_unknown_precision(base_bundle):
-    from kztts.errors import KzttsError
+    from kztts.core.errors import KzttsError
 
     with pytest.raises(KzttsError, match="int3"):
         variant(base_bundle, weights="int3")

@@ -1,8 +1,8 @@
 """w8a16 static graphs with external data (graphs over 2 GB, e.g. Qwen2.5-Coder-1.5B's 6.2 GB fp32 stack).
 
-``kztts.export.onnx_export.EXTERNAL_DATA_BYTES`` is lowered to 0 so the tiny LM's graphs take the path
+``kztts.export.common.onnx_export.EXTERNAL_DATA_BYTES`` is lowered to 0 so the tiny LM's graphs take the path
 the 2 GB graphs take: weights in ``<file>.data``, a lazily prepared model for ``quantize_static``,
-the MinMax ranges of ``kztts.export.quantize.minmax_ranges``, a QDQ graph with external data. The
+the MinMax ranges of ``kztts.export.htp.w8a16.minmax_ranges``, a QDQ graph with external data. The
 results must equal the inline path's exactly (same code after the weights' location).
 """
 from __future__ import annotations
@@ -45,15 +45,15 @@ def _initializers(path: Path) -> dict[str, np.ndarray]:
 def tiny_talker():
     from transformers import AutoModelForCausalLM
 
-    from kztts.export.lm_export import as_tts_like
-    from kztts.export.lm_tiny import cached_tiny_lm
+    from kztts.export.lm.bundle_writer import as_tts_like
+    from kztts.export.lm.tiny import cached_tiny_lm
 
     lm = AutoModelForCausalLM.from_pretrained(cached_tiny_lm("qwen3"), torch_dtype="float32").eval()
     return as_tts_like(lm).talker
 
 
 def _static_graphs(talker, work: Path) -> dict[str, str]:
-    from kztts.export.htp_export import export_static_talker
+    from kztts.export.htp.static_graphs import export_static_talker
 
     files = {}
     for name, seq in (("talker_prefill", CHUNK), ("talker_decode", 1)):
@@ -70,7 +70,7 @@ def test_gather_external_data_one_aligned_file(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from kztts.export.onnx_export import DATA_ALIGN, data_file, gather_external_data
+    from kztts.export.common.onnx_export import DATA_ALIGN, data_file, gather_external_data
 
     rng = np.random.default_rng(0)
     w = [rng.standard_normal((32, 32)).astype(np.float32) for _ in range(3)]
@@ -100,7 +100,7 @@ def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypa
     same outputs; a graph whose data differ in one byte is left alone."""
     import shutil
 
-    import kztts.export.onnx_export as onnx_export
+    import kztts.export.common.onnx_export as onnx_export
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
     files = _static_graphs(tiny_talker, tmp_path)
@@ -123,8 +123,8 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     """The static Talker graphs of the tiny LM quantized with their weights inline and in ``<file>.data``:
     the external path keeps external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ
     graphs are the inline path's (same initializers, same outputs on the CPU EP)."""
-    import kztts.export.onnx_export as onnx_export
-    from kztts.export.quantize import quantize_graphs
+    import kztts.export.common.onnx_export as onnx_export
+    from kztts.export.htp.w8a16 import quantize_graphs
 
     inline, external = tmp_path / "inline", tmp_path / "external"
     files = _static_graphs(tiny_talker, inline)
@@ -154,7 +154,7 @@ def test_minmax_ranges_match_ort_calibrator(tiny_talker, tmp_path):
     from onnxruntime.quantization.calibrate import create_calibrator
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from kztts.export.quantize import _qdq_input, minmax_ranges
+    from kztts.export.htp.w8a16 import _qdq_input, minmax_ranges
 
     files = _static_graphs(tiny_talker, tmp_path)
     src = tmp_path / files["talker_decode"]
@@ -186,13 +186,13 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     with every graph's weights in ``<file>.data``: the bundle opens (manifest sizes, stamps), its CPU graphs
     and its QDQ static graphs (on the CPU EP, through the runtime's StaticTalker) give the inline bundle's
     logits exactly, and its graphs directory holds graphs and their data files only."""
-    import kztts.export.onnx_export as onnx_export
-    from kztts.cli import main
-    from kztts.export.lm_tiny import cached_tiny_gguf
-    from kztts.lm import LM
-    from kztts.lm_accuracy import SAMPLES, teacher_forced, tokenize
-    from kztts.talker_static import StaticTalker
-    from kztts.targets import load_target
+    import kztts.export.common.onnx_export as onnx_export
+    from kztts.cli.main import main
+    from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
+    from kztts.export.lm.tiny import cached_tiny_gguf
+    from kztts.htp.targets import load_target
+    from kztts.lm.lm import LM
+    from kztts.runners.talker_static import StaticTalker
 
     def export(out: Path) -> Path:
         assert main(["export", "--gguf", str(cached_tiny_gguf()), "--target", str(small_target), "--precision",

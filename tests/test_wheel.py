@@ -73,7 +73,7 @@ def test_wheel_metadata_has_the_command_and_the_requirements(wheel):
     info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
     entry = configparser.ConfigParser()
     entry.read_string(z.read(f"{info}/entry_points.txt").decode())
-    assert dict(entry["console_scripts"]) == {"kztts": "kztts.cli:main"}
+    assert dict(entry["console_scripts"]) == {"kztts": "kztts.cli.main:main"}
     assert z.read(f"{info}/top_level.txt").decode().split() == ["kztts"]
     meta = z.read(f"{info}/METADATA").decode()
     requires = {m.group(1) for m in re.finditer(r"^Requires-Dist: ([\w.-]+)[^;\n]*$", meta, re.M)}  # not extras
@@ -84,7 +84,7 @@ def test_unpacked_wheel_finds_its_targets_and_data(wheel, tmp_path):
     """With only the unpacked wheel providing kztts (no source tree), targets and prompts are found in it."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import json, kztts, kztts.targets as t, kztts.calibrate as c\n"
+    code = ("import json, kztts, kztts.htp.targets as t, kztts.eval.calibrate as c\n"
             "print(json.dumps([kztts.__file__, str(t.configs_dir()), t.list_targets(), "
             "str(t.load_target('x_elite').path), len(c.load_prompts())]))\n")
     env = {k: v for k, v in os.environ.items() if k != "KZTTS_QNN_CONFIGS"}

@@ -1,4 +1,4 @@
-"""kztts.worker_process: a piece of work in a fresh Python process, its result (arrays included) back."""
+"""kztts.core.worker_process: a piece of work in a fresh Python process, its result (arrays included) back."""
 from __future__ import annotations
 
 import textwrap
@@ -6,12 +6,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from kztts.worker_process import WorkerError, run_worker
+from kztts.core.worker_process import WorkerError, run_worker
 
 CHILD = textwrap.dedent('''
     import os, signal, sys, time
 
-    from kztts.worker_process import worker_main
+    from kztts.core.worker_process import worker_main
 
 
     def work(spec):

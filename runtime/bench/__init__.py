@@ -1,10 +1,10 @@
-"""``kztts bench``: a grid of configurations timed and checked against the fp32 bundle and qwen-tts.
+"""``kztts bench``: configurations timed and checked against the fp32 bundle and qwen-tts.
 
-- ``grid``: the configurations and their names;
-- ``worker``: one configuration in its own process (numpy + ONNX Runtime only): timing pass,
-  peak RSS, then teacher-forced accuracy against the fp32 baseline;
-- ``metrics``: cosine, code agreement, SNR, medians;
-- ``report``: JSON, CSV, Markdown table and the Pareto plot.
-The command itself is ``kztts.cli_bench``; the PyTorch reference row is
-``kztts.export.bench_reference`` (needs the export extra).
+``run`` orchestrates a run (bundles, baseline, rows, report); ``grid`` names the configurations;
+``worker``, ``batch_worker``, ``htp_worker`` and ``e2e_worker`` each run one row in its own process;
+``report``, ``limits`` and ``bandwidth`` write and annotate the table; ``quality_rows`` samples speech;
+``lm`` holds the causal-LM rows. The PyTorch reference row is ``kztts.export.tts.bench_reference``.
+
+May import: every runtime layer and ``kztts.export`` (inside functions: torch is an optional extra);
+never ``kztts.cli``.
 """

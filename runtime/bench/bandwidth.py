@@ -3,7 +3,7 @@
 At one stream (M = 1) every Talker decode step reads the whole Talker and every Code
 Predictor frame reads the Code Predictor's layers 15 times: the floor of a step's time is
 the bytes it must read divided by what the host streams. Absolute times drift with the host
-(the same bundle's Talker step measured 75.5 and 122.5 ms minutes apart, issue 20), so the
+(the same bundle's Talker step measured 75.5 and 122.5 ms minutes apart), so the
 bench measures that bandwidth in the same run and reports each row as a share of it.
 
 - ``probe(threads)``: a GEMV ``[1, K] x [K, N]`` fp32 ``MatMul`` whose weight (a constant, so

@@ -1,11 +1,11 @@
 """``kztts bench --batch 1,2,4,8``: one batched row per CPU configuration and batch size
 (``kztts.bench.batch_worker``), run in the same rotation as the other rows.
 
-Batching runs the fused CPU graphs with the frame Code Predictor (``kztts.batch_loop``), so only
+Batching runs the fused CPU graphs with the frame Code Predictor (``kztts.tts.batch_loop``), so only
 the configurations with ``attention=fused`` and ``cp_mode=frame`` get batch rows."""
 from __future__ import annotations
 
-from kztts.errors import KzttsError
+from kztts.core.errors import KzttsError
 
 WORKER = "kztts.bench.batch_worker"
 

@@ -1,7 +1,7 @@
 """One batched configuration, in its own process: ``python -m kztts.bench.batch_worker SPEC.json``.
 
 B copies of the bench request (greedy, EOS blocked for ``frames`` frames) through
-``TTS.stream_many`` at batch B (``kztts.batch_loop``): every step decodes one Talker position and
+``TTS.stream_many`` at batch B (``kztts.tts.batch_loop``): every step decodes one Talker position and
 runs one Code Predictor frame for all B streams; each stream has its own streaming decoder.
 Only the batched graphs and the decoder are opened (no batch-1 Talker or Code Predictor), so the
 peak RSS is the batch's own.
@@ -23,14 +23,21 @@ from dataclasses import replace
 
 import numpy as np
 
-from kztts.bench import metrics
 from kztts.bench.worker import _timed
-from kztts.replay import decode_inputs, teacher_forced_talker
-from kztts.worker_process import worker_main
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.core import metrics
+from kztts.core.worker_process import worker_main
+from kztts.eval.replay import decode_inputs, teacher_forced_talker
+from kztts.plan.resolve import ExecutionPlan, resolve_plan
+from kztts.runners.codec import Decoder
+from kztts.runners.talker import DEFAULT_CONTEXT
+from kztts.tts.request import SynthesisRequest, Voice
+from kztts.tts.tts import TTS
 
 
 class _AllRows:
-    """A ``BatchedTalker`` behind the one-stream Talker API (``kztts.replay``): every row gets the
+    """A ``BatchedTalker`` behind the one-stream Talker API (``kztts.eval.replay``): every row gets the
     same input, row 0's output is returned, the others are compared with it."""
 
     def __init__(self, talker):
@@ -59,17 +66,8 @@ class _Sizes:
         self.context, self.vocab = context, int(config["vocab"])
 
 
-def run(spec: dict) -> dict:
-    from kztts.batch_loop import BatchRequest
-    from kztts.bundle import Bundle
-    from kztts.codec import Decoder
-    from kztts.plan import ExecutionPlan, resolve_plan
-    from kztts.sessions import SessionConfig
-    from kztts.talker import DEFAULT_CONTEXT
-    from kztts.tts import TTS, Voice
-
-    t_open = time.perf_counter()
-    batch, frames, warmup, chunk = (int(spec[k]) for k in ("batch", "frames", "warmup", "chunk"))
+def open_timed(spec: dict) -> tuple[TTS, dict]:
+    """A ``TTS`` over the batched graphs only, whose batched Talker and Code Predictor time each call."""
     bundle = Bundle.open(spec["bundle"], SessionConfig(threads=int(spec["threads"])), load_graphs=False)
     m = bundle.manifest
     # the batch runs cp_frame_batched: leave the batch-1 Code Predictor unopened (its weights unread)
@@ -89,34 +87,32 @@ def run(spec: dict) -> dict:
         return talker, cp
 
     tts.plan.open_batched = timed_open
-    open_s = time.perf_counter() - t_open
-    voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
-    settings = tts.default_settings().greedy()
+    return tts, times
 
-    def stream(n: int):
-        s = replace(settings, max_frames=n, min_new_tokens=n)  # EOS blocked: every stream makes n frames
-        req = BatchRequest(spec["text"], voice, spec.get("language"), greedy=True, settings=s)
-        results: dict = {}
-        audio: list = []
-        t = time.perf_counter()
-        for index, a in tts.stream_many([req] * batch, batch=batch, chunk_frames=chunk, results=results):
-            if index == 0:
-                audio.append(a)
-        return np.concatenate(audio), results, time.perf_counter() - t
 
-    stream(max(warmup, 1))
-    for v in times.values():
-        v.clear()
-    audio, results, wall = stream(frames)
-    peak = metrics.peak_rss_mb()
-    if any(r.frames != frames for r in results.values()) or len(results) != batch:
-        raise RuntimeError(f"expected {batch} streams of {frames} frames, got {[r.frames for r in results.values()]}")
-    codes = results[0].codes
+def stream_batch(tts: TTS, spec: dict, voice: Voice, n: int) -> tuple[np.ndarray, dict, float]:
+    """``batch`` identical greedy streams of exactly ``n`` frames (EOS blocked): stream 0's audio,
+    every stream's result, and the wall seconds."""
+    batch = int(spec["batch"])
+    s = replace(tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
+    req = SynthesisRequest(spec["text"], voice, spec.get("language"), greedy=True, settings=s)
+    results: dict = {}
+    audio: list = []
+    t = time.perf_counter()
+    for index, a in tts.stream_many([req] * batch, batch=batch, chunk_frames=int(spec["chunk"]), results=results):
+        if index == 0:
+            audio.append(a)
+    return np.concatenate(audio), results, time.perf_counter() - t
+
+
+def speed_row(spec: dict, times: dict, results: dict, wall: float, peak: float, open_s: float) -> dict:
+    batch, frames, warmup = int(spec["batch"]), int(spec["frames"]), int(spec["warmup"])
     talker_ms = metrics.median_ms(times["talker"], warmup)
     cp_ms = metrics.median_ms(times["code_predictor"], warmup)
     decoder_ms = round(1e3 * sum(r.times.decoder for r in results.values()) / (batch * frames), 3)
     frame_ms = round(talker_ms + cp_ms + batch * decoder_ms, 3)
-    row = {
+    codes = results[0].codes
+    return {
         "batch": batch,
         "talker_ms": talker_ms, "cp_ms": cp_ms, "decoder_ms": decoder_ms, "frame_ms": frame_ms,
         "fps": round(batch * 1e3 / frame_ms, 2),
@@ -132,21 +128,42 @@ def run(spec: dict) -> dict:
         "frames": frames,
     }
 
-    # ---- accuracy on stream 0, against the baseline (kztts.bench.worker)
+
+def accuracy(tts: TTS, spec: dict, voice: Voice, codes: np.ndarray, audio: np.ndarray) -> dict:
+    """Stream 0 against the baseline (``kztts.bench.worker``), every row of the batched Talker checked
+    equal under teacher forcing."""
     base = dict(np.load(spec["baseline"]))
     g = base["codes"]
-    prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
-    row["prefill_positions"] = int(prompt.embeds.shape[0])  # the "% of limit" counts the KV it leaves
-    rows = _AllRows(tts.plan.open_batched(tts.tables, batch, prompt.embeds.shape[0] + len(g))[0])
+    prompt = tts.prompt(spec["text"], voice, language=spec.get("language"))
+    row = {"prefill_positions": int(prompt.embeds.shape[0])}  # the "% of limit" counts the KV it leaves
+    rows = _AllRows(tts.plan.open_batched(tts.tables, int(spec["batch"]), prompt.embeds.shape[0] + len(g))[0])
     tf_talker, _ = teacher_forced_talker(rows, prompt.embeds, decode_inputs(tts.tables, prompt, g[:-1]))
     row["rows_max_diff"] = rows.max_diff
-    step = resolve_plan(bundle, cp_mode="step").open_code_predictor(tts.tables)
+    step = resolve_plan(tts.bundle, cp_mode="step").open_code_predictor(tts.tables)
     tf_cp = np.stack([step.teacher_forced_logits(base["talker_hidden"][k], int(g[k, 0]), g[k, 1:])
                       for k in range(len(g))])
     dec = tts._streaming_decoder()
     wav_on_g = Decoder(tts.plan.session(tts.plan.decoder_graph(), "cpu"), chunk_size=dec.chunk_size,
                        left_context=dec.left_context).decode(g)
     row.update(metrics.accuracy(codes, tf_talker, tf_cp, wav_on_g, audio, base))
+    return row
+
+
+def run(spec: dict) -> dict:
+    t_open = time.perf_counter()
+    tts, times = open_timed(spec)
+    open_s = time.perf_counter() - t_open
+    voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
+    batch, frames = int(spec["batch"]), int(spec["frames"])
+    stream_batch(tts, spec, voice, max(int(spec["warmup"]), 1))
+    for v in times.values():
+        v.clear()
+    audio, results, wall = stream_batch(tts, spec, voice, frames)
+    peak = metrics.peak_rss_mb()
+    if any(r.frames != frames for r in results.values()) or len(results) != batch:
+        raise RuntimeError(f"expected {batch} streams of {frames} frames, got {[r.frames for r in results.values()]}")
+    row = speed_row(spec, times, results, wall, peak, open_s)
+    row.update(accuracy(tts, spec, voice, results[0].codes, audio))
     return row
 
 

@@ -2,13 +2,13 @@
 
 Two long-lived processes, one per side, each loads its model once and then serves runs:
 ``kztts.bench.e2e_worker`` (``TTS.synthesize`` + ``write_wav``, what ``kztts synth`` does) and
-``kztts.export.bench_reference --serve`` (qwen-tts ``generate`` + ``speech_tokenizer.decode`` +
+``kztts.export.tts.bench_reference --serve`` (qwen-tts ``generate`` + ``speech_tokenizer.decode`` +
 a WAV write, with qwen-tts's default attention). ``run_pair`` drives them run by run,
 alternating which side goes first, so both see the same minutes of a drifting host; each
 run is greedy with EOS blocked for ``--frames`` frames. Per side: median ms per frame over
 the timed runs (after one warm-up run each); ratio = qwen-tts / kztts.
 
-Protocol (``serve``): the server prints one line ``PREFIX + JSON`` when ready, then reads
+Protocol (``kztts.core.worker_process.serve_runs``): the server prints one line ``PREFIX + JSON`` when ready, then reads
 ``run`` or ``quit`` lines on stdin and answers each ``run`` with one ``PREFIX + JSON`` line
 ``{"s": seconds, "frames": n}``; any other output line is ignored.
 """
@@ -21,27 +21,14 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
-from kztts.bench.metrics import is_busy
-from kztts.errors import KzttsError
+from kztts.core.errors import KzttsError
+from kztts.core.metrics import is_busy
+from kztts.core.worker_process import SERVE_PREFIX as PREFIX
 
 log = logging.getLogger(__name__)
-
-PREFIX = "KZTTS-E2E "
-
-
-def serve(run_once: Callable[[], dict], ready: dict) -> int:
-    """The server side: announce ``ready``, then answer every ``run`` line with ``run_once()``."""
-    print(PREFIX + json.dumps(ready), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "run":
-            break
-        print(PREFIX + json.dumps(run_once()), flush=True)
-    return 0
-
 
 class _Server:
     """One side's process: started with its spec, asked for runs one at a time."""
@@ -91,7 +78,7 @@ def run_pair(args, model_dir: Path, bundle: Path, xvector: Path, work: Path) -> 
     try:
         sides["kztts"] = _Server(["kztts.bench.e2e_worker"], {**common, "bundle": str(bundle)}, work,
                                  "e2e_kztts", threads)
-        sides["qwen-tts"] = _Server(["kztts.export.bench_reference", "--serve"],
+        sides["qwen-tts"] = _Server(["kztts.export.tts.bench_reference", "--serve"],
                                     {**common, "model_dir": str(model_dir)}, work, "e2e_reference", threads)
         for side in sides.values():  # warm-up
             side.run()

@@ -2,7 +2,7 @@
 
 What ``kztts synth`` does for one text (``TTS.synthesize`` with the default plan and decode,
 then ``write_wav``), greedy with EOS blocked for ``spec["frames"]`` frames, timed from the
-call to the written file; served run by run (``kztts.bench.e2e.serve``). numpy + ONNX Runtime.
+call to the written file; served run by run (``kztts.core.worker_process.serve_runs``). numpy + ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.core.audio import write_wav
+from kztts.core.worker_process import serve_runs
+from kztts.tts.request import Voice
+from kztts.tts.tts import TTS
+
 
 def main(argv: list[str] | None = None) -> int:
     import json
-
-    from kztts.audio import write_wav
-    from kztts.bench.e2e import serve
-    from kztts.bundle import Bundle
-    from kztts.sessions import SessionConfig
-    from kztts.tts import TTS, Voice
 
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"s": time.perf_counter() - t, "frames": int(result.frames)}
 
     graphs = tts.plan.graphs(("talker_decode", "code_predictor", "decoder"))
-    return serve(run_once, {"graphs": graphs})
+    return serve_runs(run_once, {"graphs": graphs})
 
 
 if __name__ == "__main__":

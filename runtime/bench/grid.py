@@ -9,9 +9,10 @@ import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kztts import graphs as G
-from kztts.env import check_threads
-from kztts.errors import KzttsError
+from kztts.bundle import graphs as G
+from kztts.core.env import check_threads
+from kztts.core.errors import KzttsError
+from kztts.htp.targets import load_target
 
 AXES = {  # axis -> its list in the graph registry (read at parse time: a new entry there is a new choice)
     "weights": "CPU_WEIGHT_PRECISIONS",
@@ -32,7 +33,7 @@ class Config:
     decoder: str = "fp32"
     threads: int = 2
     spin: bool = False  # ONNX Runtime worker threads spin between operators (SessionConfig.spinning)
-    attention: str = "fused"  # kztts.plan attention of the worker
+    attention: str = "fused"  # kztts.plan.resolve attention of the worker
     pipeline: bool = False  # decoder on a background thread with 1 intra-op thread (TTS(pipeline=True))
 
     @property
@@ -102,8 +103,6 @@ class HtpConfig:
 def parse_targets(raw: str) -> tuple[bool, list[str]]:
     """``--target``: (whether the CPU grid runs, the HTP targets); every target is loaded and
     checked here, so a bad name fails before any work."""
-    from kztts.targets import load_target
-
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not values:
         raise KzttsError(f"--target {raw!r}: give cpu and/or qnn_configs targets (e.g. cpu,simulator)")

@@ -3,7 +3,7 @@ their bundle.
 
 An HTP row runs a qnn_configs target's static graphs on the HTP simulator of onnxruntime-qnn
 (``kztts.bench.htp_worker``), for accuracy only. Its bundle is the fp32 base bundle plus that
-target's static graphs (``kztts.export.htp_export.export_htp_graphs``: fp16 float graphs, or
+target's static graphs (``kztts.export.htp.static_graphs.export_htp_graphs``: fp16 float graphs, or
 w8a16 QDQ graphs calibrated on real prompts), exported at a small static context so the
 simulator stays quick, with their QNN context binaries (``--context-binary``: what a device
 loads); every base file is a hard link (a symbolic link when the bundle is built on another
@@ -18,8 +18,9 @@ import math
 import shutil
 from pathlib import Path
 
-from kztts.build_cache import build_once, code_key, staged_dir
-from kztts.targets import load_target
+from kztts.bundle.manifest import read_manifest, write_manifest
+from kztts.core.build_cache import build_once, code_key, staged_dir
+from kztts.htp.targets import load_target
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def bench_context(prompt_positions: int, frames: int) -> int:
 
 def bench_target_file(target: str, context: int, out_dir: Path) -> Path:
     """A copy of ``target``'s file with static context ``context`` and a prefill chunk that fits it
-    (the target's, at most half the context), validated by :func:`kztts.targets.load_target`."""
+    (the target's, at most half the context), validated by :func:`kztts.htp.targets.load_target`."""
     t = load_target(target)
     data = json.loads(t.path.read_text())
     data["shapes"].update(context=int(context), prefill_chunk=min(t.shapes.prefill_chunk, int(context) // 2))
@@ -49,10 +50,9 @@ def bench_target_file(target: str, context: int, out_dir: Path) -> Path:
 
 def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
-    from kztts.export.bundle_writer import link_tree
-    from kztts.export.checkpoint import load_reference
-    from kztts.export.htp_export import export_htp_graphs
-    from kztts.manifest import read_manifest, write_manifest
+    from kztts.export.common.checkpoint import load_reference
+    from kztts.export.htp.static_graphs import export_htp_graphs
+    from kztts.export.tts.bundle_writer import link_tree
 
     manifest = read_manifest(base)
     data = json.loads(json.dumps(manifest.data))

@@ -24,9 +24,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from kztts.bench import metrics
 from kztts.bench.worker import teacher_forced
-from kztts.worker_process import worker_main
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.core import metrics
+from kztts.core.worker_process import worker_main
+from kztts.htp.qnn import Placement, session_precision
+from kztts.htp.targets import load_target
+from kztts.runners.codec import Decoder
+from kztts.tts.request import Voice
+from kztts.tts.tts import TTS
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +42,6 @@ UNTIMED = "untimed: the HTP simulator computes the HTP's numerics on the x86 CPU
 
 def _placement(tts) -> dict:
     """Per graph the plan puts on the HTP: nodes on QNN and on the CPU, and the arithmetic in force."""
-    from kztts.qnn import Placement, session_precision
-
     graphs = tts.bundle.manifest.graphs
     out = {}
     for step in tts.plan.steps.values():
@@ -64,13 +69,7 @@ def _open_sessions(tts) -> dict:
 
 def run(spec: dict) -> dict:
     """Run one HTP row; return its result row (see the module docstring)."""
-    from kztts.bundle import Bundle
-    from kztts.codec import Decoder
-    from kztts.export.validate_htp import greedy_cp_codes
-    from kztts.sessions import SessionConfig
-    from kztts.targets import load_target
-    from kztts.tts import TTS, Voice
-
+    from kztts.export.validate.htp import greedy_cp_codes
     target = load_target(spec["target"])
     bundle = Bundle.open(spec["bundle"], SessionConfig(threads=int(spec["threads"])), load_graphs=False)
     tts = TTS(bundle, target=target, strict=True)
@@ -80,7 +79,7 @@ def run(spec: dict) -> dict:
     g = base["codes"]
 
     rss_after_open = _open_sessions(tts)
-    prompt = tts._prompt(spec["text"], voice, spec.get("language"), False)
+    prompt = tts.prompt(spec["text"], voice, language=spec.get("language"))
     tf_talker, _ = teacher_forced(tts, prompt, g)
     settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
     codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings)

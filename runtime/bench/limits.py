@@ -5,7 +5,7 @@ count; the bench calls it before and after the timed rows. ``annotate`` then giv
 timed row (the qwen-tts reference reads the fp32 weights of the fp32 bundle) its bytes per
 Talker step and per Code Predictor frame, its "% of limit" against the larger of the two
 probes at its thread count (the limit is what the host can do), and its ``busy`` flag
-(``kztts.bench.metrics.is_busy`` on the load averages around each of its rounds).
+(``kztts.core.metrics.is_busy`` on the load averages around each of its rounds).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from kztts.bench import bandwidth
-from kztts.bench.metrics import BUSY_MARGIN, as_list, is_busy
+from kztts.core.metrics import BUSY_MARGIN, as_list, is_busy
 
 log = logging.getLogger(__name__)
 

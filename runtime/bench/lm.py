@@ -1,7 +1,7 @@
-"""LM rows of ``kztts bench --lm SOURCE`` (and ``benchmarks/bench_lm.py``): which precision and
-placement are safe for a causal LM (issue 17).
+"""LM rows of ``kztts bench --lm SOURCE`` (and ``benchmarks/lm_precision/bench_lm.py``): which precision and
+placement are safe for a causal LM.
 
-Rows (``kztts.lm_accuracy``, all against the fp32 CPU bundle, teacher-forced over its fixed
+Rows (``kztts.eval.lm_accuracy``, all against the fp32 CPU bundle, teacher-forced over its fixed
 multilingual text set, plus 32 greedy tokens per prompt):
 
 - CPU fp32 / int8 / int4 (``kztts export --weights``: MatMulNBits, blocks of 128), with the
@@ -9,14 +9,14 @@ multilingual text set, plus 32 greedy tokens per prompt):
 - with ``--target``: the HTP simulator in fp16 under all-htp (the static graphs),
   guarded (``kztts calibrate``'s placement, run on the layer graphs with the fp16 guard on) and
   prefill-htp-decode-cpu (KV handover); in w8a16 (a second bundle: the static graphs quantized,
-  calibrated on text by ``kztts.export.lm_quantize``) under all-htp and prefill-htp-decode-cpu.
+  calibrated on text by ``kztts.export.lm.w8a16``) under all-htp and prefill-htp-decode-cpu.
   A w8a16 guarded row does not exist: the layer graphs are fp16 only (the exporter refuses
   ``--segments`` with w8a16; its message is quoted in the report). HTP rows are never timed (the
   simulator is not a device). A bundle with ``--segments`` layer graphs but no whole-stack static
-  graphs (a 1.5B's, ``benchmarks/simulator_lm512.json``) runs the fp16 rows on its layer graphs,
+  graphs (a 1.5B's, ``benchmarks/lm_precision/simulator_lm512.json``) runs the fp16 rows on its layer graphs,
   with the guard counting flagged HTP calls (``guard_flagged``) rather than failing the row; QNN
   itself stays strict (no CPU fallback). A target with ``process_context_mb`` opens the HTP graphs
-  in host processes (``kztts.htp_hosts``); each row's JSON lists them (``htp_hosts``).
+  in host processes (``kztts.htp.hosts``); each row's JSON lists them (``htp_hosts``).
 
 Each finished row is logged and ``lm_accuracy.json`` rewritten (``"complete": false`` until the
 last row), so a long simulator run keeps the rows it finished. ``lm_accuracy.md`` holds the table,
@@ -32,6 +32,14 @@ from pathlib import Path
 
 import psutil
 
+from kztts.bundle.manifest import bundle_digest, read_manifest
+from kztts.bundle.segments import segment_graph_name
+from kztts.core.cache import portable_command, portable_path
+from kztts.core.errors import KzttsError
+from kztts.eval.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
+from kztts.eval.lm_accuracy import GREEDY_STEPS, SAMPLES, RowSpec, markdown_table, merge_rows, run_rows
+from kztts.htp.placement import write_placement
+
 log = logging.getLogger(__name__)
 
 PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
@@ -43,8 +51,7 @@ INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit gr
 def w8a16_guarded_refusal(source: Path, target: str) -> str:
     """The exporter's own message for w8a16 layer graphs (refused before anything loads): why there is
     no w8a16 guarded row."""
-    from kztts.errors import KzttsError
-    from kztts.export.lm_export import export_lm_bundle
+    from kztts.export.lm.bundle_writer import export_lm_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -57,10 +64,6 @@ def w8a16_guarded_refusal(source: Path, target: str) -> str:
 def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
     """``kztts calibrate`` over ``prompts`` (default: the text set's prompts; each as a chat message):
     the guarded placement, with its report (``guarded.report.json``) and plot beside it."""
-    from kztts.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
-    from kztts.lm_accuracy import SAMPLES
-    from kztts.placement import write_placement
-
     if prompts is None:
         prompts = out / "prompts.txt"
         prompts.write_text("\n".join(s.prompt.replace("\n", " ") for s in SAMPLES) + "\n", encoding="utf-8")
@@ -74,9 +77,6 @@ def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> P
 
 def layer_graphs_only(bundle: Path) -> bool:
     """The bundle has the per-layer graphs (``--segments``) but no whole-stack static graphs."""
-    from kztts.manifest import read_manifest
-    from kztts.segments import segment_graph_name
-
     graphs = read_manifest(bundle).graphs
     return segment_graph_name("prefill", 0) in graphs and "talker_prefill" not in graphs
 
@@ -87,8 +87,7 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
     """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: fp16 rows of ``bundle``,
     w8a16 rows of ``w8a16_bundle`` (no guarded row: its layer graphs would be fp16). ``guarded``: the
     guarded row's placement file (default: ``kztts calibrate`` now)."""
-    from kztts.export.variants import cached_variant
-    from kztts.lm_accuracy import RowSpec
+    from kztts.export.tts.variants import cached_variant
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
     layers = target is not None and layer_graphs_only(bundle)
@@ -117,8 +116,6 @@ def model_facts(manifest: dict) -> dict:
 
 def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: str | None, steps: int,
                     w8a16: str | None, command: str) -> str:
-    from kztts.lm_accuracy import markdown_table
-
     subset = f" (texts: {texts})" if texts else ""
     lines = [f"LM `{model.get('model_type')}` from `{model.get('source')}` "
              f"(sha256 {str(model.get('sha256') or '')[:12]}...), {threads} threads, "
@@ -133,7 +130,7 @@ def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: st
               "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
               "of one run, not absolute figures."]
     if w8a16 is not None:
-        lines.append(f"- HTP w8a16: static graphs calibrated on `kztts.export.lm_quantize.CALIBRATION_TEXTS` "
+        lines.append(f"- HTP w8a16: static graphs calibrated on `kztts.export.lm.w8a16.CALIBRATION_TEXTS` "
                      f"(disjoint from the measured texts); no guarded row, the exporter refuses w8a16 layer graphs: "
                      f"\"{w8a16}\"")
     lines += ["", "Command:", "", f"    {command}"]
@@ -164,9 +161,6 @@ class LmBench:
 
 def check(b: LmBench) -> None:
     """Refuse a bad flag before anything is exported (KzttsError naming the flag and the choices)."""
-    from kztts.errors import KzttsError
-    from kztts.lm_accuracy import SAMPLES
-
     if not b.weights or b.weights[0] != "fp32":
         raise KzttsError("--weights must start with fp32 (the reference row)")
     unknown = sorted(set(b.precisions) - set(HTP_PRECISIONS))
@@ -189,11 +183,7 @@ def _names(csv: str) -> list[str]:
 
 def run(b: LmBench) -> list[dict]:
     """Every row, written to ``b.out`` as it finishes; returns the rows."""
-    from kztts.export.lm_export import cached_lm_bundle
-    from kztts.cache import portable_command
-    from kztts.lm_accuracy import GREEDY_STEPS, SAMPLES, run_rows
-    from kztts.manifest import bundle_digest, read_manifest
-
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
     check(b)
     samples = tuple(s for s in SAMPLES if s.name in _names(b.texts)) if b.texts else SAMPLES
     steps = b.greedy_steps if b.greedy_steps is not None else GREEDY_STEPS
@@ -248,8 +238,6 @@ def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
         if v != UNKNOWN:
             known.setdefault(json.dumps(v, sort_keys=True), []).append(str(d))
     if len(known) > 1:
-        from kztts.errors import KzttsError
-
         said = "; ".join(f"{v} in {', '.join(ds)}" for v, ds in sorted(known.items()))
         raise KzttsError(f"--merge: the runs differ in {key} ({said}); merge runs of one table")
     return json.loads(next(iter(known))) if known else UNKNOWN
@@ -257,14 +245,10 @@ def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
 
 def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
-    texts would give it (``kztts.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
+    texts would give it (``kztts.eval.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
     such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
     text at a time. Only the reports are read: runs of different models or bundles (by digest) are
     refused. ms/token is a median and is not merged (each shard's report keeps its own)."""
-    from kztts.cache import portable_command, portable_path
-    from kztts.errors import KzttsError
-    from kztts.lm_accuracy import merge_rows
-
     runs = []
     for d in dirs:
         f = Path(d) / "lm_accuracy.json"
@@ -326,7 +310,7 @@ def add_arguments(ap, standalone: bool) -> None:
     g.add_argument("--texts", help="a subset of the text set, by name (comma-separated; default: all; the "
                                    "report names them)")
     g.add_argument("--greedy-steps", type=int, default=None, help="greedy tokens per prompt (default: "
-                                                                  "kztts.lm_accuracy.GREEDY_STEPS)")
+                                                                  "kztts.eval.lm_accuracy.GREEDY_STEPS)")
     g.add_argument("--reference", type=Path, help="an .npz for the fp32 row: read when it was saved for the same "
                                                  "bundle, texts, greedy steps and context, else computed and "
                                                  "saved (one HTP row per process without recomputing fp32)")
@@ -345,12 +329,11 @@ def from_args(args, source: Path, *, target: str | None, threads: int, out: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``benchmarks/bench_lm.py``: the same rows as ``kztts bench --lm``, with the LM's own flags."""
+    """``benchmarks/lm_precision/bench_lm.py``: the same rows as ``kztts bench --lm``, with the LM's own flags."""
     import argparse
     import shlex
     import sys
 
-    from kztts.errors import KzttsError
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -361,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap, standalone=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_lm.py", *(argv or sys.argv[1:])])
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/lm_precision/bench_lm.py", *(argv or sys.argv[1:])])
     try:
         if args.merge:
             merge(args.merge, args.out, command)

@@ -4,14 +4,14 @@ Unlike the timed rows (greedy, EOS blocked), these runs sample with the checkpoi
 settings and stop where the model stops: what a user hears. Every configuration whose audio can
 differ (weights, KV, Code Predictor mode, decoder, attention; not threads, spinning or pipelining)
 speaks every prompt of ``PROMPTS`` once per seed, with the same seeds everywhere so rows compare
-like with like. Each utterance is measured by ``kztts.quality`` (and ``kztts.dnsmos`` when the
+like with like. Each utterance is measured by ``kztts.eval.quality`` (and ``kztts.eval.dnsmos`` when the
 ``quality`` extra is installed), its WAV kept under ``<out>/quality/`` with an index
 (``index.md``); the rows are summarised per configuration and flagged against the fp32 CPU one
-(``kztts.quality.departures``). Runs are in this process, one configuration at a time (no timing
+(``kztts.eval.quality.departures``). Runs are in this process, one configuration at a time (no timing
 is taken, so no process of its own is needed).
 
 An utterance may run to ``MAX_FRAMES_FACTOR`` times the frames its text is expected to need
-(``kztts.quality.expected_seconds``, at least ``MIN_MAX_FRAMES``): beyond that it is a runaway,
+(``kztts.eval.quality.expected_seconds``, at least ``MIN_MAX_FRAMES``): beyond that it is a runaway,
 reported as not stopped by itself, and a random-weight model (which never stops) stays cheap.
 """
 from __future__ import annotations
@@ -23,8 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts import dnsmos, quality
-from kztts.atomic import write_text
+from kztts.bench.htp import bench_context
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.core.atomic import write_text
+from kztts.core.audio import write_wav
+from kztts.core.errors import KzttsError
+from kztts.eval import dnsmos, quality
+from kztts.tts.prompt import prompt_length
+from kztts.tts.request import Voice
+from kztts.tts.text import TextTokenizer, assistant_text
+from kztts.tts.tts import TTS
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +68,6 @@ def max_frames(text: str, language: str) -> int:
 def quality_context(bundle_path: Path, prompts: tuple = PROMPTS) -> int:
     """The static Talker context an HTP quality row needs: every prompt (its text inside the prefill,
     the longer layout) plus its frame cap, so no utterance is cut into pieces or stopped by the context."""
-    from kztts.bench.htp import bench_context
-    from kztts.prompt import prompt_length
-    from kztts.text import TextTokenizer, assistant_text
-
     tok = TextTokenizer(Path(bundle_path))
     need = max(prompt_length(len(tok.text_body(tok.encode(assistant_text(text)))), language=True, speaker=True,
                              mode="xvector", non_streaming=True) + max_frames(text, language)
@@ -71,10 +76,6 @@ def quality_context(bundle_path: Path, prompts: tuple = PROMPTS) -> int:
 
 
 def _open(bundle_path: Path, key: tuple, threads: int, target: Path | None):
-    from kztts.bundle import Bundle
-    from kztts.sessions import SessionConfig
-    from kztts.tts import TTS
-
     bundle = Bundle.open(bundle_path, SessionConfig(threads=threads), load_graphs=False)
     if target is not None:  # an HTP row: the target's static graphs, all of them on the simulator's HTP
         return TTS(bundle, target=str(target), strict=True)
@@ -84,9 +85,6 @@ def _open(bundle_path: Path, key: tuple, threads: int, target: Path | None):
 
 def _speak(tts, xvector: Path, seeds: int, wav_dir: Path, prompts: tuple) -> list[dict]:
     """Every prompt x seed of one configuration: measures (+ DNSMOS) and the WAV file of each."""
-    from kztts.audio import write_wav
-    from kztts.tts import Voice
-
     voice = Voice(np.load(xvector).astype(np.float32).reshape(-1))
     settings = tts.default_settings()
     out = []
@@ -110,8 +108,6 @@ def run_quality(configs: list, bundles: dict, xvector: Path, out: Path, seeds: i
     ``htp`` maps HTP rows (:class:`kztts.bench.grid.HtpConfig`) to (HTP bundle, target file) built at
     :func:`quality_context` or more; they run in strict mode on the simulator."""
     if seeds < 1:
-        from kztts.errors import KzttsError
-
         raise KzttsError("--seeds must be >= 1")
     root = out / "quality"
     runs: dict[tuple, tuple] = {}  # audio key -> (label, bundle, threads, target file or None, row fields)

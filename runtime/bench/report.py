@@ -8,8 +8,8 @@ import math
 import platform
 from pathlib import Path
 
-from kztts.bench.metrics import as_list
-from kztts.graphs import PRECISION_COLOURS
+from kztts.bundle.graphs import PRECISION_COLOURS
+from kztts.core.metrics import as_list
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _cell(row: dict, key: str, fmt: str) -> str:
 
 
 def load_cell(row: dict) -> str:
-    """The 1-minute load averages around the row's rounds, "BUSY" when ``kztts.bench.metrics.is_busy``."""
+    """The 1-minute load averages around the row's rounds, "BUSY" when ``kztts.core.metrics.is_busy``."""
     before, after = as_list(row.get("load_avg_before")), as_list(row.get("load_avg_after"))
     if not before and not after:
         return "-"

@@ -1,0 +1,6 @@
+"""The graph definitions: each wrapper module that becomes one ONNX graph kind (Talker, Code
+Predictor, codec, speaker encoder, fused-attention CPU graphs, static HTP layers and per-layer
+segments), and what a written graph file carries (``graph_parts``).
+
+May import: the kztts runtime below ``kztts.bench``, ``kztts.export.common``.
+"""

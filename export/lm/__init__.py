@@ -1,0 +1,6 @@
+"""Qwen2/Qwen3 causal LMs -> LM bundles: loading a Hugging Face directory or GGUF (``checkpoint``,
+``gguf_meta``, ``family``), the bundle (``bundle_writer``), its w8a16 HTP graphs (``w8a16``), per-layer
+magnitudes (``magnitudes``) and tiny random LMs (``tiny``).
+
+May import: the kztts runtime below ``kztts.bench``, ``kztts.export.common``, ``.graphs``, ``.htp``, ``.tts``.
+"""

@@ -1,0 +1,270 @@
+"""``kztts export`` of a Qwen2/Qwen3 causal LM: an LM bundle (manifest kind "lm").
+
+The LM's decoder stack is exported through the Talker's exporters, so an LM bundle holds the
+Talker's graph kinds (``kztts.bundle.graphs.LM_GRAPH_KINDS``) and the runtime's Talker runners, plan,
+placements and calibration serve it unchanged:
+
+- ``talker`` (plain, dynamic CPU) and ``talker_gqa`` (fused attention, when head_dim allows);
+- with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP; fp16, or w8a16 QDQ
+  calibrated on text by ``kztts.export.lm.w8a16``), and with ``--segments`` (fp16 only) the
+  per-layer graphs with magnitude probes;
+- the LM head is the graphs' head (``logits`` [.., vocab]); the token embedding is the table
+  ``embeddings/token_embedding.npy`` (bf16 when exact, else fp32), gathered on the host.
+
+``LmAsTalker`` lets the Talker exporters see the LM: they borrow ``model.layers``,
+``model.norm``, ``codec_head`` and ``config``. Qwen2's q/k/v biases ride on the borrowed Linear
+modules and its missing q/k norms are identity (``kztts.export.common.qwen3_stack.head_norm``).
+The tokenizer is saved as ``tokenizer.json``; the checkpoint's chat template is rendered by
+transformers at export and compared with the runtime's ChatML (``kztts.lm.chatml``): the manifest's
+``chat`` records the default system prompt and whether they agree.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from torch import nn
+
+from kztts.bundle import graphs as G
+from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, KIND_LM, write_manifest
+from kztts.core import progress
+from kztts.core.build_cache import build_once, code_key, exclusive_output, staged_dir
+from kztts.core.cache import cache_dir
+from kztts.core.errors import KzttsError
+from kztts.export.common.checkpoint import fingerprint
+from kztts.export.common.embeddings import TABLE_DIR, _save, _to_numpy_f32, bf16_exact, f32_to_bf16_bits
+from kztts.export.graphs.gqa_graphs import export_talker_gqa
+from kztts.export.graphs.talker_graph import talker_shape
+from kztts.export.htp.static_graphs import export_htp_graphs
+from kztts.export.lm.checkpoint import load_causal_lm
+from kztts.export.lm.w8a16 import quantize_lm_graphs
+from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
+from kztts.htp.targets import load_target, target_path
+from kztts.lm import chatml
+from kztts.lm.lm import TOKEN_EMBEDDING  # the runtime reads the table by this name
+
+log = logging.getLogger(__name__)
+
+# conversations rendered by both the checkpoint's template and kztts.lm.chatml at export
+_CHECK_CONVERSATIONS = (
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Bonjour ?"},
+     {"role": "assistant", "content": "Salut."}, {"role": "user", "content": "你好"}],
+)
+
+
+class LmAsTalker(nn.Module):
+    """A causal LM seen through the attributes the Talker exporters use (weights shared)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        cfg = lm.config
+        if getattr(cfg, "use_sliding_window", False):
+            raise KzttsError(f"{cfg.model_type}: sliding-window attention is not supported (full causal only)")
+        self.model = lm.model
+        self.codec_head = lm.lm_head
+        self.config = cfg
+
+
+def as_tts_like(lm: nn.Module) -> SimpleNamespace:
+    """What the Talker-graph exporters take as ``model``: ``.talker`` and ``.config.talker_config``."""
+    return SimpleNamespace(talker=LmAsTalker(lm), config=SimpleNamespace(talker_config=lm.config))
+
+
+def lm_config(lm: nn.Module) -> dict:
+    """The manifest's ``config.lm``: the Talker keys the runners read, plus the LM's facts."""
+    s = talker_shape(LmAsTalker(lm))
+    cfg = lm.config
+    return {"num_layers": s.num_layers, "hidden": s.hidden, "num_heads": s.num_heads,
+            "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim, "rope_theta": s.rope_theta,
+            "vocab": s.vocab, "max_positions": int(cfg.max_position_embeddings),
+            "rms_norm_eps": float(cfg.rms_norm_eps), "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+            "qkv_bias": lm.model.layers[0].self_attn.q_proj.bias is not None,
+            "qk_norm": hasattr(lm.model.layers[0].self_attn, "q_norm")}
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def special_ids(lm: nn.Module, tok) -> dict:
+    """ChatML ids and every id that ends a reply (the checkpoint's eos ids and ``<|im_end|>``)."""
+    ids = {name: tok.token_to_id(text) for name, text in (("im_start", chatml.IM_START), ("im_end", chatml.IM_END))}
+    stop = _ids(lm.config.eos_token_id) + _ids(getattr(lm.generation_config, "eos_token_id", None))
+    stop += [ids["im_end"]] if ids["im_end"] is not None else []
+    return {**ids, "stop": sorted(set(stop))}
+
+
+def generation(lm: nn.Module) -> dict:
+    """The checkpoint's sampling defaults (generation_config.json), as far as kztts's sampler has them."""
+    g = lm.generation_config.to_dict() if getattr(lm, "generation_config", None) is not None else {}
+    return {k: g[k] for k in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+            if g.get(k) is not None}
+
+
+def chat_facts(hf_tokenizer) -> dict:
+    """Default system prompt of the checkpoint's chat template and whether ``kztts.lm.chatml`` renders
+    the check conversations exactly as the template does."""
+    template = getattr(hf_tokenizer, "chat_template", None)
+    if not template:
+        return {"format": "chatml", "template": False, "default_system": None, "template_matches": None}
+    probe = hf_tokenizer.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False,
+                                             add_generation_prompt=True)
+    head = f"{chatml.IM_START}system\n"
+    default = probe[len(head):probe.index(chatml.IM_END)] if probe.startswith(head) else None
+    matches = all(hf_tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                  == chatml.render(c, default_system=default) for c in _CHECK_CONVERSATIONS)
+    if not matches:
+        log.warning("the checkpoint's chat template renders differently from kztts's ChatML; "
+                    "kztts chat uses ChatML (the manifest records template_matches: false)")
+    return {"format": "chatml", "template": True, "default_system": default, "template_matches": matches}
+
+
+def fingerprint_source(source: Path) -> dict:
+    """sha256 of a checkpoint directory (``kztts.export.common.checkpoint.fingerprint``) or of one GGUF file."""
+    if source.is_dir():
+        return fingerprint(source)
+    with open(source, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"path": str(source.resolve()), "sha256": digest, "files": [source.name]}
+
+
+def write_token_embedding(lm: nn.Module, out_dir: Path) -> dict:
+    """``embeddings/token_embedding.npy``: bf16 bit patterns when exact, else fp32 (exact)."""
+    (out_dir / TABLE_DIR).mkdir(parents=True, exist_ok=True)
+    table = _to_numpy_f32(lm.model.embed_tokens.weight)
+    if bf16_exact(table):
+        return {TOKEN_EMBEDDING: _save(out_dir, TOKEN_EMBEDDING, f32_to_bf16_bits(table), "bf16")}
+    return {TOKEN_EMBEDDING: _save(out_dir, TOKEN_EMBEDDING, np.ascontiguousarray(table), "fp32")}
+
+
+def save_tokenizer(tokenizer, out_dir: Path) -> None:
+    """``tokenizer.json`` from a path or a ``tokenizers.Tokenizer``; checked to load back."""
+    from tokenizers import Tokenizer
+
+    dst = out_dir / "tokenizer.json"
+    if isinstance(tokenizer, (str, Path)):
+        shutil.copyfile(tokenizer, dst)
+    else:
+        tokenizer.save(str(dst))
+    Tokenizer.from_file(str(dst))
+
+
+def _load(source: Path):
+    """(model fp32, tokenizer.json path, transformers tokenizer) of a Qwen2/Qwen3 directory or GGUF file
+    (``kztts.export.lm.checkpoint``: GGUF head_dim and special tokens as the original checkpoint has them)."""
+    loaded = load_causal_lm(source)
+    return loaded.model, loaded.tokenizer_json, loaded.hf_tokenizer
+
+
+def check_lm_precision(precision: str, target, segments: bool) -> None:
+    """The HTP precisions an LM bundle has: fp16 (with or without the layer graphs) and w8a16 (the
+    whole-stack static graphs, calibrated on text by ``kztts.export.lm.w8a16``; fp32 KV I/O)."""
+    if precision not in G.HTP_PRECISIONS:
+        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
+    if precision != "w8a16":
+        return
+    if segments:
+        raise KzttsError(
+            "--segments with --precision w8a16 is not supported for LM bundles: the layer graphs are float graphs "
+            "(fp16 on the HTP) whose magnitude probes the fp16 guard and `kztts calibrate` read, so a placement over "
+            "them would run fp16, not w8a16; quantized layer graphs would clip those probes to their calibrated "
+            "ranges (blind to the outliers they exist to catch) and run fake-quantized where the guard moves a layer "
+            "to the CPU in fp32. Export the w8a16 graphs without --segments (placements all-htp and "
+            "prefill-htp-decode-cpu), and the layer graphs in an fp16 bundle (--precision fp16 --segments)")
+    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
+        raise KzttsError(f"{target.path}: kv_dtype uint8 (8-bit KV with fixed scales) is measured on TTS prompts "
+                         "only (kztts.export.htp.kv_quant); an LM bundle's w8a16 graphs keep fp32 KV: drop the key or "
+                         "give kv_dtype fp32")
+
+
+def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                     target: str | None = None, precision: str | None = None, context_binary: bool = False,
+                     segments: bool = False) -> Path:
+    """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
+    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer)."""
+    source, out_dir = Path(source), Path(out_dir)
+    check_output(out_dir, overwrite)
+    if segments and target is None:
+        raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
+    target_cfg = None
+    if target is not None:
+        target_cfg = load_target(target)
+        precision = precision or target_cfg.precision
+        check_lm_precision(precision, target_cfg, segments)
+    with exclusive_output(out_dir), staged_dir(out_dir) as work:
+        check_output(out_dir, overwrite)
+        steps = progress.Steps(4 + (target is not None), "export")
+        steps.phase("loading checkpoint")
+        lm, tokenizer, hf_tok = _load(source)
+        steps.update()
+        steps.phase("hashing checkpoint")
+        src = fingerprint_source(source)
+        export_id = src["sha256"][:16]
+        steps.update()
+        steps.phase("embedding + tokenizer")
+        tables = write_token_embedding(lm, work)
+        save_tokenizer(tokenizer, work)
+        steps.update()
+        steps.phase("CPU graphs")
+        model = as_tts_like(lm)
+        graphs = {"talker": export_talker(model, work, export_id)}
+        fused = export_talker_gqa(model, work, export_id)
+        if fused is not None:
+            graphs["talker_gqa"] = fused
+        steps.update()
+        if target_cfg is not None:
+            steps.phase(f"HTP graphs for {target_cfg.name}")
+            cfg = lm_config(lm)
+
+            def w8a16(_model, work_dir, files, tgt):
+                # the float graphs are written: from here the LM is read from them (calibration) and only
+                # its config from torch, so its weights go (6.2 GB at 1.5B in fp32, not held beside the
+                # calibration sessions and the quantizer's ModelProto); "meta" keeps their shapes
+                lm.to("meta")
+                return quantize_lm_graphs(cfg, work_dir, files, tgt)
+
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,
+                                            context_binary=context_binary, segments=segments, talker_only=True,
+                                            builders={"w8a16": w8a16}))
+            steps.update()
+        unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
+        if unknown:
+            raise RuntimeError(f"LM export wrote graphs outside kztts.bundle.graphs.LM_GRAPH_KINDS: {unknown}")
+        from tokenizers import Tokenizer
+
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "kind": KIND_LM,
+            "model_type": lm.config.model_type, "source": {**src, "gguf": source.is_file()},
+            "config": {"lm": lm_config(lm)},
+            "special_ids": special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
+            "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables,
+            "graphs": {n: g.to_json() for n, g in graphs.items()},
+        }
+        write_manifest(work, manifest)
+        steps.close()
+    log.info("LM bundle written to %s", out_dir)
+    return out_dir
+
+
+def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments: bool = False,
+                     precision: str | None = None) -> Path:
+    """``model_dir`` exported once into the cache (tests, demos), keyed by the checkpoint path, the
+    exporter code, the target file and the HTP precision."""
+    model_dir = Path(model_dir).resolve()
+    extra = str(model_dir).encode()
+    tfile = None
+    if target is not None:
+        tfile = target_path(target)
+        extra += tfile.read_bytes() + (b"|segments" if segments else b"") + (f"|{precision}".encode() if precision else b"")
+    key = code_key(*sorted(Path(__file__).parent.glob("*.py")), chatml, extra=extra, length=10)
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{key}"
+    return build_once(out, lambda work: export_lm_bundle(model_dir, work, overwrite=True,
+                                                         target=str(tfile) if tfile else None, segments=segments,
+                                                         precision=precision))

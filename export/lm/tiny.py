@@ -1,0 +1,183 @@
+"""Tiny random Qwen2 / Qwen3 causal LMs (transformers classes) for tests and demos.
+
+Each is a Hugging Face directory as ``save_pretrained`` writes it (config.json,
+model.safetensors, generation_config.json) plus a small byte-level BPE ``tokenizer.json``
+trained with the ``tokenizers`` library on a few multilingual sentences, with the ChatML
+special tokens, and a ``tokenizer_config.json`` whose chat template follows Qwen2.5's
+(a default system prompt when the conversation has none). Qwen2 has q/k/v biases and tied
+embeddings (like Qwen2.5-1.5B); Qwen3 has q/k norms and an untied head.
+
+Weights are drawn wider than transformers' init (``INIT_STD``) so the logits' top-1/top-2
+gaps are well above fp32 noise and greedy comparisons are meaningful.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kztts.export.tts.tiny as tiny
+from kztts.core.build_cache import build_once, code_key
+from kztts.core.cache import cache_dir
+from kztts.export.tts.tiny import build_text_tokenizer
+
+KINDS = ("qwen2", "qwen3")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+INIT_STD = 0.25
+VOCAB = 384
+MAX_POSITIONS = 512
+
+# Qwen2.5's ChatML template without its tool-calling branches.
+CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) "
+    "or (message.role == 'assistant') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_CORPUS = (
+    "Hello, how are you today? I am fine, thank you.",
+    "Bonjour, comment allez-vous ? Très bien, merci beaucoup.",
+    "你好，今天天气怎么样？我很好，谢谢。",
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "Guten Tag! Wie geht es Ihnen? Danke, gut.",
+)
+
+
+def build_tokenizer():
+    """A byte-level BPE ``tokenizers.Tokenizer`` of ``VOCAB`` ids with the ChatML specials, trained on
+    ``_CORPUS``, with the released Qwen tokenizer's normalizer, pre-tokenizer, decoder and
+    post-processor (taken from ``kztts.export.tts.tiny.build_text_tokenizer``)."""
+    from tokenizers import AddedToken, Tokenizer, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+
+
+    qwen = build_text_tokenizer().backend_tokenizer
+    tok = Tokenizer(BPE(fuse_unk=False, byte_fallback=False))
+    for part in ("normalizer", "pre_tokenizer", "decoder", "post_processor"):
+        setattr(tok, part, getattr(qwen, part))
+    trainer = BpeTrainer(vocab_size=VOCAB - len(SPECIAL_TOKENS), show_progress=False,
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(_CORPUS) * 4, trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def _config(kind: str, vocab: int, eos: int, bos: int):
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+                  rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=INIT_STD, bos_token_id=bos,
+                  eos_token_id=eos)
+    if kind == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
+    if kind == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(head_dim=16, tie_word_embeddings=False, **common)
+    raise ValueError(f"tiny LM kind {kind!r}: expected one of {KINDS}")
+
+
+def make_tiny_lm(out_dir: str | Path, kind: str = "qwen3", seed: int = 7) -> Path:
+    """Write a tiny random ``kind`` causal LM with its tokenizer and chat template to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    eos, bos = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(kind, tok.get_vocab_size(), eos, bos)).eval()
+    with torch.no_grad():  # norms around 1, not exactly 1: the tests see them applied
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, bos], pad_token_id=bos,
+                                               do_sample=True, temperature=0.7, top_p=0.8, top_k=20,
+                                               repetition_penalty=1.05)
+    model.save_pretrained(out, safe_serialization=True)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                 bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
+                                 model_max_length=MAX_POSITIONS)
+    hf.save_pretrained(out)
+    (out / "kztts_tiny_lm.json").write_text(json.dumps({"kind": kind, "seed": seed}) + "\n")
+    return out
+
+
+def cached_tiny_lm(kind: str = "qwen3", seed: int = 7) -> Path:
+    """``cache_dir()/models/tiny-lm-{kind}-s{seed}-{code key}``, built once."""
+    name = f"tiny-lm-{kind}-s{seed}-{code_key(Path(__file__), tiny, length=10)}"
+    return build_once(cache_dir() / "models" / name, marker="kztts_tiny_lm.json",
+                      build=lambda work: make_tiny_lm(work, kind, seed))
+
+
+def write_gguf(model_dir: str | Path, path: str | Path) -> Path:
+    """The tiny Qwen2 LM of ``model_dir`` as a GGUF v3 file (F32 tensors, llama.cpp names, the
+    byte-level BPE tokenizer and chat template in the metadata): a stand-in for a real checkpoint's
+    GGUF in tests of ``kztts export --gguf``."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    model_dir, path = Path(model_dir), Path(path)
+    lm = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    cfg = lm.config
+    if cfg.model_type != "qwen2":
+        raise ValueError(f"write_gguf writes qwen2 models, not {cfg.model_type}")
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = {**tok["model"]["vocab"], **{a["content"]: a["id"] for a in tok["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.get)
+    special = {a["content"] for a in tok["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_pad_token_id(vocab["<|endoftext|>"])
+    w.add_chat_template(CHAT_TEMPLATE)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, cfg.num_hidden_layers)
+    for name, t in lm.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def cached_tiny_gguf(seed: int = 7) -> Path:
+    """The tiny Qwen2 LM as a GGUF file (``write_gguf``), built once in the cache."""
+    model_dir = cached_tiny_lm("qwen2", seed)
+
+    def build(work: Path) -> None:
+        write_gguf(model_dir, work / "tiny.gguf")
+        (work / "kztts_tiny_lm.json").write_text(json.dumps({"kind": "qwen2", "seed": seed, "gguf": True}) + "\n")
+
+    out = build_once(cache_dir() / "models" / f"{model_dir.name}-gguf", marker="kztts_tiny_lm.json", build=build)
+    return out / "tiny.gguf"

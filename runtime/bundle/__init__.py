@@ -1,0 +1,7 @@
+"""A bundle on disk: the graph registry (``graphs``: every graph kind, its role, I/O and KV names),
+the manifest (``manifest``), the bundle itself (``bundle``), ONNX Runtime sessions (``sessions``),
+the embedding tables (``embeddings``), constant tensors read from an ONNX file's wire format
+(``onnx_wire``) and the names of the per-layer Talker graphs (``segments``).
+
+May import: ``kztts.core``.
+"""

@@ -1,0 +1,162 @@
+"""The bundle's embedding tables, memory-mapped, and the lookups the prompt and decode loop need.
+
+numpy only. ``np.load(mmap_mode="r")`` keeps the 151936 x 2048 text table on disk:
+a lookup reads only the rows it gathers.
+
+- ``text(ids)``      T(ids) = fc2(silu(fc1(text_embedding[ids])))        f32 [n, H]
+- ``codec(ids)``     C(ids) = codec_embedding[ids]                        f32 [n, H]
+- ``cp_codec(g, ids)``  code-predictor embedding g (0-based: code group g+1) f32 [n, H]
+- ``codec_sum(codes)``  C(c0) + sum_{g=1..15} cp_codec[g-1](c_g): the talker input of one
+  frame ([16] -> [H]) or of several ([F, 16] -> [F, H])
+- ``tts_bos`` / ``tts_eos`` / ``tts_pad``  T of the special text ids, f32 [H], cached
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from kztts.core.errors import BundleError, KzttsError
+
+_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32}
+_TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b",
+           "codec_embedding", "cp_codec_embedding")
+
+
+def bf16_to_f32(u: np.ndarray) -> np.ndarray:
+    """float32 values of bf16 bit patterns (uint16): exact."""
+    return (np.asarray(u, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives x/inf = -0
+        return x / (np.float32(1.0) + np.exp(-x))
+
+
+def load_table(bundle_dir: Path, name: str, spec: dict) -> np.ndarray:
+    """One table of the manifest, memory-mapped and checked against its spec."""
+    try:
+        f = Path(bundle_dir) / spec["file"]
+        dtype, shape = spec["dtype"], list(spec["shape"])
+    except (KeyError, TypeError) as exc:
+        raise BundleError(f"{bundle_dir}/kztts.json: embeddings entry {name!r} is malformed "
+                          f"(missing {exc}); re-export the bundle") from exc
+    if not f.is_file():
+        raise BundleError(f"{f}: embedding table {name!r} is missing; re-export the bundle")
+    try:
+        arr = np.load(f, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as exc:
+        raise BundleError(f"{f}: unreadable embedding table ({exc}); re-export the bundle") from exc
+    want = _DTYPES.get(dtype)
+    if want is None or arr.dtype != want or list(arr.shape) != shape:
+        raise BundleError(f"{f}: table is {arr.dtype}{list(arr.shape)}, the manifest says "
+                          f"{dtype}{shape}; re-export the bundle")
+    return arr
+
+
+class EmbeddingTables:
+    """Embedding tables of a bundle. Opening maps the files; nothing big is read."""
+
+    def __init__(self, bundle_dir: str | Path, embeddings: dict, special_ids: dict):
+        self.bundle_dir = Path(bundle_dir)
+        missing = [n for n in _TABLES if n not in embeddings]
+        if missing:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
+        self.specs = {n: dict(embeddings[n]) for n in _TABLES}
+        t = {n: load_table(self.bundle_dir, n, self.specs[n]) for n in _TABLES}
+        self.text_dtype = self.specs["text_embedding"]["dtype"]
+        if self.text_dtype not in ("bf16", "fp16"):
+            raise BundleError(f"{self.bundle_dir / self.specs['text_embedding']['file']}: text_embedding "
+                              f"dtype {self.text_dtype!r}; expected 'bf16' or 'fp16'")
+        self.text_table = t["text_embedding"]  # np.memmap, never read whole
+        # small tables: read once, fp32, pre-transposed for x @ W^T
+        self.fc1_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc1_w"], dtype=np.float32).T)
+        self.fc1_b = np.asarray(t["text_proj_fc1_b"], dtype=np.float32)
+        self.fc2_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc2_w"], dtype=np.float32).T)
+        self.fc2_b = np.asarray(t["text_proj_fc2_b"], dtype=np.float32)
+        self.codec_table = t["codec_embedding"]
+        self.cp_codec_table = t["cp_codec_embedding"]
+        self.text_vocab, self.text_hidden = (int(s) for s in self.text_table.shape)
+        self.codec_vocab, self.hidden = (int(s) for s in self.codec_table.shape)
+        self.num_cp_groups, self.cp_vocab = int(self.cp_codec_table.shape[0]), int(self.cp_codec_table.shape[1])
+        shapes_ok = (self.fc1_wt.shape[0] == self.text_hidden and self.fc1_b.shape == (self.fc1_wt.shape[1],)
+                     and self.fc2_wt.shape == (self.fc1_wt.shape[1], self.hidden)
+                     and self.fc2_b.shape == (self.hidden,) and self.cp_codec_table.shape[2] == self.hidden)
+        if not shapes_ok:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: embedding table shapes do not fit together "
+                              f"({ {n: self.specs[n]['shape'] for n in _TABLES} }); re-export the bundle")
+        try:
+            self._special = {k: int(special_ids[k]) for k in ("tts_bos", "tts_eos", "tts_pad")}
+        except KeyError as exc:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: special_ids lacks {exc}") from exc
+
+    @classmethod
+    def from_bundle(cls, bundle) -> "EmbeddingTables":
+        """From an opened ``kztts.bundle.bundle.Bundle``."""
+        return cls(bundle.path, bundle.manifest.embeddings, bundle.manifest.special_ids)
+
+    # ------------------------------------------------------------------ lookups
+    @staticmethod
+    def _ids(ids, vocab: int, what: str) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.dtype.kind not in "iu":
+            raise KzttsError(f"{what} ids must be integers, got {a.dtype}")
+        a = a.astype(np.int64).reshape(-1)
+        if a.size and (a.min() < 0 or a.max() >= vocab):
+            bad = a[(a < 0) | (a >= vocab)][0]
+            raise KzttsError(f"{what} id {int(bad)} is outside the table (0..{vocab - 1})")
+        return a
+
+    def text_rows(self, ids) -> np.ndarray:
+        """Raw text embedding rows (before the projection), f32 [n, text_hidden]."""
+        idx = self._ids(ids, self.text_vocab, "text")
+        rows = self.text_table[idx]
+        return bf16_to_f32(rows) if self.text_dtype == "bf16" else rows.astype(np.float32)
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """The text projection fc2(silu(fc1(x))), float32."""
+        h = np.asarray(x, dtype=np.float32) @ self.fc1_wt + self.fc1_b
+        return silu(h) @ self.fc2_wt + self.fc2_b
+
+    def text(self, ids) -> np.ndarray:
+        """T(ids): projected text embeddings, f32 [n, H]."""
+        return self.project(self.text_rows(ids)).astype(np.float32, copy=False)
+
+    def codec(self, ids) -> np.ndarray:
+        """C(ids): talker codec embeddings, f32 [n, H]."""
+        return np.asarray(self.codec_table[self._ids(ids, self.codec_vocab, "codec")], dtype=np.float32)
+
+    def cp_codec(self, group_index: int, ids) -> np.ndarray:
+        """Code-predictor codec embedding ``group_index`` (0..14, used for code group g = index + 1)."""
+        if not 0 <= int(group_index) < self.num_cp_groups:
+            raise KzttsError(f"code-predictor embedding index {group_index} outside 0..{self.num_cp_groups - 1}")
+        table = self.cp_codec_table[int(group_index)]
+        return np.asarray(table[self._ids(ids, self.cp_vocab, "code-predictor codec")], dtype=np.float32)
+
+    def codec_sum(self, codes) -> np.ndarray:
+        """Talker input of a frame: C(c0) + sum_{g=1..15} cp_codec[g-1](c_g).
+
+        ``codes`` [16] -> f32 [H]; [F, 16] -> f32 [F, H]."""
+        c = np.asarray(codes)
+        single = c.ndim == 1
+        c = c.reshape(1, -1) if single else c
+        n_groups = self.num_cp_groups + 1
+        if c.ndim != 2 or c.shape[1] != n_groups:
+            raise KzttsError(f"a frame has {n_groups} codes; got codes of shape {np.asarray(codes).shape}")
+        e = self.codec(c[:, 0])
+        for g in range(1, n_groups):
+            e = e + self.cp_codec(g - 1, c[:, g])
+        return e[0] if single else e
+
+    @cached_property
+    def tts_bos(self) -> np.ndarray:
+        return self.text([self._special["tts_bos"]])[0]
+
+    @cached_property
+    def tts_eos(self) -> np.ndarray:
+        return self.text([self._special["tts_eos"]])[0]
+
+    @cached_property
+    def tts_pad(self) -> np.ndarray:
+        return self.text([self._special["tts_pad"]])[0]

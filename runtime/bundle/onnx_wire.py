@@ -1,0 +1,219 @@
+"""The constant tensors of an ONNX file, read from its protobuf wire format.
+
+The ``onnx`` package is an export extra, not a runtime dependency, and ONNX Runtime does not
+expose a model's initializers; this reader walks the file's protobuf fields (memory-mapped, the
+tensor payloads are skipped, not copied) and lists every initializer and every ``Constant``
+node's tensor, in the main graph and in subgraphs (``If`` branches), with its type, shape, byte
+count and a digest of its data (so that two graphs holding the same weights can be recognised),
+and every node's name, op type, inputs and outputs (so that a weight's uses can be counted).
+"""
+from __future__ import annotations
+
+import hashlib
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+from kztts.core.errors import BundleError
+
+# TensorProto.DataType -> (name, bits per element)
+DTYPES: dict[int, tuple[str, int]] = {
+    1: ("float32", 32), 2: ("uint8", 8), 3: ("int8", 8), 4: ("uint16", 16), 5: ("int16", 16), 6: ("int32", 32),
+    7: ("int64", 64), 9: ("bool", 8), 10: ("float16", 16), 11: ("float64", 64), 12: ("uint32", 32),
+    13: ("uint64", 64), 16: ("bfloat16", 16), 17: ("float8e4m3fn", 8), 18: ("float8e4m3fnuz", 8),
+    19: ("float8e5m2", 8), 20: ("float8e5m2fnuz", 8), 21: ("uint4", 4), 22: ("int4", 4),
+}
+
+# field numbers of onnx.proto3 (ModelProto.graph, GraphProto.node/initializer, NodeProto.op_type/attribute,
+# AttributeProto.t/g/tensors/graphs, TensorProto.dims/data_type/name/raw_data/external_data/data_location)
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INIT = 1, 5
+_NODE_IN, _NODE_OUT, _NODE_NAME, _NODE_OP, _NODE_ATTR = 1, 2, 3, 4, 5
+_ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS = 5, 6, 10, 11
+_T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
+_T_TYPED_DATA = (4, 5, 6, 7, 10, 11)  # float_data, int32_data, string_data, int64_data, double_data, uint64_data
+
+
+@dataclass(frozen=True)
+class ConstTensor:
+    """One constant tensor of a graph: an initializer or a ``Constant`` node's value."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int  # elements x element size (what the graph holds, not the file's encoding)
+    digest: str  # of the tensor's data as stored
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    subgraph: bool  # inside an If/Loop body (runs when its branch does)
+
+
+@dataclass(frozen=True)
+class OnnxGraph:
+    """What ``read_graph`` finds in a file: its constants and its nodes (subgraphs included)."""
+
+    tensors: list[ConstTensor]
+    nodes: list[Node]
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, wire type, value) of one message: an int for varints, a (start, end) span otherwise."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield field, wire, value
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            yield field, wire, (pos, pos + n)
+            pos += n
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            yield field, wire, (pos, pos + n)
+            pos += n
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {pos}")
+
+
+def _packed_varints(buf, span: tuple[int, int]) -> list[int]:
+    out, pos = [], span[0]
+    while pos < span[1]:
+        v, pos = _varint(buf, pos)
+        out.append(v)
+    return out
+
+
+class _Reader:
+    def __init__(self, path: Path, buf) -> None:
+        self.path, self.buf = path, buf
+        self.tensors: list[ConstTensor] = []
+        self.nodes: list[Node] = []
+        self.depth = 0
+
+    def text(self, span: tuple[int, int]) -> str:
+        return bytes(self.buf[span[0]:span[1]]).decode("utf-8", "replace")
+
+    def graph(self, span: tuple[int, int]) -> None:
+        for field, wire, v in _fields(self.buf, *span):
+            if field == _GRAPH_INIT and wire == 2:
+                self.tensor(v, "")
+            elif field == _GRAPH_NODE and wire == 2:
+                self.node(v)
+
+    def node(self, span: tuple[int, int]) -> None:
+        op, name, attrs, ins, outs = "", "", [], [], []
+        for field, wire, v in _fields(self.buf, *span):
+            if wire != 2:
+                continue
+            if field == _NODE_OP:
+                op = self.text(v)
+            elif field == _NODE_NAME:
+                name = self.text(v)
+            elif field == _NODE_IN:
+                ins.append(self.text(v))
+            elif field == _NODE_OUT:
+                outs.append(self.text(v))
+            elif field == _NODE_ATTR:
+                attrs.append(v)
+        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0))
+        for a in attrs:
+            for field, wire, v in _fields(self.buf, *a):
+                if field in (_ATTR_T, _ATTR_TENSORS) and wire == 2 and op == "Constant":
+                    self.tensor(v, outs[0] if outs else "")  # named by the value it defines
+                elif field in (_ATTR_G, _ATTR_GRAPHS) and wire == 2:
+                    self.depth += 1
+                    self.graph(v)
+                    self.depth -= 1
+
+    def tensor(self, span: tuple[int, int], output: str) -> None:
+        dims: list[int] = []
+        dtype, name, data, external, location = 0, "", None, {}, 0
+        typed: list[tuple[int, int]] = []
+        for field, wire, v in _fields(self.buf, *span):
+            if field == _T_DIMS:
+                dims.extend(_packed_varints(self.buf, v) if wire == 2 else [v])
+            elif field == _T_TYPE:
+                dtype = v
+            elif field == _T_NAME:
+                name = self.text(v)
+            elif field == _T_RAW:
+                data = v
+            elif field == _T_EXTERNAL:
+                kv = {f: self.text(s) for f, _, s in _fields(self.buf, *v)}
+                external[kv.get(1, "")] = kv.get(2, "")
+            elif field == _T_LOCATION:
+                location = v
+            elif field in _T_TYPED_DATA and wire == 2:
+                typed.append(v)
+        if dtype not in DTYPES:
+            raise BundleError(f"{self.path}: tensor {name!r} has ONNX data type {dtype}, which kztts cannot size")
+        kind, bits = DTYPES[dtype]
+        elements = 1
+        for d in dims:
+            elements *= d
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{kind}{tuple(dims)}".encode())
+        if location == 1 or external:
+            self._hash_external(h, external, name)
+        elif data is not None:
+            h.update(self.buf[data[0]:data[1]])
+        else:
+            for s in typed:
+                h.update(self.buf[s[0]:s[1]])
+        self.tensors.append(ConstTensor(output or name, kind, tuple(dims), (elements * bits + 7) // 8, h.hexdigest()))
+
+    def _hash_external(self, h, external: dict[str, str], name: str) -> None:
+        f = self.path.parent / external.get("location", "")
+        offset, length = int(external.get("offset", 0) or 0), external.get("length")
+        try:
+            with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                end = offset + int(length) if length else len(m)
+                h.update(m[offset:end])
+        except OSError as exc:
+            raise BundleError(f"{self.path}: external data of tensor {name!r} unreadable ({exc}); "
+                              "re-export the bundle") from exc
+
+
+def read_graph(path: str | Path) -> OnnxGraph:
+    """Every constant tensor of the ONNX file ``path`` (initializers and ``Constant`` values, the latter
+    named by their output; subgraphs included) and every node."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            r = _Reader(path, buf)
+            found = False
+            for field, wire, v in _fields(buf, 0, len(buf)):
+                if field == _MODEL_GRAPH and wire == 2:
+                    r.graph(v)
+                    found = True
+            if not found:
+                raise BundleError(f"{path}: no graph in this ONNX file; re-export the bundle")
+            return OnnxGraph(r.tensors, r.nodes)
+    except (ValueError, IndexError) as exc:
+        raise BundleError(f"{path}: not a readable ONNX file ({exc}); re-export the bundle") from exc

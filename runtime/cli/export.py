@@ -1,0 +1,87 @@
+"""``kztts export``: a Qwen3-TTS checkpoint, or a Qwen2/Qwen3 causal LM (a directory or ``--gguf FILE``),
+to a bundle; with ``--weights/--kv/--decoder`` a precision variant, with ``--target`` the static HTP graphs."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kztts.bundle import graphs as G
+from kztts.core import progress
+from kztts.core.atomic import check_writable_dir
+from kztts.core.errors import KzttsError
+from kztts.core.extras import need_export_extra
+
+
+def lm_export_requested(args: argparse.Namespace) -> bool:
+    """True for ``--gguf`` or a Qwen2/Qwen3 causal-LM directory (config.json ``model_type``)."""
+    if args.gguf is None and args.model_dir is None:
+        raise KzttsError("export needs MODEL_DIR (a checkpoint directory) or --gguf FILE")
+    if args.gguf is not None:
+        if args.model_dir is not None:
+            raise KzttsError("give MODEL_DIR or --gguf FILE, not both")
+        return True
+    from kztts.export.lm.family import lm_model_type  # the export extra: checked by cmd_export
+
+    return lm_model_type(args.model_dir) is not None
+
+
+def export_lm(args: argparse.Namespace) -> Path:
+    # the export extra (torch): checked by cmd_export
+    from kztts.export.lm.bundle_writer import export_lm_bundle
+    from kztts.export.tts.variants import export_variant
+
+    source = Path(args.gguf or args.model_dir)
+    if not (source.is_file() if args.gguf else source.is_dir()):
+        raise KzttsError(f"{source}: no such {'GGUF file' if args.gguf else 'directory'}")
+    if args.decoder != "fp32":
+        raise KzttsError(f"--decoder {args.decoder}: an LM bundle has no speech decoder; export without it")
+    progress.phase("exporting the causal LM %s to %s", source, args.output)
+    return export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
+                          exporter=export_lm_bundle, target=args.target, precision=args.precision,
+                          context_binary=args.context_binary, segments=args.segments)
+
+
+def export_tts(args: argparse.Namespace) -> Path:
+    # the export extra (torch): checked by cmd_export
+    from kztts.export.common.checkpoint import read_config
+    from kztts.export.tts.variants import export_variant
+
+    read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
+    progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
+                   args.model_dir, args.output)
+    return export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
+                          decoder=args.decoder, overwrite=args.overwrite, target=args.target,
+                          precision=args.precision, context_binary=args.context_binary, segments=args.segments)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    check_writable_dir(args.output, "bundle", create_parents=True)
+    need_export_extra()
+    print(export_lm(args) if lm_export_requested(args) else export_tts(args))
+    return 0
+
+
+def add_command(sub) -> None:
+    s = sub.add_parser("export", help="checkpoint directory -> kztts bundle")
+    s.add_argument("model_dir", nargs="?", help="Qwen3-TTS checkpoint, or a Qwen2/Qwen3 causal-LM directory")
+    s.add_argument("--gguf", metavar="FILE", help="export a Qwen2/Qwen3 causal LM from a GGUF file "
+                                                  "(instead of MODEL_DIR); writes an LM bundle")
+    s.add_argument("-o", "--output", required=True, help="bundle directory to write")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing bundle directory")
+    s.add_argument("--target", help="also export static HTP graphs for this qnn_configs target (name or file)")
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="HTP precision (default: the target's): "
+                   + "; ".join(f"{k}: {v}" for k, v in G.HTP_PRECISION_HELP.items()))
+    s.add_argument("--context-binary", action="store_true",
+                   help="also prepare QNN context binaries (EPContext models) for the target")
+    s.add_argument("--segments", action="store_true",
+                   help="with --target: also export the Talker as per-layer graphs, so a layer placement "
+                        "(kztts calibrate, --placement) can be applied at load time")
+    s.add_argument("--weights", choices=G.CPU_WEIGHT_PRECISIONS, default=G.CPU_WEIGHT_PRECISIONS[0],
+                   help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
+    s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],
+                   help="KV-cache inputs/outputs of the Talker and cp_step (fp16 halves their bytes)")
+    s.add_argument("--decoder", choices=G.DECODER_PRECISIONS, default=G.DECODER_PRECISIONS[0],
+                   help="speech decoder MatMul weights")
+    # a bad value is one line (no usage block), like the command's other errors
+    s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
+    s.set_defaults(func=cmd_export)

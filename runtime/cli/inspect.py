@@ -1,0 +1,151 @@
+"""``kztts inspect``: where each graph of a bundle runs (QNN/HTP or CPU) and in which precision; with a
+target, also what each graph call costs on paper (``kztts.htp.cost``)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kztts.bundle import graphs as G
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.graphs import CP_MODES
+from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.sessions import _session_options
+from kztts.htp.cost import bundle_cost, format_cost
+from kztts.htp.qnn import (
+    EP_NAME,
+    Placement,
+    bundle_target,
+    graph_files,
+    open_target_session,
+    qnn_available,
+    qnn_unavailable_reason,
+    session_precision,
+)
+from kztts.htp.qnn_package import check_target_skel
+from kztts.htp.targets import load_target
+from kztts.plan.resolve import resolve_plan
+
+
+def _graph_bytes(path: Path) -> int:
+    """The graph file and its external-data files (``<name>.onnx.data``, ``<name>.data``...)."""
+    return sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*") if p.is_file()
+               and (p == path or p.suffix == ".data"))
+
+
+def _attention(graph: str) -> str:
+    """``fused`` (ORT GroupQueryAttention), ``plain`` (ONNX ops: a role that also has a fused
+    graph), or ``-`` (the decoder and encoders)."""
+    kind = G.GRAPHS.get(graph)
+    if kind is None:
+        return "-"
+    if kind.fused:
+        return "fused"
+    return "plain" if any(k.fused and k.role == kind.role for k in G.GRAPHS.values()) else "-"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
+
+
+def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False) -> dict:
+    """Open every graph as ``synth --target`` would and report its node placement.
+
+    Static graphs open on the target's HTP (``target`` None: the one the bundle was
+    exported for); dynamic graphs run on the CPU EP by design (symbolic shapes)."""
+    import onnxruntime as ort
+
+    bundle = Bundle.open(bundle_dir, load_graphs=False)
+    graphs = bundle.manifest.graphs
+    # a plain export's static graphs (cp_frame) run on the CPU: no target, the CPU plan
+    exported_for_target = any(g.extra.get("target") for g in graphs.values())
+    tcfg = None
+    if target is not None:
+        tcfg = load_target(target)
+    elif exported_for_target:
+        tcfg = load_target(bundle_target(bundle))
+    # as the plan does: a target whose HTP arch has no skel in the installed QNN package is refused
+    # (strict) or shown on the CPU
+    missing_skel = check_target_skel(tcfg, strict) if tcfg is not None else None
+    rows = []
+    for name, spec in graphs.items():
+        row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
+               "bytes": _graph_bytes(bundle.path / spec.file), "attention": _attention(name)}
+        if spec.variant == "static" and tcfg is not None and missing_skel is None:
+            sess = open_target_session(bundle, name, tcfg, strict)
+            qnn_file, _ = graph_files(bundle, name)
+            row["context_binary"] = qnn_file.name != Path(spec.file).name and EP_NAME in sess.get_providers()
+        else:
+            so = _session_options(bundle.session_config)
+            so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+            sess = ort.InferenceSession(str(bundle.path / spec.file), sess_options=so,
+                                        providers=["CPUExecutionProvider"])
+            row["context_binary"] = False
+        pl = Placement.of(sess)
+        row.update(qnn_nodes=pl.qnn_nodes, cpu_nodes=pl.cpu_nodes, cpu_op_types=pl.cpu_op_types,
+                   precision=session_precision(spec.precision, sess))
+        rows.append(row)
+
+    return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
+            "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
+            "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
+            "random_weights": bundle.manifest.random_weights, "graphs": rows,
+            "cost": bundle_cost(bundle_dir, tcfg, bundle.session_config.threads) if tcfg else None}
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``kztts inspect --plan``: the execution plan of a synthesis, without opening any graph."""
+    bundle = Bundle.open(Path(args.bundle), load_graphs=False)
+    plan = resolve_plan(bundle, target=args.target, placement=args.placement, strict=args.strict,
+                        cp_mode=args.cp_mode, check_saturation=True)  # as TTS resolves it
+    print(json.dumps(plan.to_json()) if args.json else plan.table())
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.plan:
+        return cmd_plan(args)
+    report = inspect_bundle(Path(args.bundle), args.target, args.strict)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    head = f"target {report['target']} ({report['soc']})" if report["target"] else "no target (CPU only)"
+    if report["target"] and not report["qnn_available"]:
+        head += f"; QNN unavailable: {report['qnn_unavailable_reason']}"
+    if report["missing_skel"]:
+        head += f"; on the CPU: {report['missing_skel']}"
+    print(head)
+    if report["random_weights"]:
+        print(f"random weights ({random_weights_label(report['random_weights'])}): not a real checkpoint")
+    print(f"{'graph':<18}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
+    for r in report["graphs"]:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["cpu_op_types"].items())) if r["qnn_nodes"] else \
+            ("(all)" if r["cpu_nodes"] else "")
+        prec = r["precision"] + (" [ctx]" if r["context_binary"] else "")
+        print(f"{r['graph']:<18}{r['variant']:<9}{r['attention']:<10}{_size(r['bytes']):>10}"
+              f"{r['qnn_nodes']:>6}{r['cpu_nodes']:>6}  {prec:<24}{ops}")
+    if not report["target"]:
+        args.target = None
+        print()
+        return cmd_plan(args)
+
+    print()
+    print(format_cost(report["cost"]))
+    return 0
+
+
+def add_command(sub) -> None:
+    s = sub.add_parser("inspect", help="show where each graph of a bundle runs (QNN/HTP or CPU) and its precision; "
+                                       "with --target, each graph call's bytes and MACs and a paper estimate per frame")
+    s.add_argument("bundle")
+    s.add_argument("--target", help="qnn_configs target (name or file); default: the one the bundle was exported for")
+    s.add_argument("--strict", action="store_true", help="fail if any node of a static graph would fall back to CPU")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--plan", action="store_true",
+                   help="print the execution plan of `kztts synth` with these options instead (no graph is opened)")
+    s.add_argument("--placement", help="with --plan: a Talker layer placement (as for synth)")
+    s.add_argument("--cp-mode", choices=CP_MODES, default="frame", help="with --plan: Code Predictor mode")
+    s.set_defaults(func=cmd_inspect)
+
+
+__all__ = ["add_command", "inspect_bundle"]

@@ -1,0 +1,210 @@
+"""``kztts synth``: text to speech, from a bundle, a checkpoint, or the embedded demo model; with
+``--file`` many utterances batched (``kztts.cli.synth_many``)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from kztts.bundle import graphs as G
+from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.sessions import SessionConfig
+from kztts.cli import synth_many
+from kztts.core.atomic import atomic_outputs, check_writable
+from kztts.core.audio import check_output_extension, read_voice, synthetic_voice, write_wav
+from kztts.core.env import check_threads
+from kztts.core.errors import KzttsError
+from kztts.generation.settings import (
+    PRESET_ALIASES,
+    PRESETS,
+    SAMPLING_FLAGS,
+    GenerationSettings,
+    preset,
+    reference_settings,
+    with_environment,
+    with_overrides,
+)
+from kztts.tts.request import Voice
+from kztts.tts.tts import TTS, SynthesisResult
+
+
+def sampling_flags(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The sampling overrides given as flags, keyed like their environment variables, and the flag names."""
+    flags = {key: getattr(args, dest) for dest, key in SAMPLING_FLAGS.items()}
+    names = {key: "--" + dest.replace("_", "-") for dest, key in SAMPLING_FLAGS.items()}
+    return flags, names
+
+
+def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
+    """Every flag (and a ``--file``'s lines) checked before anything loads: the WAV to write, or the
+    lines of ``--file``."""
+    out = lines = None
+    if args.file:  # many utterances, batched: the file is checked line by line
+        lines = synth_many.check_args(args)
+    elif args.text is None or args.output is None:
+        raise KzttsError("synth needs TEXT and -o/--output (or --file FILE.jsonl --out-dir DIR)")
+    else:
+        out = check_writable(check_output_extension(args.output), "audio")
+    if args.codes_out:
+        check_writable(args.codes_out, "codes")
+    if args.decoder_threads is not None:
+        check_threads("--decoder-threads", args.decoder_threads)
+    with_overrides(reference_settings(), *sampling_flags(args))  # a flag out of range fails now, not after loading
+    if not args.file and not args.text.strip():
+        raise KzttsError("the text is empty; give the words to speak")
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
+    if args.pipeline and not args.stream:
+        raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
+    return out, lines
+
+
+def cached_export(model_dir: Path | None) -> Path:
+    """A checkpoint's bundle, exported once into the cache; None means the embedded demo:
+    a tiny random-weight model, made and exported once."""
+    if importlib.util.find_spec("torch") is None:
+        raise KzttsError("exporting a checkpoint (or building the demo model) needs the export extra "
+                         "(pip install -e '.[export]' && pip install --no-deps qwen-tts==0.1.1); "
+                         "or give --bundle DIR")
+    # the export extra (torch): found just above
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("equal") if model_dir is None else model_dir)
+
+
+def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
+    config = None if args.decoder_threads is None else SessionConfig(decoder_threads=args.decoder_threads)
+    tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement,
+              session_config=config, pipeline=args.pipeline)
+    if args.explain:
+        print(tts.plan.table())
+    return tts
+
+
+def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> Voice | None:
+    """The voice of ``--xvector``, ``--speaker-wav`` or ``--ref-audio``; the demo's synthetic one; None
+    with ``--file`` (each line gives its own)."""
+    if args.xvector:
+        return tts.voice_from_xvector(args.xvector)
+    if args.speaker_wav:
+        return tts.voice_from_wav(*recording)
+    if args.ref_audio:
+        return tts.voice_from_reference(*recording, args.ref_text)
+    if demo:
+        return tts.voice_from_wav(synthetic_voice(), 24000)
+    if args.file:
+        return None
+    raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
+                     "or --ref-audio F --ref-text T")
+
+
+def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings) -> SynthesisResult:
+    """One text, whole or streamed, with a frame bar on a terminal."""
+    options = dict(language=args.language, streaming_text=args.streaming_text, seed=args.seed, greedy=args.greedy,
+                   max_frames=args.max_frames, settings=settings)
+    bar = tqdm(desc="frames", unit="frame", disable=None, leave=False, file=sys.stderr)
+    try:
+        if args.stream:
+            holder: dict = {}
+            for chunk in tts.stream(args.text, voice, result=holder, **options):
+                bar.update(len(chunk) // 1920)
+            return holder["result"]
+        return tts.synthesize(args.text, voice, on_frame=lambda n: bar.update(1), **options)
+    finally:
+        bar.close()
+
+
+def print_summary(out: Path, result: SynthesisResult) -> None:
+    summary = result.summary()
+    ms = summary["ms"]
+    # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
+    pieces = f" in {summary['pieces']} pieces" if summary["pieces"] > 1 else ""
+    print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio{pieces}"
+          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}"
+          f"{f' ({len(result.limits)} cut short by a limit: see the warnings)' if result.limits else ''}")
+    print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
+          f"{ms.get('first_audio', float('nan')):.0f} ms, total {summary['total_ms']:.0f} ms")
+    print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))
+    if summary.get("fp16_saturations"):  # kztts.htp.saturation: the HTP graphs' magnitude probes
+        print(f"fp16 saturation: {summary['fp16_saturations']} HTP graph calls reached the guard threshold")
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    out, lines = check_args(args)
+    recording = read_voice(args.speaker_wav or args.ref_audio) if (args.speaker_wav or args.ref_audio) else None
+    demo = args.bundle is None and args.model is None
+    if demo:
+        print("kztts: no --bundle or --model: using the embedded demo model (tiny, RANDOM weights: the audio is "
+              "not speech)", file=sys.stderr)
+    bundle = Path(args.bundle) if args.bundle else cached_export(Path(args.model) if args.model else None)
+    tts = open_tts(args, bundle)
+    settings = with_overrides(with_environment(preset(args.preset, tts.bundle.manifest.generation)),
+                              *sampling_flags(args))
+    voice = choose_voice(args, tts, recording, demo)
+    if args.file:
+        return synth_many.run(args, tts, settings, voice, lines)
+    result = speak(args, tts, voice, settings)
+    write_wav(out, result.samples, result.sample_rate)
+    if tts.bundle.manifest.random_weights and not demo:  # said once the WAV exists: errors stay one line
+        print(f"kztts: {bundle} has random weights ({random_weights_label(tts.bundle.manifest.random_weights)}): "
+              "the audio is not speech", file=sys.stderr)
+    if args.codes_out:
+        with atomic_outputs([args.codes_out]) as (tmp,):
+            with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy
+                np.save(f, result.codes)
+    print_summary(out, result)
+    return 0
+
+
+def add_command(sub) -> None:
+    s = sub.add_parser("synth", help="text -> speech (WAV)")
+    s.add_argument("text", nargs="?")
+    s.add_argument("-o", "--output", help="WAV file to write")
+    s.add_argument("--file", help="JSONL requests, one utterance per line (with --out-dir, --batch)")
+    s.add_argument("--out-dir", help="with --file: one WAV per line and summary.json")
+    s.add_argument("--batch", type=int, default=4, help="with --file: utterances generated together (default 4)")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--bundle", help="bundle directory (default: the embedded tiny demo, random weights)")
+    where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")
+    s.add_argument("--language", help="language name (e.g. english, chinese) or auto (default)")
+    voice = s.add_mutually_exclusive_group()
+    voice.add_argument("--xvector", help="speaker x-vector file (.npy, or raw little-endian float32)")
+    voice.add_argument("--speaker-wav", help="recording of the voice to clone (x-vector)")
+    voice.add_argument("--ref-audio", help="recording for ICL voice cloning (needs --ref-text)")
+    s.add_argument("--ref-text", help="transcript of --ref-audio")
+    s.add_argument("--streaming-text", action="store_true",
+                   help="feed the text alongside the audio frames (qwen-tts's streaming mode)")
+    s.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default 0)")
+    s.add_argument("--greedy", action="store_true", help="argmax for the talker and the code predictor")
+    s.add_argument("--max-frames", type=int, help="stop after N frames (12.5 frames per second)")
+    s.add_argument("--preset", choices=sorted(PRESETS) + sorted(PRESET_ALIASES), default="reference",
+                   help="sampling preset: the checkpoint's settings (reference), or windowed-penalty (a Talker "
+                        "repetition window of 64 frames; Code Predictor sampled with a repetition penalty inside "
+                        "the frame; 'seed' is its former name)")
+    for dest in SAMPLING_FLAGS:
+        s.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None,
+                       help=f"override (also ${SAMPLING_FLAGS[dest]})")
+    s.add_argument("--cp-mode", choices=G.CP_MODES, default="frame",
+                   help="code predictor: one graph per frame (default) or one run per codebook")
+    s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
+    s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
+    s.add_argument("--pipeline", action="store_true",
+                   help="with --stream: decode on a background thread while the next frames are generated "
+                        "(same audio; pair with --decoder-threads 1 on 2 cores)")
+    s.add_argument("--decoder-threads", type=int, default=None,
+                   help="ONNX Runtime threads of the speech decoder (default: $KZTTS_DECODER_THREADS, "
+                        "else $KZTTS_THREADS)")
+    s.add_argument("--target", help="qnn_configs target: run the graphs its placement puts on the HTP there "
+                                    "(the bundle must be exported with --target)")
+    s.add_argument("--strict", action="store_true",
+                   help="with --target: fail instead of falling back to the CPU (no QNN, or unsupported nodes)")
+    s.add_argument("--placement", help="where the Talker's layers run: all-htp, all-cpu, prefill-htp-decode-cpu, "
+                                       "or a placement file (kztts calibrate); needs --target for HTP parts")
+    s.add_argument("--explain", action="store_true",
+                   help="print the execution plan first: every graph's device, precision, threads and why")
+    s.set_defaults(func=cmd_synth)

@@ -1,0 +1,167 @@
+"""CLI: ``kztts validate``: a bundle against qwen-tts (CPU), its static graphs on an HTP target
+(``--target``), or a Talker layer placement (``--placement``); an LM bundle against transformers."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+from kztts.bundle import graphs as G
+from kztts.bundle.manifest import KIND_LM, read_manifest
+from kztts.core.errors import KzttsError
+from kztts.core.extras import need_export_extra
+from kztts.eval.acceptance import BOUNDS, judge, metric_lines
+
+
+def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Callable[[], None]) -> int:
+    """Judge ``report`` against ``bounds``, print it (JSON, or the text and PASS/FAIL), and
+    return the exit code: 0 pass, 1 fail."""
+    ok = judge(report, bounds)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_text()
+        print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def cmd_validate_cpu(args: argparse.Namespace) -> int:
+    from kztts.export.validate.tts import validate
+
+    report = validate(Path(args.bundle), Path(args.reference), frames=args.frames)
+    bounds = BOUNDS["cpu"]
+
+    def text() -> None:
+        print(f"{'mode':<16}{'language':<10}{'prompt':>6}{'frames':>7}{'prompt max|d|':>15}"
+              f"{'logits cos':>12}{'hidden cos':>12}{'argmax':>8}{'cp frame':>9}{'cp step':>8}{'cp cos':>11}")
+        for m in report["modes"]:
+            print(f"{m['mode']:<16}{m['language']:<10}{m['prompt_positions']:>6}{m['frames']:>7}"
+                  f"{m['prompt_max_abs']:>15.2e}{m['talker_logits_cos_min']:>12.7f}"
+                  f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}"
+                  f"{m['cp_codes_match_frame']:>9.3f}{m['cp_codes_match_step']:>8.3f}{m['cp_logits_cos_min']:>11.7f}")
+        print("\n".join(metric_lines(report, bounds, bounds, width=24)))
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_target(args: argparse.Namespace) -> int:
+    from kztts.export.validate.decoder import htp_decoder_snr
+    from kztts.export.validate.htp import validate_target
+
+    report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
+                             args.frames, strict=not args.lenient)
+    report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
+                                  strict=not args.lenient))
+    bounds = dict(BOUNDS["htp-fp16"]) if report["precision"] == "fp16" else {}
+    if report["decoder_snr_db"] is not None:
+        bounds.update(BOUNDS["htp-decoder"])
+
+    def text() -> None:
+        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
+        for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
+                                          "cp_codes_match", "fp16_max_abs_activation", "decoder_snr_db"), bounds):
+            print(line)
+        print(f"{'decoder':<26}{report['decoder_graph']} on the {report['decoder_device']}")
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_placement(args: argparse.Namespace) -> int:
+    from kztts.export.validate.placement import validate_placement
+
+    report = validate_placement(Path(args.bundle), Path(args.reference), args.placement, args.target,
+                                frames=args.frames, strict=not args.lenient)
+    bounds = BOUNDS["placement"]
+
+    def text() -> None:
+        print(f"placement {report['placement']['describe']}  [runner {report['runner']}, target {report['target']}]")
+        for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
+                                          "greedy_codes_match", "cp_codes_match", "fp16_max_abs_activation"), bounds):
+            print(line)
+        if "greedy_frames_equal" in report:
+            print(f"{'greedy_frames_equal':<26}{report['greedy_frames_equal']} of {report['greedy_frames']}")
+        print(f"{'phase':<8}{'device':<7}{'segment':<22}{'hidden cos vs fp32':>20}")
+        for s in report["segments"]:
+            c = s.get("hidden_cos_min")
+            print(f"{s['phase']:<8}{s['device']:<7}{s['layers']:<22}{'' if c is None else f'{c:.7f}':>20}")
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_lm(args: argparse.Namespace) -> int:
+    from kztts.export.validate.lm import check_lm_reference, validate_lm
+
+    if args.precision:
+        raise KzttsError(f"--precision {args.precision}: an LM bundle holds one HTP precision (its export's "
+                         "--precision); validate the w8a16 bundle itself")
+    check_lm_reference(Path(args.bundle), Path(args.reference))
+    if args.target or args.placement:
+        return cmd_validate_lm_placement(args)
+    report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames)
+    bounds = BOUNDS["lm"]
+
+    def text() -> None:
+        print(f"{'prompt':<10}{'tokens':>7}{'steps':>6}{'greedy':>8}{'logits cos min':>16}{'mean':>12}{'max|d|':>10}")
+        for p in report["prompts"]:
+            print(f"{p['name']:<10}{p['prompt_tokens']:>7}{p['steps']:>6}{'equal' if p['greedy_equal'] else 'DIFF':>8}"
+                  f"{p['logits_cos_min']:>16.7f}{p['logits_cos_mean']:>12.7f}{p['logits_max_abs_diff']:>10.2e}")
+        print("\n".join(metric_lines(report, ("logits_cos_min", "logits_cos_mean", "greedy_match"), bounds)))
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
+    from kztts.export.validate.lm import validate_lm_placement
+
+    report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
+                                   steps=args.frames, strict=not args.lenient)
+    static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
+    # w8a16 is reported, not bounded (as for TTS bundles: its error is the quantization's, per model)
+    bounds = {} if "w8a16" in static and args.target else BOUNDS["lm-placement"]
+
+    def text() -> None:
+        print(f"placement {report['placement'] or '(the target placement keys)'} on {report['target'] or 'cpu'}  "
+              f"[runner {report['runner']}], against the bundle's fp32 CPU graphs")
+        for line in metric_lines(report, ("logits_cos_min", "logits_cos_mean", "top1_agree", "greedy_match"), bounds):
+            print(line)
+        print(f"{'perplexity':<26}{report['ppl']:.4f} (fp32 {report['ppl_fp32']:.4f})")
+        print(f"{'guard_flagged':<26}{report['guard_flagged']} HTP graph calls reached the fp16 guard threshold")
+        if report["htp_hosts"]:
+            print(f"{'htp_hosts':<26}{len(report['htp_hosts'])} processes "
+                  f"({', '.join(str(h['mb']) + ' MB' for h in report['htp_hosts'])})")
+
+    return _finish(args, report, bounds, text)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    if args.frames < 1:
+        raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
+    need_export_extra()
+    if read_manifest(Path(args.bundle)).kind == KIND_LM:
+        return cmd_validate_lm(args)
+    from kztts.export.validate.tts import check_reference
+
+    check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
+    if args.placement:
+        return cmd_validate_placement(args)
+    if args.target:
+        return cmd_validate_target(args)
+    return cmd_validate_cpu(args)
+
+
+def add_command(sub) -> None:
+    s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
+    s.add_argument("bundle")
+    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from "
+                                                      "(an LM bundle: its directory or GGUF file)")
+    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode "
+                                                          "(an LM bundle: greedy tokens per prompt)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
+                                    "and compare them with the CPU/reference")
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS, help="with --target: which exported precision")
+    s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
+                                       "a placement file (kztts calibrate), or a target with layer_placement")
+    s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
+    s.set_defaults(func=cmd_validate)

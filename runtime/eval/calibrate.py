@@ -1,0 +1,231 @@
+"""``kztts calibrate``: measure where fp16 is unsafe in the Talker and write a guarded placement.
+
+The prompts run through the bundle's layer-segment graphs on the CPU in fp32 (every
+layer on the CPU, ``kztts.runners.talker_segmented``), speaking for real: prompt, then frames
+with the bundle's Code Predictor, so both phases see the activations generation
+produces. Each graph reports the largest magnitude of its residual stream, norm
+inputs and outputs, q/k/v projections, attention scores, MLP intermediate and
+outputs (``kztts.bundle.segments.LAYER_STATS``); the report keeps the maximum per layer,
+per phase.
+
+Policy: a layer whose largest recorded magnitude reaches ``threshold`` runs on the
+CPU in fp32 in that phase; the others go to the HTP. The default threshold,
+``65504 / 8 = 8188`` (``DEFAULT_THRESHOLD``), leaves three bits of headroom below
+fp16's largest value, because (a) unseen text can drive activations past what a
+handful of calibration prompts showed (measured outliers on real LLMs vary by a
+few x between prompts), (b) the HTP accumulates matmuls in fp16 too, so partial sums
+can exceed the final value, and (c) at 8192 fp16's spacing is already 8, so a value
+that large has lost the low bits of everything added to it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.manifest import KIND_LM
+from kztts.bundle.segments import DEFAULT_THRESHOLD, FP16_MAX, HEAD_STATS, LAYER_STATS
+from kztts.core.audio import synthetic_voice
+from kztts.core.errors import ContextOverflowError, KzttsError
+from kztts.core.progress import bar, phase
+from kztts.htp.placement import PHASES, LayerPlacement, PhasePlacement, builtin
+from kztts.lm.lm import LM
+from kztts.plan.resolve import resolve_plan
+from kztts.tts.tts import TTS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FRAMES = 16
+REPORT_SCHEMA = "kztts-calibration/1"
+
+
+def default_prompts_file() -> Path:
+    return Path(__file__).resolve().parents[1] / "data" / "calibration_prompts.json"
+
+
+def load_prompts(path: str | Path | None = None) -> list[dict]:
+    """Prompts as [{"text", "language", "streaming_text"}]: a JSON list of such objects (or of
+    strings), or a text file with one prompt per line (``#`` comments and blank lines skipped)."""
+    path = Path(path) if path is not None else default_prompts_file()
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KzttsError(f"{path}: cannot read the prompts file ({exc})") from exc
+    if path.suffix.lower() == ".json":
+        try:
+            items = json.loads(raw)
+        except ValueError as exc:
+            raise KzttsError(f"{path}: not valid JSON ({exc})") from exc
+        if not isinstance(items, list):
+            raise KzttsError(f"{path}: expected a JSON list of prompts")
+    else:
+        items = [ln.strip() for ln in raw.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    prompts = []
+    for i, it in enumerate(items):
+        if isinstance(it, str):
+            it = {"text": it}
+        if not isinstance(it, dict) or not isinstance(it.get("text"), str) or not it["text"].strip():
+            raise KzttsError(f"{path}: prompt {i}: needs a non-empty 'text'")
+        unknown = set(it) - {"text", "language", "streaming_text"}
+        if unknown:
+            raise KzttsError(f"{path}: prompt {i}: unknown keys {sorted(unknown)} (allowed: text, language, "
+                             "streaming_text)")
+        prompts.append({"text": it["text"], "language": it.get("language", "auto"),
+                        "streaming_text": bool(it.get("streaming_text", False))})
+    if not prompts:
+        raise KzttsError(f"{path}: no prompts in the file")
+    return prompts
+
+
+@dataclass
+class CalibrationReport:
+    """Largest magnitudes per phase: ``layers[phase]`` [num_layers, len(LAYER_STATS)], ``head[phase]``."""
+
+    bundle: str
+    threshold: float
+    layers: dict[str, np.ndarray]
+    head: dict[str, np.ndarray]
+    prompts: list[dict] = field(default_factory=list)
+    frames: int = 0
+    positions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers["prefill"].shape[0]
+
+    def flagged(self, phase: str) -> list[int]:
+        """Layers of ``phase`` whose largest magnitude reaches the threshold."""
+        return [int(i) for i in np.nonzero(self.layers[phase].max(axis=1) >= self.threshold)[0]]
+
+    def head_flagged(self, phase: str) -> bool:
+        return bool(self.head[phase].max() >= self.threshold)
+
+    def placement(self) -> LayerPlacement:
+        """The guarded placement: flagged layers (and head) on the CPU, the rest on the HTP."""
+        phases = []
+        for ph in PHASES:
+            bad = set(self.flagged(ph))
+            phases.append(PhasePlacement(tuple("cpu" if i in bad else "htp" for i in range(self.num_layers)),
+                                         "cpu" if self.head_flagged(ph) else "htp"))
+        summary = {ph: {"cpu_layers": self.flagged(ph), "head_on_cpu": self.head_flagged(ph),
+                        "peak": float(max(self.layers[ph].max(), self.head[ph].max()))} for ph in PHASES}
+        return LayerPlacement("guarded", phases[0], phases[1], self.bundle,
+                              {"threshold": self.threshold, "calibration": summary})
+
+    def to_json(self) -> dict:
+        phases = {}
+        for ph in PHASES:
+            rows = []
+            for i, row in enumerate(self.layers[ph]):
+                k = int(np.argmax(row))
+                rows.append({"layer": i, "max_abs": dict(zip(LAYER_STATS, map(float, row))), "peak": float(row[k]),
+                             "peak_tensor": LAYER_STATS[k], "flagged": bool(row[k] >= self.threshold)})
+            head = self.head[ph]
+            phases[ph] = {"positions": self.positions.get(ph, 0), "layers": rows,
+                          "head": {"max_abs": dict(zip(HEAD_STATS, map(float, head))),
+                                   "flagged": self.head_flagged(ph)}}
+        return {"schema": REPORT_SCHEMA, "bundle": self.bundle, "threshold": self.threshold, "fp16_max": FP16_MAX,
+                "frames": self.frames, "prompts": self.prompts, "phases": phases,
+                "flagged": {ph: self.flagged(ph) for ph in PHASES}}
+
+    def plot(self, path: str | Path) -> Path | None:
+        """Per-layer magnitudes against the fp16 limit and the threshold (PNG); None without matplotlib."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            log.warning("matplotlib is not installed: no plot (pip install matplotlib)")
+            return None
+        groups = {"residual stream": ("residual_in", "residual_mid", "residual_out"),
+                  "norm outputs": ("attn_norm_out", "mlp_norm_out"), "q/k/v projections": ("qkv_proj",),
+                  "attention scores": ("attn_scores",), "attention output": ("attn_out",),
+                  "MLP intermediate": ("mlp_intermediate",), "MLP output": ("mlp_out",)}
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        x = np.arange(self.num_layers)
+        for ax, ph in zip(axes, PHASES):
+            data = self.layers[ph]
+            for label, names in groups.items():
+                cols = [LAYER_STATS.index(n) for n in names]
+                ax.plot(x, np.maximum(data[:, cols].max(axis=1), 1e-3), marker="o", ms=3, label=label)
+            ax.scatter([self.num_layers], [max(self.head[ph][0], 1e-3)], marker="s", color="k", label="head input")
+            ax.axhline(FP16_MAX, color="r", ls="-", lw=1, label="fp16 max (65504)")
+            ax.axhline(self.threshold, color="r", ls="--", lw=1, label=f"threshold ({self.threshold:g})")
+            for i in self.flagged(ph):
+                ax.axvspan(i - 0.4, i + 0.4, color="r", alpha=0.12)
+            ax.set_yscale("log")
+            ax.set_title(f"{ph}: largest |x| per layer (fp32 CPU)")
+            ax.set_xlabel("layer (last point: head)")
+        axes[0].set_ylabel("max |activation|")
+        axes[1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _lm_speaker(bundle, talker, tokens: int, seed: int):
+    """An LM bundle's calibration run: each prompt as a chat message (empty system prompt: the layer graphs
+    have a small static context), then ``tokens`` sampled reply tokens."""
+    lm = LM(bundle, talker=talker)
+
+    def speak(p: dict, i: int) -> None:
+        for _ in lm.chat_session(system="").send(p["text"], tokens, seed=seed + i):
+            pass
+    return speak
+
+
+def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, frames: int = DEFAULT_FRAMES,
+              threshold: float = DEFAULT_THRESHOLD, seed: int = 0, progress: bool = False) -> CalibrationReport:
+    """Run ``prompts`` (default: the shipped multilingual set) through the fp32 layer graphs of
+    ``bundle_dir`` and record the magnitudes (module docstring)."""
+    if not threshold > 0:
+        raise KzttsError(f"threshold must be positive, got {threshold}")
+    prompts = prompts if prompts is not None else load_prompts()
+    bundle = Bundle.open(bundle_dir, load_graphs=False)  # the graphs used are opened (and checked) below
+    m = bundle.manifest
+    L = int(m.talker["num_layers"])
+    talker = resolve_plan(bundle, placement=builtin("all-cpu", L), segments=True).open_talker()
+    speak = _lm_speaker(bundle, talker, frames, seed) if m.kind == KIND_LM else None
+    tts = TTS(bundle, talker=talker) if speak is None else None
+    layers = {ph: np.zeros((L, len(LAYER_STATS))) for ph in PHASES}
+    head = {ph: np.zeros(len(HEAD_STATS)) for ph in PHASES}
+    positions = {ph: 0 for ph in PHASES}
+
+    def record(phase: str, unit, out: dict) -> None:
+        stats = np.asarray(out["stats"], np.float64)
+        if unit == "head":
+            np.maximum(head[phase], stats, out=head[phase])
+            positions[phase] += int(out["hidden"].shape[0])
+        else:
+            np.maximum(layers[phase][unit], stats, out=layers[phase][unit])
+
+    talker.on_unit = record
+    if speak is None:
+        voice = tts.voice_from_wav(synthetic_voice(), 24000)
+
+        def speak(p: dict, i: int) -> None:
+            tts.generate_codes(p["text"], voice, language=p["language"], streaming_text=p["streaming_text"],
+                               seed=seed + i, max_frames=frames)
+    used = []
+    it = prompts
+    if progress:
+        phase("calibrate: %d prompts of %d frames on the per-layer graphs", len(prompts), frames)
+        it = bar(prompts, desc="calibrate", unit="prompt")
+    for i, p in enumerate(it):
+        try:
+            speak(p, i)
+        except ContextOverflowError as exc:
+            log.warning("calibration prompt %d skipped: %s", i, exc)
+            continue
+        used.append(p)
+    if not used:
+        raise KzttsError(f"no calibration prompt fits the layer graphs' context ({talker.context} positions); "
+                         "use shorter prompts or export with a larger shapes.context")
+    return CalibrationReport(str(bundle_dir), float(threshold), layers, head, used, frames, positions)

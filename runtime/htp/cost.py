@@ -1,0 +1,427 @@
+"""The cost of a frame on paper: bytes and multiply-accumulates per graph call at a target, and a
+"paper estimate" of milliseconds per frame from the target's published bandwidth and throughput.
+
+For each graph a synthesis calls at the target (the static HTP graph when the target places it on the
+HTP and the bundle has it for the target's shapes, else the CPU graph at the target's context) it
+counts, per call:
+
+- weights held: every initializer and ``Constant`` tensor (``kztts.bundle.onnx_wire``), as stored in the file
+  and as held on the graph's device (float32 constants of a graph on the HTP count at 2 bytes for
+  fp16, 1 byte for w8a16); "after sharing" counts a tensor held by an earlier graph on the same
+  device once (the Talker's prefill and decode graphs carry the same weights);
+- weights read per call: each use of a constant by a node (through ``Identity`` aliases) reads it
+  once, so ``cp_frame``'s 15 unrolled steps read the Code Predictor's layers 15 times (they do not fit
+  in on-chip memory); a table only gathered from (``Gather`` data) reads just the rows gathered;
+- KV / carried state read (``past_*``, ``state_*`` inputs) and written (``new_*``, ``present_*``
+  outputs), all graph inputs and outputs (``io_bytes``; on the HTP these cross host <-> NPU), and the
+  intermediate tensors the graph writes (``activation_bytes``, as ONNX Runtime's CPU EP sizes them);
+- MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose) from the shapes each node
+  sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
+
+A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call. Its paper
+estimate is, per graph, max(bytes / bandwidth, MACs / throughput) with bytes = weights read on the
+device + graph inputs and outputs, summed over the frame. Bandwidth is the target's ``cost.effective_gbps``
+(a published LLM token rate x its weight bytes) or else ``cost.dram_gbps`` (the memory's peak);
+throughput is ``cost.htp_int8_tops`` for HTP graphs (no fp16 figure is published: the compute term
+is then a lower bound) and none for CPU graphs (their term is bytes only). It is an estimate from
+published figures, not a measurement; a simulator target gets none (its host times are not a device).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kztts.bundle.manifest import read_manifest
+from kztts.bundle.onnx_wire import read_graph
+from kztts.core.errors import BundleError
+from kztts.htp.targets import load_target
+
+log = logging.getLogger(__name__)
+
+MAC_OPS = ("MatMul", "MatMulNBits", "Gemm", "Conv", "ConvTranspose")
+KV_INPUTS = ("past_", "state_")
+KV_OUTPUTS = ("new_", "present_")
+LABEL = "paper estimate"
+FRAME_RATE = 12.5  # codec frames per second (1920 samples at 24 kHz) when the bundle does not say
+_DEVICE_FLOAT_BYTES = {"fp16": 2, "w8a16": 1}  # a float32 constant on the HTP, by HTP precision
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+              "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
+
+
+@dataclass
+class GraphCost:
+    """What one call of one graph moves and computes (bytes, MACs), and how often a frame calls it."""
+
+    role: str
+    graph: str
+    device: str  # where the target runs it: "htp" or "cpu"
+    precision: str  # on that device
+    calls_per_frame: float
+    dims: dict  # the symbolic dimensions fed (seq, past, frames) or {} for a static graph
+    weight_bytes: int = 0  # constants as stored in the graph file
+    device_weight_bytes: int = 0  # as held on the device
+    shared_weight_bytes: int = 0  # of those, held already by an earlier graph on the same device
+    gather_table_bytes: int = 0  # of those, tables only gathered from (a call reads rows of them)
+    weight_read_bytes: int = 0  # weights a call reads on the device: per use, gathered rows only
+    kv_read_bytes: int = 0
+    kv_write_bytes: int = 0
+    io_bytes: int = 0  # all inputs + outputs
+    host_npu_bytes: int = 0  # io_bytes when on the HTP, else 0
+    activation_bytes: int = 0  # intermediate tensors written (CPU EP sizes, unfused graph, no Identity copies)
+    macs: int = 0
+    macs_by_op: dict = field(default_factory=dict)
+    kv_dtype: str = ""
+    note: str = ""
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Weights read on the device + every graph input and output: what one call moves in DRAM."""
+        return self.weight_read_bytes + self.io_bytes
+
+    @property
+    def fp16_kv_bytes_per_call(self) -> int:
+        """``bytes_per_call`` with the Talker's KV inputs/outputs at 2 bytes (computed from the shapes)."""
+        if not self.role.startswith("talker") or self.kv_dtype != "float32":
+            return self.bytes_per_call
+        return self.bytes_per_call - (self.kv_read_bytes + self.kv_write_bytes) // 2
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(bytes_per_call=self.bytes_per_call, fp16_kv_bytes_per_call=self.fp16_kv_bytes_per_call,
+                 unique_weight_bytes=self.device_weight_bytes - self.shared_weight_bytes)
+        return d
+
+
+# ------------------------------------------------------------------ which graphs a frame calls
+def _static_fits(spec, target, role: str) -> bool:
+    """Whether a static graph was made for the target's shapes (a bundle exported for another target
+    has other ones)."""
+    x, s = spec.extra, target.shapes
+    if role == "decoder":
+        return x.get("frames", s.decoder_chunk) == s.decoder_chunk
+    if role.startswith("talker"):
+        seq = s.prefill_chunk if role == "talker_prefill" else 1
+        return x.get("context") == s.context and x.get("seq", seq) == seq
+    return True
+
+
+def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str]]:
+    """(role, graph, device, dims, calls per frame, note) for the Talker prefill (0 calls per frame:
+    a prompt's cost), the Talker decode, the Code Predictor and the decoder, as the target places them.
+    A role whose HTP graph the bundle lacks (or has for other shapes) is counted on its CPU graph at the
+    target's shapes and keeps the target's device: the shapes, weights and MACs are the same."""
+    s, graphs = target.shapes, manifest.graphs
+    out = []
+
+    def pick(role, static, place_key, cpu, dims, calls):
+        device = "htp" if target.on_htp(place_key) else "cpu"
+        if device == "htp" and static in graphs and _static_fits(graphs[static], target, role):
+            out.append((role, static, device, {}, calls, ""))
+            return
+        for g in cpu:
+            if g in graphs:
+                note = f"the bundle has no {static} for these shapes: counted on {g} at them" if device == "htp" \
+                    else "at the full context: a CPU step reads only the positions so far" if "past" in dims else ""
+                out.append((role, g, device, dims, calls, note))
+                return
+        log.info("%s: the bundle has none of %s", role, ", ".join((static, *cpu)))
+
+    pick("talker_prefill", "talker_prefill", "talker_prefill", ("talker",),
+         {"seq": s.prefill_chunk, "past": s.context - s.prefill_chunk}, 0.0)
+    pick("talker_decode", "talker_decode", "talker_decode", ("talker",), {"seq": 1, "past": s.context - 1}, 1.0)
+    # cp_frame is a static graph in every bundle, the same on both devices
+    pick("code_predictor", "cp_frame", "cp_frame", ("cp_frame",), {}, 1.0)
+    pick("decoder", "decoder_chunk", "decoder", ("decoder_stream", "decoder"), {"frames": s.decoder_chunk},
+         1.0 / s.decoder_chunk)
+    return out
+
+
+# ------------------------------------------------------------------ counting one graph
+def _feeds(sess, dims: dict, path: Path) -> dict:
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = []
+        for d in i.shape:
+            if isinstance(d, int):
+                shape.append(d)
+            elif d in dims:
+                shape.append(int(dims[d]))
+            else:
+                raise BundleError(f"{path}: input {i.name!r} has dimension {d!r}, which kztts.htp.cost cannot size "
+                                  f"(knows {', '.join(dims) or 'none'})")
+        if i.type not in _ORT_TYPES:
+            raise BundleError(f"{path}: input {i.name!r} has type {i.type}, which kztts.htp.cost cannot feed")
+        feeds[i.name] = np.zeros(shape, _ORT_TYPES[i.type])
+    return feeds
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def node_macs(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> int:
+    """Multiply-accumulates of one node from the shapes it saw (0 for ops not in ``MAC_OPS``)."""
+    if op not in MAC_OPS or not inputs or not outputs:
+        return 0
+    out = outputs[0]
+    if op in ("MatMul", "MatMulNBits"):
+        return _numel(out) * int(inputs[0][-1])
+    if op == "Gemm":  # A is [M, K] or, transposed, [K, M]; the output is [M, N]
+        a = inputs[0]
+        return _numel(out) * int(a[1] if a[0] == out[0] else a[0])
+    if op == "Conv":  # W [C_out, C_in / group, k...]
+        return _numel(out) * _numel(inputs[1][1:])
+    return _numel(inputs[0]) * _numel(inputs[1][1:])  # ConvTranspose: W [C_in, C_out / group, k...]
+
+
+def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int, dict]:
+    """Run ``path`` once on the CPU EP on zero inputs, unoptimised (the file's own nodes), with ONNX
+    Runtime's profiler: MACs per op type, input and output arrays' bytes by name, and the bytes of
+    the intermediate tensors the nodes wrote, and each Gather node's output bytes. Kept per file version and shapes (several targets of
+    one bundle share most of their graphs' shapes)."""
+    st = Path(path).stat()
+    return _profile(str(path), st.st_size, st.st_mtime_ns, tuple(sorted(dims.items())), threads)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> tuple[dict, dict, dict, int, dict]:
+    import onnxruntime as ort
+
+    dims = dict(dims)
+
+    with tempfile.TemporaryDirectory(prefix="kztts-cost-") as tmp:
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "profile")
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"])
+        feeds = _feeds(sess, dims, Path(path))
+        names = [o.name for o in sess.get_outputs()]
+        outs = sess.run(names, feeds)
+        with open(sess.end_profiling()) as fh:
+            events = json.load(fh)
+    macs: dict[str, int] = {}
+    gathered: dict[str, int] = {}
+    written = 0
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        a = e.get("args", {})
+        op = a.get("op_name", "")
+        shapes_in = [next(iter(t.values())) for t in a.get("input_type_shape", [])]
+        shapes_out = [next(iter(t.values())) for t in a.get("output_type_shape", [])]
+        n = node_macs(op, shapes_in, shapes_out)
+        if n:
+            macs[op] = macs.get(op, 0) + n
+        if op != "Identity":  # an alias on a device (the CPU EP copies it: cp_frame's per-step weights)
+            written += int(a.get("output_size", 0) or 0)
+        if op == "Gather":
+            gathered[e["name"][:-len("_kernel_time")]] = int(a.get("output_size", 0) or 0)
+    ins = {k: (v.nbytes, str(v.dtype)) for k, v in feeds.items()}
+    outputs = {k: (v.nbytes, str(v.dtype)) for k, v in zip(names, outs)}
+    return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
+
+
+def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, int]:
+    """(bytes of weights one call reads, bytes of the tables it only gathers rows from), on the device.
+    Every use of a constant by a main-graph node reads it (``Identity`` outputs alias their input);
+    a ``Gather`` from a constant reads the rows it outputs (``gathered``: output bytes by node name)."""
+    consts = {t.name: t for t in graph.tensors}
+    alias = {n.outputs[0]: n.inputs[0] for n in graph.nodes if n.op == "Identity" and n.inputs and n.outputs}
+
+    def const(x: str):
+        seen = 0
+        while x in alias and seen < len(alias):
+            x, seen = alias[x], seen + 1
+        return consts.get(x)
+
+    read, tables = 0, {}
+    for n in graph.nodes:
+        if n.op == "Identity" or n.subgraph:
+            continue
+        for k, x in enumerate(n.inputs):
+            c = const(x) if x else None
+            if c is None:
+                continue
+            if n.op == "Gather" and k == 0:
+                tables[c.name] = device_bytes(c)
+                read += gathered.get(n.name, 0) * device_bytes(c) // max(1, c.nbytes)
+            else:
+                read += device_bytes(c)
+    return read, sum(tables.values())
+
+
+def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
+               note: str = "", threads: int = 0) -> tuple[GraphCost, list]:
+    """The counts of one graph (and its constant tensors, for the sharing pass)."""
+    path = Path(bundle_path) / spec.file
+    graph = read_graph(path)
+    tensors = graph.tensors
+    macs, ins, outs, written, gathered = profile_graph(path, dims, threads)
+    float_bytes = _DEVICE_FLOAT_BYTES.get(precision, 4) if device == "htp" else 4
+
+    def device_bytes(t) -> int:
+        return t.elements * float_bytes if t.dtype == "float32" else t.nbytes
+
+    c = GraphCost(role, spec.name, device, precision, calls, dict(dims), note=note)
+    c.weight_bytes = sum(t.nbytes for t in tensors)
+    c.device_weight_bytes = sum(device_bytes(t) for t in tensors)
+    c.weight_read_bytes, c.gather_table_bytes = weight_reads(graph, device_bytes, gathered)
+    c.kv_read_bytes = sum(b for k, (b, _) in ins.items() if k.startswith(KV_INPUTS))
+    c.kv_write_bytes = sum(b for k, (b, _) in outs.items() if k.startswith(KV_OUTPUTS))
+    c.kv_dtype = next((t for k, (_, t) in ins.items() if k.startswith(KV_INPUTS)), "")
+    c.io_bytes = sum(b for b, _ in ins.values()) + sum(b for b, _ in outs.values())
+    c.host_npu_bytes = c.io_bytes if device == "htp" else 0
+    c.activation_bytes = written
+    c.macs = sum(macs.values())
+    c.macs_by_op = dict(macs)
+    return c, [(t.digest, device_bytes(t)) for t in tensors]
+
+
+# ------------------------------------------------------------------ the frame
+def _frame_rate(manifest) -> float:
+    for g in ("decoder_stream", "decoder", "decoder_chunk"):
+        x = manifest.graphs[g].extra if g in manifest.graphs else {}
+        if x.get("samples_per_frame") and x.get("sample_rate"):
+            return float(x["sample_rate"]) / float(x["samples_per_frame"])
+    return FRAME_RATE
+
+
+def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE) -> dict:
+    """Milliseconds per frame = sum over the frame's graphs of calls x max(bytes / bandwidth, MACs /
+    throughput), with the target's published figures; ``available`` False (and why) without them."""
+    est: dict = {"label": LABEL, "available": False}
+    if target.runs_on == "simulator":
+        est["reason"] = "not for a simulator: its host times are not a device"
+        return est
+    cost = target.cost or {}
+    bw = cost.get("effective_gbps") or cost.get("dram_gbps")
+    if not bw:
+        est["reason"] = f"{target.path}: no cost.effective_gbps or cost.dram_gbps (public figures) in the target"
+        return est
+    roles = {r.role for r in rows if r.calls_per_frame}
+    missing = [r for r in ("talker_decode", "code_predictor", "decoder") if r not in roles]
+    if missing:
+        est["reason"] = f"the bundle has no graph for {', '.join(missing)}"
+        return est
+    tops = cost.get("htp_int8_tops")
+    kind = "effective" if cost.get("effective_gbps") else "dram"
+    parts, total, total_peak, total_fp16 = [], 0.0, 0.0, 0.0
+    for r in rows:
+        if not r.calls_per_frame:
+            continue
+        compute = r.macs / (tops * 1e12 / 2) * 1e3 if (r.device == "htp" and tops) else None
+        terms = {}
+        for key, gbps, nbytes in (("ms", bw, r.bytes_per_call), ("ms_at_dram_peak", cost.get("dram_gbps"),
+                                                                    r.bytes_per_call),
+                                  ("ms_fp16_kv", bw, r.fp16_kv_bytes_per_call)):
+            if gbps:
+                terms[key] = max(nbytes / (gbps * 1e9) * 1e3, compute or 0.0) * r.calls_per_frame
+        total += terms["ms"]
+        total_peak += terms.get("ms_at_dram_peak", 0.0)
+        total_fp16 += terms["ms_fp16_kv"]
+        parts.append({"role": r.role, "graph": r.graph, "device": r.device, "calls_per_frame": r.calls_per_frame,
+                      "bytes_ms_per_call": r.bytes_per_call / (bw * 1e9) * 1e3,
+                      "compute_ms_per_call": compute, "bound": "compute" if compute and compute >
+                      r.bytes_per_call / (bw * 1e9) * 1e3 else "bytes", **terms})
+    period = 1e3 / frame_rate
+    est.update(available=True, bandwidth_gbps=bw, bandwidth_kind=kind, dram_gbps=cost.get("dram_gbps"),
+               effective_gbps=cost.get("effective_gbps"), htp_int8_tops=tops,
+               sources={k: v for k, v in cost.items() if k.endswith("_source") or k == "note"},
+               ms_per_frame=total, ms_per_frame_at_dram_peak=total_peak if cost.get("dram_gbps") else None,
+               ms_per_frame_fp16_kv=total_fp16, frame_period_ms=period, realtime_factor=period / total,
+               parts=parts,
+               assumptions=["bytes per call = weights read on the device (each use; gathered rows only) + "
+                            "all graph inputs and outputs; "
+                            "intermediates assumed on chip",
+                            "HTP compute term uses the published INT8 TOPS (1 MAC = 2 ops); fp16 is not "
+                            "published and is slower, so that term is a lower bound",
+                            "CPU graphs: bytes term only (no public CPU throughput figure in the target)"])
+    return est
+
+
+def bundle_cost(bundle_dir: str | Path, target, threads: int = 0) -> dict:
+    """Per-graph counts of a bundle at ``target`` (name, file or ``Target``) and the frame's paper estimate."""
+    target = load_target(target)
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir)
+    rows: list[GraphCost] = []
+    seen: dict[str, set[str]] = {}  # device -> digests of the constants already held there
+    for role, graph, device, dims, calls, note in frame_graphs(manifest, target):
+        spec = manifest.graphs[graph]
+        precision = target.precision if device == "htp" else spec.extra.get("cpu_precision", spec.precision)
+        if device == "cpu" and precision in _DEVICE_FLOAT_BYTES:
+            precision = "fp32"
+        row, consts = graph_cost(bundle_dir, spec, role, device, precision, dims, calls, note, threads)
+        held = seen.setdefault(device, set())
+        row.shared_weight_bytes = sum(b for d, b in consts if d in held)
+        held.update(d for d, _ in consts)
+        rows.append(row)
+    frame = [r for r in rows if r.calls_per_frame]
+    return {
+        "label": LABEL, "target": target.name, "soc": target.soc.name, "runs_on": target.runs_on,
+        "shapes": {"context": target.shapes.context, "prefill_chunk": target.shapes.prefill_chunk,
+                   "decoder_chunk": target.shapes.decoder_chunk},
+        "counted_ops": list(MAC_OPS),
+        "graphs": [r.to_json() for r in rows],
+        "weights": {"per_graph": sum(r.device_weight_bytes for r in rows),
+                    "after_sharing": sum(r.device_weight_bytes - r.shared_weight_bytes for r in rows)},
+        "frame": {"bytes": sum(r.bytes_per_call * r.calls_per_frame for r in frame),
+                  "bytes_fp16_kv": sum(r.fp16_kv_bytes_per_call * r.calls_per_frame for r in frame),
+                  "host_npu_bytes": sum(r.host_npu_bytes * r.calls_per_frame for r in frame),
+                  "macs": sum(r.macs * r.calls_per_frame for r in frame)},
+        "paper_estimate": paper_estimate(rows, target, _frame_rate(manifest)),
+    }
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.4g}"
+
+
+def format_cost(report: dict) -> str:
+    """The cost report as text: one row per graph, then the frame and its paper estimate."""
+    lines = [f"cost per call at {report['target']} (context {report['shapes']['context']}, prefill chunk "
+             f"{report['shapes']['prefill_chunk']}, decoder chunk {report['shapes']['decoder_chunk']}); MB = 1e6 "
+             f"bytes; MACs of {', '.join(report['counted_ops'])}",
+             f"{'role':<16}{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'read/call':>11}"
+             f"{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
+    for r in report["graphs"]:
+        lines.append(f"{r['role']:<16}{r['graph']:<16}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
+                     f"{_mb(r['device_weight_bytes']):>12}{_mb(r['unique_weight_bytes']):>10}"
+                     f"{_mb(r['weight_read_bytes']):>11}"
+                     f"{_mb(r['kv_read_bytes']):>10}{_mb(r['kv_write_bytes']):>10}{_mb(r['host_npu_bytes']):>12}"
+                     f"{_mb(r['activation_bytes']):>11}{r['macs'] / 1e9:>10.3f}"
+                     + (f"  ({r['note']})" if r["note"] else ""))
+    w, f = report["weights"], report["frame"]
+    lines.append(f"weights held: {_mb(w['per_graph'])} MB per graph, {_mb(w['after_sharing'])} MB after sharing")
+    lines.append(f"per frame: {_mb(f['bytes'])} MB moved ({_mb(f['bytes_fp16_kv'])} MB with fp16 Talker KV, "
+                 f"computed), {_mb(f['host_npu_bytes'])} MB host<->NPU, {f['macs'] / 1e9:.3f} GMACs")
+    est = report["paper_estimate"]
+    if not est["available"]:
+        lines.append(f"{LABEL}: not available ({est['reason']})")
+        return "\n".join(lines)
+    tops = f", {est['htp_int8_tops']} INT8 TOPS" if est["htp_int8_tops"] else ", no TOPS figure"
+    peak = est["ms_per_frame_at_dram_peak"]
+    lines.append(f"{LABEL}: {est['ms_per_frame']:.2f} ms per frame at {est['bandwidth_gbps']} GB/s "
+                 f"({est['bandwidth_kind']}{tops})"
+                 + (f", {peak:.2f} ms at the {est['dram_gbps']} GB/s DRAM peak" if peak else "")
+                 + f"; {est['ms_per_frame_fp16_kv']:.2f} ms with fp16 Talker KV (computed); a frame is "
+                 f"{est['frame_period_ms']:.0f} ms of audio: {est['realtime_factor']:.1f}x real time on paper")
+    for p in est["parts"]:
+        comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
+        lines.append(f"  {p['role']:<16}{p['graph']:<16}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, compute "
+                     f"{comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/frame")
+    return "\n".join(lines)

@@ -1,0 +1,347 @@
+"""Sessions on the Qualcomm QNN execution provider (HTP), with a CPU fallback.
+
+- The onnxruntime-qnn plugin library is registered once per process
+  (:func:`qnn_available`); a second registration is an ONNX Runtime error.
+- A target's provider options (``kztts.htp.targets``) are applied to every session,
+  with ``soc_model``/``htp_arch`` from its SoC: float graphs then run in fp16 on
+  the HTP, QDQ graphs in their quantized types.
+- Strict mode sets ``session.disable_cpu_ep_fallback``: a graph with a node the
+  HTP cannot run fails at session creation. ONNX Runtime's own message does not
+  say which node; :func:`create_session` re-opens the graph without the flag,
+  reads the assignment and raises :class:`QnnPlacementError` naming the nodes
+  and op types that would fall back.
+- Without onnxruntime-qnn, or when its library fails to load, non-strict
+  sessions run on the CPU EP after one warning per process; strict ones fail.
+  ``KZTTS_DISABLE_QNN=1`` forces that path. A graph the HTP backend cannot
+  prepare also runs on the CPU EP (with a warning naming it) unless strict.
+
+Caveat (QNN.md): once a session used ``soc_model`` (fp16), later QNN sessions in
+the same process also compute in fp16. Compare fp32 and fp16 in separate processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnxruntime as ort
+
+from kztts.bundle.sessions import SessionConfig, _check_io, _check_stamp, _session_options
+from kztts.core import env
+from kztts.core.errors import BundleError, KzttsError
+from kztts.htp.qnn_package import host_is_simulator
+from kztts.htp.targets import Target, load_target
+
+log = logging.getLogger(__name__)
+
+EP_NAME = "QNNExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+
+
+class QnnPlacementError(KzttsError):
+    """Strict mode: some nodes of a graph would run on the CPU EP instead of the HTP."""
+
+    def __init__(self, message: str, cpu_nodes: list[tuple[str, str]]):
+        super().__init__(message)
+        self.cpu_nodes = cpu_nodes  # (op_type, node name)
+
+
+@dataclass
+class _State:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    tried: bool = False
+    devices: list = field(default_factory=list)
+    htp_path: str | None = None
+    error: str | None = None
+    warned: bool = False
+
+
+_STATE = _State()
+
+
+def _register() -> None:
+    """Import onnxruntime-qnn and register its EP library (once; the result is kept)."""
+    st = _STATE
+    with st.lock:
+        if st.tried:
+            return
+        st.tried = True
+        if env.flag("KZTTS_DISABLE_QNN"):
+            st.error = "disabled by KZTTS_DISABLE_QNN"
+            return
+        # libsndfile dlopen'ed after the HTP backend is loaded segfaults on its first file
+        # (seen with onnxruntime-qnn 2.7.0, e.g. reading a voice WAV after the sessions
+        # opened): load it first.
+        import soundfile  # noqa: F401
+
+        try:
+            import onnxruntime_qnn as qnn
+        except Exception as exc:  # ImportError, or a broken package
+            st.error = f"onnxruntime-qnn is not installed ({type(exc).__name__}: {exc}); pip install 'kztts[qnn]'"
+            return
+        try:
+            lib, htp = qnn.get_library_path(), qnn.get_qnn_htp_path()
+            if EP_NAME not in {d.ep_name for d in ort.get_ep_devices()}:
+                ort.register_execution_provider_library(qnn.get_ep_name(), lib)
+            devices = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+            if not devices:
+                raise RuntimeError("the library registered but offers no QNN device")
+            if not Path(htp).is_file():
+                raise RuntimeError(f"HTP backend {htp} is missing")
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            st.error = f"the onnxruntime-qnn library failed to load ({first[:300]})"
+            return
+        st.devices, st.htp_path = devices, htp
+        log.debug("registered %s from %s", EP_NAME, lib)
+
+
+def qnn_available() -> bool:
+    """True when the QNN EP is registered in this process (registering it on first call)."""
+    _register()
+    return _STATE.error is None
+
+
+def qnn_unavailable_reason() -> str | None:
+    _register()
+    return _STATE.error
+
+
+def _warn_fallback() -> None:
+    with _STATE.lock:
+        first, _STATE.warned = not _STATE.warned, True
+    if first:
+        log.warning("QNN execution provider unavailable: %s; running on the CPU execution provider instead",
+                    _STATE.error)
+
+
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C runtime handle (Windows): nothing buffered to lose
+        pass
+
+
+@contextlib.contextmanager
+def _native_output_to_log():
+    """The HTP library prints a banner (``# LIBNATIVE: ...``) on the process's stdout when first
+    loaded, from native code that no log level reaches: while a QNN session is created, fd 1 goes
+    to a temporary file whose lines are logged at debug level (-vv), so stdout keeps only results
+    (--json) and stderr only kztts's own messages."""
+    import tempfile
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as captured:
+        try:
+            os.dup2(captured.fileno(), fd)
+            yield
+        finally:
+            sys.stdout.flush()
+            _flush_c_stdio()  # a banner still in C's stdout buffer must land in the file, not later on stdout
+            os.dup2(saved, fd)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    log.debug("QNN backend: %s", line.strip())
+
+
+def qnn_session_options(target: Target, *, strict: bool, config: SessionConfig | None = None,
+                        context: dict[str, str] | None = None) -> ort.SessionOptions:
+    """Session options with the target's QNN provider (EP must be registered)."""
+    so = _session_options(config or SessionConfig())
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if strict:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (context or {}).items():
+        so.add_session_config_entry(k, v)
+    so.add_provider_for_devices(_STATE.devices, target.qnn_options(_STATE.htp_path))
+    return so
+
+
+def assignment(sess: ort.InferenceSession) -> dict[str, list[tuple[str, str]]]:
+    """{EP name: [(op_type, node name), ...]} as ONNX Runtime placed the (optimized) graph."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    try:
+        info = sess.get_provider_graph_assignment_info()
+    except Exception:  # session created without record_ep_graph_assignment_info
+        return {}
+    for g in info:
+        out.setdefault(g.ep_name, []).extend((n.op_type, n.name) for n in g.get_nodes())
+    return out
+
+
+def cpu_nodes(sess: ort.InferenceSession) -> list[tuple[str, str]]:
+    return assignment(sess).get(CPU_EP, [])
+
+
+def _describe(nodes: list[tuple[str, str]], limit: int = 12) -> str:
+    ops = Counter(op for op, _ in nodes)
+    names = ", ".join(f"{name or '?'} ({op})" for op, name in nodes[:limit])
+    more = f", ... {len(nodes) - limit} more" if len(nodes) > limit else ""
+    return (f"op types {', '.join(f'{op} x{n}' for op, n in sorted(ops.items()))}; nodes {names}{more}")
+
+
+def first_line(exc: BaseException, limit: int = 400) -> str:
+    s = str(exc).strip()
+    return (s.splitlines()[0] if s else type(exc).__name__)[:limit]
+
+
+def create_session(path: str | os.PathLike, target: Target | str, *, strict: bool = False,
+                   config: SessionConfig | None = None, context: dict[str, str] | None = None,
+                   cpu_path: str | os.PathLike | None = None) -> ort.InferenceSession:
+    """Open ``path`` on the target's HTP (QNN EP), nodes it cannot run on the CPU EP.
+
+    ``strict``: no CPU fallback at all; a missing QNN EP or a node the HTP cannot
+    run raises (naming the nodes). Non-strict without QNN: one warning per process,
+    then the CPU EP opens ``cpu_path`` (default ``path``; an EPContext model
+    cannot run on the CPU, so context-binary graphs pass their source graph).
+    ``context``: extra session config entries (EPContext generation/sharing).
+    """
+    target = load_target(target)
+    path = Path(path)
+    if not qnn_available():
+        if strict:
+            raise KzttsError(f"strict mode: the QNN execution provider is unavailable ({_STATE.error}); "
+                             f"cannot run {path.name} on the HTP of target {target.name!r}")
+        _warn_fallback()
+        return _cpu_session(cpu_path or path, config)
+    try:
+        with _native_output_to_log():
+            sess = ort.InferenceSession(str(path), sess_options=qnn_session_options(
+                target, strict=strict, config=config, context=context))
+    except Exception as exc:
+        if strict and "fallback to CPU EP has been explicitly disabled" in str(exc):
+            nodes = _cpu_nodes_of(path, target, config)
+            raise QnnPlacementError(
+                f"strict mode: {len(nodes)} node(s) of {path.name} cannot run on the HTP of target "
+                f"{target.name!r} and would fall back to the CPU: {_describe(nodes)}", nodes) from None
+        if strict or context:  # context-binary generation/sharing must not silently become a CPU session
+            raise KzttsError(f"{path}: the QNN execution provider could not create a session for target "
+                             f"{target.name!r}: {first_line(exc)}") from exc
+        log.warning("%s: the QNN execution provider could not prepare this graph for target %r (%s); running "
+                    "it on the CPU execution provider", path.name, target.name, first_line(exc))
+        return _cpu_session(cpu_path or path, config)
+    return sess
+
+
+def _cpu_session(path: Path, config: SessionConfig | None) -> ort.InferenceSession:
+    so = _session_options(config or SessionConfig())
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    return ort.InferenceSession(str(path), sess_options=so, providers=[CPU_EP])
+
+
+def _cpu_nodes_of(path: Path, target: Target, config: SessionConfig | None) -> list[tuple[str, str]]:
+    """The nodes a non-strict session puts on the CPU EP (to explain a strict-mode failure)."""
+    with _native_output_to_log():
+        sess = ort.InferenceSession(str(path), sess_options=qnn_session_options(target, strict=False, config=config))
+    return cpu_nodes(sess)
+
+
+# ------------------------------------------------------------------ bundles
+def graph_files(bundle, graph_name: str) -> tuple[Path, Path]:
+    """(file for the QNN EP, file for the CPU EP) of a bundle graph: a context-binary graph
+    (``extra.context_file``) runs its EPContext model on QNN and its source graph on CPU."""
+    try:
+        spec = bundle.manifest.graphs[graph_name]
+    except KeyError:
+        raise BundleError(f"{bundle.manifest.path}: the bundle has no graph {graph_name!r} "
+                          f"(it has {sorted(bundle.manifest.graphs)})") from None
+    plain = Path(bundle.path) / spec.file
+    ctx = spec.extra.get("context_file")
+    return (Path(bundle.path) / ctx if ctx else plain), plain
+
+
+def open_target_session(bundle, graph_name: str, target_cfg: Target | str | None = None,
+                        strict: bool = False, config: SessionConfig | None = None) -> ort.InferenceSession:
+    """Open a bundle graph on the target's HTP (see :func:`create_session`), checked
+    against the manifest like CPU graphs. ``target_cfg`` None: the target the bundle
+    was exported for (``kztts.json`` ``targets``)."""
+    spec = bundle.manifest.graphs.get(graph_name)
+    if spec is None:
+        graph_files(bundle, graph_name)  # raises the BundleError
+    if target_cfg is None:
+        target_cfg = bundle_target(bundle, spec)
+    target = load_target(target_cfg)
+    qnn_file, cpu_file = graph_files(bundle, graph_name)
+    built_for = spec.extra.get("context_target", spec.extra.get("target"))
+    if qnn_file != cpu_file and built_for and built_for != target.name:
+        log.info("%s: context binary was prepared for %r, not %r: compiling the source graph", graph_name,
+                 built_for, target.name)
+        qnn_file = cpu_file
+    if qnn_file != cpu_file and spec.extra.get("shared_context") and qnn_available():
+        if host_is_simulator():
+            # the x86 HTP emulator segfaults reloading a multi-graph, weight-shared context
+            # (onnxruntime-qnn 2.7.0): the process would die, so the source graph is compiled instead
+            log.warning("%s: its context binary shares weights with other graphs (prepared for %s), which the "
+                        "x86 HTP simulator cannot load; compiling the source graph instead", graph_name,
+                        built_for or target.name)
+            qnn_file = cpu_file
+    needed = {qnn_file, cpu_file}
+    if qnn_file != cpu_file:
+        needed |= {Path(bundle.path) / b for b in spec.extra.get("context_binaries", [])}
+    for f in needed:
+        if not f.is_file():
+            raise BundleError(f"{f}: graph file for {graph_name!r} is missing; re-export the bundle")
+    ctx = {}
+    if qnn_file != cpu_file and spec.extra.get("shared_context") and qnn_available():
+        ctx = {"ep.share_ep_contexts": "1"}
+    sess = create_session(qnn_file, target, strict=strict, config=config or bundle.session_config,
+                          context=ctx, cpu_path=cpu_file)
+    opened = qnn_file if qnn_available() else cpu_file
+    _check_stamp(opened, spec, sess)
+    _check_io(opened, spec, sess)
+    log.debug("opened %s for %s (%s)", graph_name, target.name, session_precision(spec.precision, sess))
+    return sess
+
+
+def bundle_target(bundle, spec=None) -> str:
+    """The target name a bundle's static graphs were exported for."""
+    name = spec.extra.get("target") if spec is not None else None
+    if not name:
+        name = next((g.extra["target"] for g in bundle.manifest.graphs.values() if g.extra.get("target")), None)
+    if not name:
+        raise BundleError(f"{bundle.manifest.path}: no target recorded for the static graphs; pass --target")
+    return name
+
+
+def session_precision(graph_precision: str, sess: ort.InferenceSession) -> str:
+    """The arithmetic in force: QNN runs float graphs in fp16 (soc_model is always set), QDQ
+    graphs in their quantized types; the CPU EP runs float graphs in fp32."""
+    on_qnn = EP_NAME in sess.get_providers() and bool(assignment(sess).get(EP_NAME))
+    if not on_qnn:
+        return "fp32 (cpu)" if graph_precision in ("fp32", "fp16") else f"{graph_precision} (cpu, simulated QDQ)"
+    if graph_precision in ("fp32", "fp16"):
+        return "fp16 (htp)"
+    return f"{graph_precision} (htp)"
+
+
+@dataclass
+class Placement:
+    """Where a session's nodes run."""
+
+    qnn_nodes: int
+    cpu_nodes: int
+    cpu_op_types: dict[str, int]
+    cpu_node_names: list[str]
+    providers: list[str]
+
+    @classmethod
+    def of(cls, sess: ort.InferenceSession) -> "Placement":
+        a = assignment(sess)
+        cpu = a.get(CPU_EP, [])
+        return cls(len(a.get(EP_NAME, [])), len(cpu), dict(Counter(op for op, _ in cpu)), [n for _, n in cpu],
+                   list(sess.get_providers()))

@@ -1,0 +1,169 @@
+"""The talker prompt (prefill embeddings + trailing text), exactly as qwen-tts's
+``Qwen3TTSForConditionalGeneration.generate`` / ``generate_icl_prompt`` build it.
+
+numpy only. Notation: T(ids) projected text embedding,
+C(ids) talker codec embedding, ``input_ids`` the assistant template ids
+``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``.
+
+    role     T(ids[:3])                                                  3 positions
+    prefix   (tts_pad x (n-2), tts_bos) + C(codec_prefix[:-1])           n-1 positions
+             codec_prefix = [think, think_bos, lang, think_eos] | [nothink, think_bos, think_eos],
+                            then the speaker vector (if any), then [pad, bos]
+    text     x-vector streaming:      T(ids[3]) + C(bos);   trailing [T(ids[4:-5]), tts_eos]
+             x-vector non-streaming:  [T(ids[3:-5]), tts_eos] + C(pad), tts_pad + C(bos);
+                                      trailing [tts_pad]
+             ICL (ref text r = ref_ids[3:-2], ref codes R [F, 16]):
+               text  = [T(r ++ ids[3:-5]), tts_eos]   codec = [C(bos), codec_sum(R)]
+               non-streaming: [text + C(pad)] ++ [codec + tts_pad]; trailing [tts_pad]
+               streaming: text + codec over min length; leftover text is trailing, or if
+                          the text is not longer, text padded with tts_pad and trailing [tts_pad]
+
+The decode loop adds ``trailing[k]`` to the k-th generated frame's input while k < K,
+then ``tts_pad``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kztts.bundle.embeddings import EmbeddingTables
+from kztts.core.errors import KzttsError
+
+MODES = ("xvector", "icl")
+
+
+@dataclass
+class Prompt:
+    embeds: np.ndarray  # f32 [T, H] prefill
+    trailing: np.ndarray  # f32 [K, H] added to decode inputs 0..K-1
+    tts_pad: np.ndarray  # f32 [H] added to decode inputs from K on
+
+    def text_after(self, step: int) -> np.ndarray:
+        """The text row added to the decode input that follows frame ``step``."""
+        return self.trailing[step] if step < len(self.trailing) else self.tts_pad
+
+
+def supported_languages(languages: dict) -> list[str]:
+    """Names a user may pass, like qwen-tts's Base wrapper: "auto" + the non-dialect languages."""
+    return ["auto"] + sorted(k for k in languages if "dialect" not in k)
+
+
+def language_id(languages: dict, language: str | None) -> int | None:
+    """Codec id of ``language`` (case-insensitive), None for "auto"/None (no language tag)."""
+    if language is None or str(language).lower() == "auto":
+        return None
+    name = str(language).lower()
+    if name not in languages or "dialect" in name:
+        raise KzttsError(f"unknown language {language!r}; known: {', '.join(supported_languages(languages))}")
+    return int(languages[name])
+
+
+def prompt_length(text_tokens: int, *, language: bool, speaker: bool, mode: str, non_streaming: bool,
+                  ref_text_tokens: int = 0, ref_frames: int = 0) -> int:
+    """Positions of ``build_prompt``'s prefill for ``text_tokens`` text tokens (``ids[3:-5]``), without
+    building it: the layout in the module docstring (``tests/test_long_text.py`` checks the two agree)."""
+    n = (4 if language else 3) + (1 if speaker else 0) + 2  # codec prefix: tags, speaker, pad/bos
+    head = 3 + n - 1  # role + prefix
+    if mode == "icl":
+        text, codec = ref_text_tokens + text_tokens + 1, 1 + ref_frames
+        return head + (text + codec if non_streaming else codec)
+    return head + (text_tokens + 2 if non_streaming else 1)
+
+
+def _ids_1d(ids, what: str) -> np.ndarray:
+    a = np.asarray(ids)
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise KzttsError(f"{what} must be a 1-D array of token ids, got {a.dtype}{list(a.shape)}")
+    return a.astype(np.int64)
+
+
+def _codec_prefix(tables: EmbeddingTables, sid: dict, language_id: int | None,
+                  speaker: np.ndarray | None) -> np.ndarray:
+    """C(language tags), the speaker vector, C(pad, bos): [n, H]."""
+    H = tables.hidden
+    if language_id is None:
+        tags = [sid["codec_nothink"], sid["codec_think_bos"], sid["codec_think_eos"]]
+    else:
+        tags = [sid["codec_think"], sid["codec_think_bos"], int(language_id), sid["codec_think_eos"]]
+    parts = [tables.codec(tags)]
+    if speaker is not None:
+        spk = np.asarray(speaker, dtype=np.float32)
+        if spk.size != H or spk.ndim not in (1, 2):
+            raise KzttsError(f"speaker vector has shape {list(np.shape(speaker))}; this model expects "
+                             f"{H} values (the talker hidden size)")
+        if not np.all(np.isfinite(spk)):
+            raise KzttsError("speaker vector contains NaN or inf")
+        parts.append(spk.reshape(1, H))
+    parts.append(tables.codec([sid["codec_pad"], sid["codec_bos"]]))
+    return np.concatenate(parts, axis=0)
+
+
+def _icl_text(tables: EmbeddingTables, sid: dict, ids: np.ndarray, ref_text_ids, ref_codes,
+              non_streaming: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """The text positions and trailing text of an ICL voice clone (module docstring)."""
+    tts_eos, tts_pad = tables.tts_eos, tables.tts_pad
+    if ref_text_ids is None or ref_codes is None:
+        raise KzttsError("ICL voice cloning needs the reference text ids and the reference codes")
+    r = _ids_1d(ref_text_ids, "ref_text_ids")
+    if len(r) < 6:
+        raise KzttsError("the reference text is empty: ICL needs at least one reference text token")
+    codes = np.asarray(ref_codes)
+    if codes.ndim != 2 or codes.shape[1] != tables.num_cp_groups + 1 or codes.shape[0] == 0:
+        raise KzttsError(f"reference codes must be [frames > 0, {tables.num_cp_groups + 1}], "
+                         f"got {list(codes.shape)}")
+    text = np.concatenate([tables.text(np.concatenate([r[3:-2], ids[3:-5]])), tts_eos[None]], axis=0)
+    codec = np.concatenate([tables.codec([sid["codec_bos"]]), tables.codec_sum(codes)], axis=0)
+    if non_streaming:
+        pad = tables.codec([sid["codec_pad"]])
+        return [text + pad, codec + tts_pad], tts_pad[None]
+    nt, nc = len(text), len(codec)
+    if nt > nc:
+        return [text[:nc] + codec], text[nc:]
+    padded = np.concatenate([text, np.broadcast_to(tts_pad, (nc - nt, tables.hidden))], axis=0)
+    return [padded + codec], tts_pad[None]
+
+
+def _xvector_text(tables: EmbeddingTables, sid: dict, ids: np.ndarray, c_bos: np.ndarray,
+                  non_streaming: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """The text positions and trailing text of an x-vector voice (module docstring)."""
+    tts_eos, tts_pad = tables.tts_eos, tables.tts_pad
+    if non_streaming:
+        body = tables.text(ids[3:-5])
+        pad = tables.codec([sid["codec_pad"]])
+        return [np.concatenate([body, tts_eos[None]], axis=0) + pad, (tts_pad + c_bos[0])[None]], tts_pad[None]
+    return [tables.text(ids[3:4]) + c_bos], np.concatenate([tables.text(ids[4:-5]), tts_eos[None]], axis=0)
+
+
+def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, language_id: int | None,
+                 speaker: np.ndarray | None, mode: str, non_streaming: bool,
+                 ref_text_ids=None, ref_codes=None) -> Prompt:
+    """The talker prompt for one utterance.
+
+    ``input_ids``: assistant template ids (``TextTokenizer.assistant_ids``); ``special_ids``:
+    the manifest's; ``language_id``: a codec id or None (auto); ``speaker``: the x-vector
+    [H] (None leaves the speaker position out); ``mode``: "xvector" or "icl" (then
+    ``ref_text_ids`` = ``TextTokenizer.ref_ids(ref_text)`` and ``ref_codes`` [F, 16] are needed).
+    """
+    if mode not in MODES:
+        raise KzttsError(f"unknown prompt mode {mode!r}; expected one of {MODES}")
+    H = tables.hidden
+    ids = _ids_1d(input_ids, "input_ids")
+    if len(ids) < 9:
+        raise KzttsError("the text is empty: the prompt needs at least one text token "
+                         f"(got {len(ids)} template ids)")
+    sid = {k: int(v) for k, v in special_ids.items()}
+    codec_prefix = _codec_prefix(tables, sid, language_id, speaker)  # [n, H]
+    n = codec_prefix.shape[0]
+    text_side = np.concatenate([np.broadcast_to(tables.tts_pad, (n - 2, H)), tables.tts_bos[None]], axis=0)
+    embeds = [tables.text(ids[:3]), text_side + codec_prefix[:-1]]  # role, then the prefix
+    if mode == "icl":
+        text, trailing = _icl_text(tables, sid, ids, ref_text_ids, ref_codes, non_streaming)
+    else:
+        text, trailing = _xvector_text(tables, sid, ids, codec_prefix[-1:], non_streaming)
+    embeds += text
+    return Prompt(embeds=np.ascontiguousarray(np.concatenate(embeds, axis=0), dtype=np.float32),
+                  trailing=np.ascontiguousarray(trailing, dtype=np.float32),
+                  tts_pad=np.array(tables.tts_pad, dtype=np.float32))
