@@ -396,3 +396,29 @@ def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_tar
     assert (all_htp[:, 0] != cpu[:, 0]).mean() > 0.5
     assert synth.out.count("fp16 saturation on the HTP: Talker prefill layer 1,") == 1, synth.out
     assert "HTP graph calls reached the guard threshold" in synth.out
+
+
+def test_validate_cli_all_htp_fails_beside_the_guarded_row_on_a_prefill_only_target(
+        qnn, massive_bundle, massive_model, talker_only_target, guarded_file, tmp_path):
+    """``kztts validate --target T --placement P`` under a ``talker_graphs: prefill-only`` target (the
+    shipped simulator's; its static Talker has no decode session): all-htp runs and FAILS under the
+    placement bounds (the injected activation saturates fp16: logits cosine near 0), the guarded
+    placement PASSES, each in one command."""
+    data = json.loads(talker_only_target.read_text())
+    data["talker_graphs"] = "prefill-only"
+    target = tmp_path / talker_only_target.name  # same name: the bundle's graphs were made for it
+    target.write_text(json.dumps(data))
+
+    def validate(placement) -> tuple[int, dict]:
+        proc = subprocess.run([sys.executable, "-m", "kztts.cli", "validate", str(massive_bundle), "--reference",
+                               str(massive_model), "--target", str(target), "--placement", str(placement),
+                               "--frames", "8", "--json"], capture_output=True, text=True)
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        return proc.returncode, json.loads(proc.stdout)
+
+    code, all_htp = validate("all-htp")
+    assert code == 1 and not all_htp["pass"] and all_htp["runner"] == "PrefillOnlyTalker"
+    assert all_htp["talker_logits_cos_min"] < 0.2, all_htp["talker_logits_cos_min"]
+    assert set(all_htp["graphs"]) == {"talker_prefill"}  # decode steps run through the prefill graph
+    code, guarded = validate(guarded_file)
+    assert code == 0 and guarded["pass"] and guarded["talker_logits_cos_min"] >= 0.999, guarded

@@ -77,9 +77,11 @@ def _run_side(bundle_dir: str, placement, target, strict: bool, seqs: list[dict]
         info["seconds"], info["steps"] = dict(talker.seconds), dict(talker.steps)
     if greedy_frames:
         arrays["greedy_codes"] = _greedy_codes(bundle, talker, greedy_frames, GREEDY_TEXTS[:greedy_texts])
+    # a prefill-only static Talker (target talker_graphs: prefill-only) has no decode session: its
+    # decode steps run through the prefill graph
     sessions = getattr(talker, "sessions", None) or {
         n: getattr(talker, a) for n, a in (("talker_prefill", "prefill_session"), ("talker_decode", "decode_session"))
-        if hasattr(talker, a)}
+        if getattr(talker, a, None) is not None}
     if sessions:
         info["graphs"] = {n: {"qnn_nodes": Placement.of(s).qnn_nodes, "cpu_nodes": Placement.of(s).cpu_nodes}
                           for n, s in sessions.items()}
