@@ -32,3 +32,43 @@ def test_cpu_bounds_read_both_ways():
     assert judge(report, BOUNDS["cpu"]) is False
     report["prompt_max_abs"] = 1e-5
     assert judge(report, BOUNDS["cpu"]) is True
+
+
+def test_every_htp_precision_is_bounded():
+    """``kztts validate --target`` bounds every HTP precision (a w8a16 export once passed with no bound)."""
+    from kztts.bundle import graphs as G
+
+    for precision in G.HTP_PRECISIONS:
+        assert BOUNDS[f"htp-{precision}"], precision
+    assert BOUNDS["lm-w8a16"]
+
+
+def _published_lm_rows() -> dict[str, dict]:
+    """The 1.5B's HTP-simulator rows as benchmarks/lm_precision/README.md publishes them."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision" / "README.md").read_text()
+    # the full-set table: the one holding the QNN-defaults row
+    table = next(t for t in readme.split("\n\n") if "QNN defaults (#4) |" in t)
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| htp-sim"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = {"logits_cos_min": float(cells[3]), "top1_agree": float(cells[4]),
+                              "ppl_ratio": float(cells[5]) / 4.648}  # fp32 perplexity of the same text set
+    return rows
+
+
+def test_w8a16_lm_bounds_pass_the_good_rows_and_fail_the_qnn_defaults_build():
+    """The published w8a16 rows of the real 1.5B pass ``lm-w8a16``; the QNN-defaults build (perplexity 67)
+    fails it on every bounded metric."""
+    rows = _published_lm_rows()
+    good = [name for name in rows if name.startswith("htp-sim w8a16 prefill") and "QNN defaults" not in name]
+    good += [name for name in rows if "w8a16 all-htp" in name]
+    bad = next(name for name in rows if "QNN defaults" in name)
+    assert len(good) == 2, list(rows)
+    for name in good:
+        assert judge(dict(rows[name]), BOUNDS["lm-w8a16"]), (name, rows[name])
+    failing = [k for k, bound in BOUNDS["lm-w8a16"].items()
+               if not judge({k: rows[bad][k]}, {k: bound})]
+    assert failing == ["logits_cos_min", "top1_agree", "ppl_ratio"], rows[bad]

@@ -97,7 +97,7 @@ def validate_lm_placement(bundle_dir: str | Path, *, target: str | None, placeme
     return {"bundle": str(bundle_dir), "target": target, "placement": placement, "runner": row.get("runner"),
             "steps": steps, "tokens": row["tokens"], "logits_cos_min": row["logits_cos_min"],
             "logits_cos_mean": row["logits_cos_mean"], "top1_agree": row["top1_agree"],
-            "ppl": row["ppl"], "ppl_fp32": ref["ppl"],
+            "ppl": row["ppl"], "ppl_fp32": ref["ppl"], "ppl_ratio": row["ppl"] / ref["ppl"],
             "greedy_match": row["greedy_equal"] / row["greedy_prompts"],
             "greedy_prefix_mean": row["greedy_prefix_mean"], "guard_flagged": row.get("guard_flagged", 0),
             "htp_hosts": row.get("htp_hosts", [])}

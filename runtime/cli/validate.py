@@ -53,7 +53,7 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
                              args.frames, strict=not args.lenient)
     report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
                                   strict=not args.lenient))
-    bounds = dict(BOUNDS["htp-fp16"]) if report["precision"] == "fp16" else {}
+    bounds = dict(BOUNDS[f"htp-{report['precision']}"])
     if report["decoder_snr_db"] is not None:
         bounds.update(BOUNDS["htp-decoder"])
 
@@ -117,13 +117,13 @@ def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
     report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
                                    steps=args.frames, strict=not args.lenient)
     static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
-    # w8a16 is reported, not bounded (as for TTS bundles: its error is the quantization's, per model)
-    bounds = {} if "w8a16" in static and args.target else BOUNDS["lm-placement"]
+    bounds = BOUNDS["lm-w8a16"] if "w8a16" in static and args.target else BOUNDS["lm-placement"]
 
     def text() -> None:
         print(f"placement {report['placement'] or '(the target placement keys)'} on {report['target'] or 'cpu'}  "
               f"[runner {report['runner']}], against the bundle's fp32 CPU graphs")
-        for line in metric_lines(report, ("logits_cos_min", "logits_cos_mean", "top1_agree", "greedy_match"), bounds):
+        for line in metric_lines(report, ("logits_cos_min", "logits_cos_mean", "top1_agree", "greedy_match",
+                                          "ppl_ratio"), bounds):
             print(line)
         print(f"{'perplexity':<26}{report['ppl']:.4f} (fp32 {report['ppl_fp32']:.4f})")
         print(f"{'guard_flagged':<26}{report['guard_flagged']} HTP graph calls reached the fp16 guard threshold")

@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import numpy as np
 
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import SAMPLES_PER_FRAME
+from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.request import SynthesisRequest
 
 # kztts.tts.tts imports this module: its types (TTS, SynthesisResult, _Run) are named, not imported
@@ -53,6 +54,11 @@ def _check_batch(batch: int) -> int:
     return int(batch)
 
 
+def _ready(run: "_Run") -> "_Run":
+    run.loop._suppress = run.loop._suppressed()  # what FrameLoop.frames sets before choose_cb0
+    return run
+
+
 def start_runs(tts: "TTS", requests: list) -> list["_Run"]:
     """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
     runs = []
@@ -64,35 +70,74 @@ def start_runs(tts: "TTS", requests: list) -> list["_Run"]:
                              "use synthesize)")
         run = tts._start(r)
         run.label = f"request {i}"
-        run.loop._suppress = run.loop._suppressed()  # what FrameLoop.frames sets before choose_cb0
-        runs.append(run)
+        runs.append(_ready(run))
     return runs
 
 
-def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
-    """Yield ``(index, frame int64 [16])`` as rows produce frames and ``(index, None)`` when request
-    ``index`` is finished (EOS or its ``max_frames``); frames go to ``runs[index].codes`` too."""
-    batch = _check_batch(batch)
-    if not runs:
-        return
-    capacity = max(r.prompt.embeds.shape[0] + r.loop.settings.max_frames - 1 for r in runs)
-    talker, cp = tts.plan.open_batched(tts.tables, min(batch, len(runs)), capacity)
-    eos = int(tts.bundle.manifest.special_ids["codec_eos"])
-    waiting = deque(range(len(runs)))
-    active: list[_Row] = []  # active[k] holds row k of the buffers
-    while waiting or active:
-        while waiting and len(active) < talker.rows:  # join at this frame
-            i = waiting.popleft()
-            t = time.perf_counter()
-            logits, hidden = talker.prefill(len(active), runs[i].prompt.embeds)
-            runs[i].loop.times.talker += time.perf_counter() - t
-            active.append(_Row(i, runs[i], logits, hidden))
+class BatchLoop:
+    """The rows of the batched graphs: a run joins a free row (``join``: its prompt prefilled into that
+    row alone) and leaves at its end or when dropped (``leave``); ``step`` runs one frame for every
+    row. ``batch_frames`` drives it over a fixed list of runs; a server admits runs while it goes.
+
+    The KV buffers hold ``capacity`` positions per row and grow (the filled positions copied into
+    larger buffers) when a joining run needs more: a row's numbers do not depend on the capacity."""
+
+    def __init__(self, tts: "TTS", rows: int, capacity: int):
+        self.tts = tts
+        self.talker, self.cp = tts.plan.open_batched(tts.tables, _check_batch(rows), max(1, int(capacity)))
+        self.eos = int(tts.bundle.manifest.special_ids["codec_eos"])
+        self.active: list[_Row] = []  # active[k] holds row k of the buffers
+
+    @property
+    def rows(self) -> int:
+        return self.talker.rows
+
+    @property
+    def free(self) -> int:
+        """Rows a run may join now."""
+        return self.talker.rows - len(self.active)
+
+    def _grow(self, capacity: int) -> None:
+        old = self.talker
+        self.talker, self.cp = self.tts.plan.open_batched(self.tts.tables, old.rows, capacity)
+        for row in range(len(self.active)):
+            n = int(old.lengths[row])
+            for dst, src in zip((*self.talker.keys, *self.talker.values), (*old.keys, *old.values)):
+                dst[row, :, :n] = src[row, :, :n]
+            self.talker.lengths[row] = n
+        log.debug("batch KV capacity grown from %d to %d positions per row", old.capacity, capacity)
+
+    def join(self, key, run: "_Run") -> None:
+        """Prefill ``run`` (from ``start_runs`` or ``BatchedRequest``) into the next free row; its frames
+        are reported under ``key``."""
+        if not self.free:
+            raise KzttsError(f"all {self.rows} batch rows are taken")
+        need = run.prompt.embeds.shape[0] + run.loop.settings.max_frames - 1
+        if need > self.talker.capacity:
+            self._grow(max(need, min(2 * self.talker.capacity, run.loop.talker.context)))
+        t = time.perf_counter()
+        logits, hidden = self.talker.prefill(len(self.active), run.prompt.embeds)
+        run.loop.times.talker += time.perf_counter() - t
+        self.active.append(_Row(key, run, logits, hidden))
+
+    def leave(self, keys) -> None:
+        """Drop the rows of ``keys`` before their end (their requests were cancelled)."""
+        staying = [k for k, row in enumerate(self.active) if row.index not in keys]
+        if len(staying) < len(self.active):
+            self.talker.keep(staying)
+            self.active = [self.active[k] for k in staying]
+
+    def step(self) -> Iterator[tuple[object, np.ndarray | None]]:
+        """One frame for every row: yield ``(key, frame int64 [16])`` per frame (also appended to the
+        run's codes) and ``(key, None)`` when a run ends (EOS or its ``max_frames``); its row is free
+        once the generator is exhausted."""
+        tts, talker, cp = self.tts, self.talker, self.cp
         going = []
-        for row in active:
+        for row in self.active:
             loop = row.run.loop
             row.c0 = loop.choose_cb0(row.logits, row.history, row.step)
             row.history.append(row.c0)
-            if row.c0 == eos:
+            if row.c0 == self.eos:
                 loop.stopped_by_eos = True
                 yield row.index, None
             else:
@@ -114,10 +159,10 @@ def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[i
                 yield row.index, None
             else:
                 staying.append(k)
-        talker.keep([active.index(going[k]) for k in staying])
-        active = [going[k] for k in staying]
+        talker.keep([self.active.index(going[k]) for k in staying])
+        self.active = active = [going[k] for k in staying]
         if not active:
-            continue
+            return
         embeds = (tts.tables.codec([r.c0 for r in active]) + sums[staying]
                   + np.stack([r.run.prompt.text_after(r.step) for r in active]))
         t = time.perf_counter()
@@ -127,6 +172,22 @@ def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[i
             row.logits, row.hidden = logits[k], hidden[k]
             row.step += 1
             row.run.loop.times.talker += spent
+
+
+def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
+    """Yield ``(index, frame int64 [16])`` as rows produce frames and ``(index, None)`` when request
+    ``index`` is finished (EOS or its ``max_frames``); frames go to ``runs[index].codes`` too."""
+    batch = _check_batch(batch)
+    if not runs:
+        return
+    capacity = max(r.prompt.embeds.shape[0] + r.loop.settings.max_frames - 1 for r in runs)
+    loop = BatchLoop(tts, min(batch, len(runs)), capacity)
+    waiting = deque(range(len(runs)))
+    while waiting or loop.active:
+        while waiting and loop.free:  # join at this frame
+            i = waiting.popleft()
+            loop.join(i, runs[i])
+        yield from loop.step()
 
 
 def synthesize_many(tts: "TTS", requests: list, batch: int) -> list["SynthesisResult"]:
@@ -201,3 +262,83 @@ def stream_many(tts: "TTS", requests: list, batch: int, chunk_frames: int = 4,
             if results is not None:
                 results[index] = tts._result(runs[index], streams[index].samples())
             del streams[index]
+
+
+class BatchedRequest:
+    """One request through a ``BatchLoop``, spoken as ``TTS.synthesize`` speaks it alone (``stream``
+    False: each piece decoded whole at its end, the pieces joined at the end) or as ``TTS.stream``
+    does (``stream`` True: chunks of ``chunk_frames`` frames as they are decoded, joined as they go).
+    A long text is spoken in ``TTS.pieces``, one after the other in the request's row: when a piece
+    ends, ``next_run`` gives the next one to join."""
+
+    def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4):
+        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
+            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        self.tts, self.request, self.stream, self.chunk_frames = tts, request, bool(stream), chunk_frames
+        self.started = time.perf_counter()
+        self.texts = tts.pieces(request)
+        self.index = -1  # the piece being spoken
+        self.run: "_Run | None" = None
+        self.results: list = []  # each finished piece's SynthesisResult
+        self.first_audio: float | None = None  # seconds from the start to the first audio out
+        self._joiner = PieceJoiner(tts.sample_rate, len(self.texts))
+        self._row: _RowStream | None = None
+        self._out: list[np.ndarray] = []
+
+    @property
+    def frames(self) -> int:
+        """Frames produced so far, all pieces."""
+        return sum(r.frames for r in self.results) + (len(self.run.codes) if self.run is not None else 0)
+
+    def next_run(self) -> "_Run | None":
+        """The next piece's run (for ``BatchLoop.join``), or None after the last piece."""
+        self.index += 1
+        self.run = None
+        if self.index >= len(self.texts):
+            return None
+        many = len(self.texts) > 1
+        run = self.tts._start(replace(self.request, text=self.texts[self.index]) if many else self.request)
+        if many:
+            run.label = f"piece {self.index + 1}/{len(self.texts)}"
+        self.run = _ready(run)
+        if self.stream:
+            self._row = _RowStream(self.tts, run, self.chunk_frames)
+        return run
+
+    def _emit(self, audio: np.ndarray) -> np.ndarray:
+        if audio.shape[0]:
+            if self.first_audio is None:
+                self.first_audio = time.perf_counter() - self.started
+            self._out.append(audio)
+        return audio
+
+    def frame(self, frame: np.ndarray | None) -> np.ndarray:
+        """The audio (float32) that a frame of the current piece, or its end (None), makes ready; empty
+        when none. Streamed, the chunks concatenated are the request's ``stream``; whole, the audio
+        comes at the end of the last piece and equals its ``synthesize``."""
+        empty = np.zeros(0, np.float32)
+        run = self.run
+        if self.stream:
+            audio = self._row.frame(frame)
+            out = [self._joiner.push(audio)] if audio.shape[0] else []
+            if frame is None:
+                self.results.append(self.tts._result(run, self._row.samples()))
+                out.append(self._joiner.end_piece())
+            out = [a for a in out if a.shape[0]]
+            return self._emit(np.concatenate(out) if len(out) > 1 else out[0] if out else empty)
+        if frame is None:
+            self.results.append(self.tts._decoded_result(run))
+            if len(self.results) == len(self.texts):
+                samples = self.results[0].samples if len(self.texts) == 1 else \
+                    join_pieces([r.samples for r in self.results], self.tts.sample_rate)
+                return self._emit(samples)
+        return empty
+
+    def result(self) -> "SynthesisResult":
+        """The request's ``SynthesisResult`` once every piece has ended."""
+        if len(self.results) != len(self.texts):
+            raise KzttsError(f"the request has {len(self.texts) - len(self.results)} pieces left to speak")
+        if len(self.texts) == 1:
+            return self.results[0]
+        samples = np.concatenate(self._out) if self._out else np.zeros(0, np.float32)
+        return self.tts._joined(self.results, samples, self.started, self.first_audio)
