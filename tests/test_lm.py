@@ -291,7 +291,9 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
     agree = np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)])
     record_property("htp_logits_cosine_min", cos)
     print(f"HTP simulator ({placement or 'all-htp'}): min logits cosine {cos:.6f}, top-1 agreement {agree:.2f}")
-    assert cos > 0.99 and agree >= 0.8
+    # measured: cosine min 0.999807 (worst of qwen2/qwen3 and both placements), top-1 1.0: the bound
+    # leaves 5x the worst distance to 1
+    assert cos >= 0.999 and agree == 1.0
     session = htp.chat_session(system="")  # the default system prompt alone would fill the small context
     list(session.send("Hi", 3, greedy=True))
     list(session.send("Again", 3, greedy=True))

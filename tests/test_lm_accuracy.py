@@ -79,7 +79,8 @@ def test_kztts_bench_lm_rows(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     assert data["complete"] and data["texts"] == ["english", "chinese"] and data["greedy_steps"] == 4
     fp32, int8 = data["rows"]
     assert (fp32["name"], int8["name"]) == ("cpu fp32", "cpu int8") and fp32["greedy_prompts"] == 2
-    assert fp32["logits_cos_min"] == pytest.approx(1.0) and 0.9 < int8["logits_cos_mean"] < 1.0
+    # int8 measured 0.9992 (random weights): the bound leaves 6x its distance to 1
+    assert fp32["logits_cos_min"] == pytest.approx(1.0) and 0.995 <= int8["logits_cos_mean"] < 1.0
     assert fp32["ms_per_token"] > 0 and int8["ms_per_token"] > 0
     md = (out / "lm_accuracy.md").read_text()
     assert "kztts bench --lm" in md and "(texts: english,chinese)" in md and "| cpu int8 |" in md

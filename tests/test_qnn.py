@@ -363,10 +363,14 @@ def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, sm
         assert res.returncode == 0, res.stderr
         runs[name] = np.load(codes)
     assert runs["htp"].shape == runs["cpu"].shape == (6, 16)
-    agreement = float((runs["htp"] == runs["cpu"]).mean())
-    print(f"synth --target simulator: greedy code agreement with the CPU {agreement:.3f}")
-    # a flipped code changes every later frame: the tiny model (CP head_dim 16) agrees on 0.44 of the codes
-    assert (runs["htp"][:, 0] == runs["cpu"][:, 0]).mean() >= 0.5 and agreement >= 0.4
+    same = (runs["htp"] == runs["cpu"]).reshape(-1)  # frame by frame, code by code
+    leading = int(same.size if same.all() else np.argmin(same))
+    print(f"synth --target simulator: greedy code agreement with the CPU {same.mean():.3f}, {leading} leading codes "
+          "equal")
+    # measured: 41 leading codes equal (two whole frames and 9 codes of the third), then an fp16 near-tie of the
+    # tiny Code Predictor (head_dim 16) flips a code and every later frame follows: the prompt, the first decode
+    # steps and most of a Code Predictor frame agree exactly
+    assert leading >= 32
 
 
 SHARED_CONTEXT_CHILD = r"""

@@ -300,7 +300,8 @@ def test_invalid_params_name_the_parameter_and_range(kwargs, message):
 
 
 def test_valid_params_pass():
-    assert SamplingParams(0.0, 0, 1.0).validate() is not None
+    params = SamplingParams(0.0, 0, 1.0)
+    assert params.validate() is params  # checked in place, so calls chain
     SamplingParams(0.9, 50, 1e-6, 1.05).validate("x")
 
 

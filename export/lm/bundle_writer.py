@@ -4,7 +4,8 @@ The LM's decoder stack is exported through the Talker's exporters, so an LM bund
 Talker's graph kinds (``kztts.bundle.graphs.LM_GRAPH_KINDS``) and the runtime's Talker runners, plan,
 placements and calibration serve it unchanged:
 
-- ``talker`` (plain, dynamic CPU) and ``talker_gqa`` (fused attention, when head_dim allows);
+- ``talker`` (plain, dynamic CPU) and ``talker_gqa`` (fused attention, when head_dim allows) with its
+  batched form ``talker_batched`` (rows of several conversations, ``kztts.server.chat``);
 - with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP; fp16, or w8a16 QDQ
   calibrated on text by ``kztts.export.lm.w8a16``), and with ``--segments`` (fp16 only) the
   per-layer graphs with magnitude probes;
@@ -37,7 +38,7 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.checkpoint import fingerprint
 from kztts.export.common.embeddings import TABLE_DIR, _save, _to_numpy_f32, bf16_exact, f32_to_bf16_bits
-from kztts.export.graphs.gqa_graphs import export_talker_gqa
+from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
 from kztts.export.graphs.talker_graph import talker_shape
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
@@ -218,6 +219,8 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         fused = export_talker_gqa(model, work, export_id)
         if fused is not None:
             graphs["talker_gqa"] = fused
+            # its batched form: several conversations per run (kztts serve), each row alone in the graph
+            graphs["talker_batched"] = export_talker_batched(model, work, export_id)
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")

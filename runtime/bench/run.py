@@ -14,6 +14,12 @@ Order of work (every step cached or written under the results folder):
 7. the end-to-end text -> WAV pair (``kztts.bench.e2e``) and, with ``quality``, sampled speech
    (``kztts.bench.quality_rows``); then the report (``kztts.bench.report``).
 Workers run one at a time, never concurrently (2 cores); the load average is recorded.
+
+With ``ray`` (``--ray [ADDRESS]``), steps 1-4 and 6's exports run here as above (the baseline is kept in
+``OUT/units`` and reused by a rerun), and every row of 5-7 (one round of a timed row, an HTP row, the
+end-to-end pair) is a unit of ``kztts.bench.ray_units``: a Ray task kept in ``OUT/units`` as it finishes.
+Timed units each get a whole node and measure that node's bandwidth just before their row; the sampled
+speech of ``quality`` runs here afterwards. The rows, tables, plot and JSON are those of a sequential run.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import onnxruntime as ort
 import psutil
 
 import kztts
-from kztts.bench import batch_rows, report
+from kztts.bench import batch_rows, ray_units, report
 from kztts.bench import e2e as bench_e2e
 from kztts.bench import grid as G
 from kztts.bench import limits as bench_limits
@@ -40,7 +46,7 @@ from kztts.bench import quality_rows as Q
 from kztts.bench.htp import bench_context, bench_target_file, cached_htp_bundle
 from kztts.bundle import graphs
 from kztts.bundle.bundle import Bundle
-from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.manifest import random_weights_label, read_manifest
 from kztts.core.atomic import check_writable_dir
 from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
@@ -86,10 +92,11 @@ class BenchOptions:
     quality: bool = False
     seeds: int = 5
     out: str | None = None
+    ray: str | None = None  # --ray [ADDRESS]: rows as Ray tasks (kztts.bench.ray_units.LOCAL: a local Ray)
 
     @classmethod
     def from_args(cls, args) -> "BenchOptions":
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
 
     def command(self) -> str:
         """The command line that repeats this run (printed in the report)."""
@@ -100,7 +107,14 @@ class BenchOptions:
                 f"{' --no-reference' if self.no_reference else ''} --target {self.target} "
                 f"--htp-precision {self.htp_precision} --htp-context {self.htp_context}"
                 f"{f' --quality --seeds {self.seeds}' if self.quality else ''}"
-                f"{f' --batch {self.batch}' if self.batch else ''} --e2e-runs {self.e2e_runs}")
+                f"{f' --batch {self.batch}' if self.batch else ''} --e2e-runs {self.e2e_runs}"
+                f"{_ray_flag(self.ray)}")
+
+
+def _ray_flag(address: str | None) -> str:
+    if address is None:
+        return ""
+    return " --ray" if address == ray_units.LOCAL else f" --ray {address}"
 
 
 @dataclass
@@ -227,13 +241,50 @@ def prepare(o: BenchOptions, grid: Grid, steps: Steps) -> Prepared:
     steps.phase("fp32 baseline")
     p = Prepared(model_dir, base, bundles, xvector, work, common, work / "baseline.npz")
     threads = grid.threads_max or max(G.parse_threads(o.threads))
-    p.baseline_row = run_row("kztts.bench.worker", {**common, "bundle": str(base), "cp_mode": "frame",
-                                                    "threads": threads, "save_baseline": str(p.baseline)},
-                             work, "baseline", threads)
-    if "error" in p.baseline_row:
-        raise KzttsError(f"the fp32 baseline run failed: {p.baseline_row['error']}")
+    kept = _kept_baseline(o, grid, p, threads)
+    if kept is not None:
+        p.baseline, p.baseline_row = kept
+    else:
+        p.baseline_row = run_row("kztts.bench.worker", {**common, "bundle": str(base), "cp_mode": "frame",
+                                                        "threads": threads, "save_baseline": str(p.baseline)},
+                                 work, "baseline", threads)
+        if "error" in p.baseline_row:
+            raise KzttsError(f"the fp32 baseline run failed: {p.baseline_row['error']}")
+        _keep_baseline(o, grid, p, threads)
     steps.update()
     return p
+
+
+def _baseline_unit(o: BenchOptions, grid: Grid, p: Prepared, threads: int) -> ray_units.Unit:
+    """The fp32 baseline as a kept unit of ``--ray`` (run here, first: every row is measured against it)."""
+    identity = {"bench": "tts", "kind": "baseline", "bundle": ray_units.bundle_id(p.base), "threads": threads,
+                "xvector": ray_units.arrays_sha(p.xvector), "settings": _settings(o),
+                "code": ray_units.code_version("tts")}
+    return ray_units.Unit("baseline", "fp32 baseline", "tts", identity, "worker", {},
+                          ray_units.Resources(0, "run by the driver"))
+
+
+def _kept_baseline(o: BenchOptions, grid: Grid, p: Prepared, threads: int) -> tuple[Path, dict] | None:
+    """Under ``--ray``, the baseline an earlier run of this ``--out`` kept: (its arrays' file, its row)."""
+    if o.ray is None:
+        return None
+    unit = _baseline_unit(o, grid, p, threads)
+    store = ray_units.UnitStore(grid.out / "units")
+    kept = store.load(unit)
+    if kept is None:
+        return None
+    arrays = {k: kept.pop(k) for k in [k for k, v in kept.items() if isinstance(v, np.ndarray)]}
+    np.savez(p.baseline, **arrays)
+    log.info("the fp32 baseline kept in %s is reused", store.root)
+    return p.baseline, kept
+
+
+def _keep_baseline(o: BenchOptions, grid: Grid, p: Prepared, threads: int) -> None:
+    if o.ray is None:
+        return
+    with np.load(p.baseline) as z:
+        arrays = {k: z[k] for k in z.files}
+    ray_units.UnitStore(grid.out / "units").save(_baseline_unit(o, grid, p, threads), {**p.baseline_row, **arrays})
 
 
 def htp_bundles(o: BenchOptions, htp_configs: list, p: Prepared, steps: Steps) -> dict:

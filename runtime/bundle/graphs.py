@@ -135,7 +135,7 @@ SEGMENT_PREFIXES = ("talker_prefill_", "talker_decode_")
 # A causal-LM bundle (manifest kind "lm", ``kztts.export.lm.bundle_writer``) holds the Talker's graph kinds
 # over the LM's decoder stack (its head is the graphs' head; the token embedding is a table) and,
 # with --segments, the per-layer graphs.
-LM_GRAPH_KINDS = ("talker", "talker_gqa", "talker_prefill", "talker_decode")
+LM_GRAPH_KINDS = ("talker", "talker_gqa", "talker_batched", "talker_prefill", "talker_decode")
 
 # Per-layer Talker graphs (``kztts export --target T --segments``): names from ``segment_graph_name``.
 SEGMENT_EXPORT = "kztts export MODEL_DIR -o BUNDLE --target TARGET --segments"

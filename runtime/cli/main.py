@@ -10,9 +10,10 @@ from kztts.cli.boundary import run_command
 from kztts.core import progress
 from kztts.core.env import check_environment
 from kztts.generation.settings import reference_settings, with_environment
+from kztts.server import command as serve  # kztts.cli holds 15 modules, the most a folder may
 
 # in the order ``kztts --help`` lists them
-COMMANDS = (make_tiny, export, validate, synth, inspect, devices, calibrate, generate, chat, fetch_lm, bench)
+COMMANDS = (make_tiny, export, validate, synth, inspect, devices, calibrate, generate, chat, fetch_lm, bench, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

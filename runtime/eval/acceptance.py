@@ -24,10 +24,11 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "cp_logits_cos_min": (">=", 0.99999),
     },
     "htp-fp16": {"talker_logits_cos_min": (">=", 0.999)},
-    # w8a16 Talker graphs (per-channel weights, float norms) on the simulator, tiny models: logits cosine
-    # min 0.99947 (proj) and 0.9991 (tests/test_qnn.py), argmax 0.971; the bound leaves 5x the worst
-    # measured distance to 1 (0.001 -> 0.995) and 3x the argmax shortfall (0.03 -> 0.9)
-    "htp-w8a16": {"talker_logits_cos_min": (">=", 0.995), "talker_argmax_match": (">=", 0.9)},
+    # w8a16 Talker graphs (per-channel weights, float norms) on the simulator, tiny models (16 frames, four
+    # prompt modes): logits cosine min 0.98924 (equal) and 0.99947 (proj), argmax 1.0 and 0.971; the
+    # bound leaves about 4.5x the worst measured distance to 1 (0.0108 -> 0.95) and 3x the argmax
+    # shortfall (0.03 -> 0.9)
+    "htp-w8a16": {"talker_logits_cos_min": (">=", 0.95), "talker_argmax_match": (">=", 0.9)},
     # the decoder on the HTP (fp16) vs the fp32 CPU decoder, when the target places it there: measured
     # 46.9 dB on the tiny model (tests/test_htp_decoder.py); 21 dB before SnakeBeta was folded
     "htp-decoder": {"decoder_snr_db": (">=", 40.0)},

@@ -24,7 +24,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import psutil
@@ -169,16 +169,15 @@ class Reference:
     greedy: list[list[int]]
 
 
-def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: int = GREEDY_STEPS,
-            timed: bool = True) -> tuple[dict, Reference]:
-    """One row's metrics over ``tokens`` (against ``reference``; None: this row is the reference): each
-    text's sums (``per_sample``) and the row's metrics from them (:func:`_aggregate`)."""
-    load = psutil.getloadavg()[0]
+def measure_texts(lm, tokens: Sequence[Tokens], reference: Reference | None,
+                  steps: int = GREEDY_STEPS) -> tuple[dict[str, dict], list[list[float]], Reference]:
+    """Each text's sums (``per_sample``, against ``reference``; None: this row is the reference), each text's
+    decode-step seconds, and the reference (``reference``, or this row's own logits and greedy ids)."""
     logits, greedy_ids, secs = [], [], []
     per: dict[str, dict] = {}
     for i, toks in enumerate(tokens):
         lg, s = teacher_forced(lm, toks)
-        secs += s
+        secs.append(s)
         g = greedy(lm, toks, steps)
         if reference is None:
             logits.append(lg)
@@ -191,8 +190,18 @@ def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: in
         per[toks.name] = {"positions": int(len(cos)), "cos_sum": float(cos.sum()), "cos_min": float(cos.min()),
                           "top1": int((np.argmax(lg, -1) == np.argmax(ref_lg, -1)).sum()),
                           "nll_sum": float(-lp.sum()), "greedy_prefix": common_prefix(g, ref_g)}
-    row = {**_aggregate(per, steps), "ms_per_token": median_ms(secs) if timed else None, "load_avg": round(load, 2)}
-    return row, reference if reference is not None else Reference(logits, greedy_ids)
+    return per, secs, reference if reference is not None else Reference(logits, greedy_ids)
+
+
+def measure(lm, tokens: Sequence[Tokens], reference: Reference | None, steps: int = GREEDY_STEPS,
+            timed: bool = True) -> tuple[dict, Reference]:
+    """One row's metrics over ``tokens`` (against ``reference``; None: this row is the reference): each
+    text's sums (``per_sample``) and the row's metrics from them (:func:`_aggregate`)."""
+    load = psutil.getloadavg()[0]
+    per, secs, reference = measure_texts(lm, tokens, reference, steps)
+    all_secs = [x for s in secs for x in s]
+    row = {**_aggregate(per, steps), "ms_per_token": median_ms(all_secs) if timed else None, "load_avg": round(load, 2)}
+    return row, reference
 
 
 def _aggregate(per: dict[str, dict], steps: int) -> dict:
@@ -282,6 +291,23 @@ def load_reference(path: Path, key: str) -> tuple[dict, list[Tokens], Reference]
     return meta["row"], [Tokens(**t) for t in meta["tokens"]], Reference(logits, meta["greedy"])
 
 
+def row_header(spec: RowSpec) -> dict:
+    """The keys every row starts with (its metrics follow, or its ``error``)."""
+    return {"name": spec.name, "device": spec.device, "weights": spec.weights,
+            "placement": spec.placement or ("cpu" if spec.target is None else "all-htp"),
+            "guard": spec.check_saturation, "error": None}
+
+
+def _row_facts(lm, row: dict) -> None:
+    """What the row's LM says of its run: the guard's flagged HTP calls, its HTP host processes."""
+    guard = getattr(lm.runner, "guard", None)
+    if guard is not None:
+        row["guard_flagged"] = int(guard.total)
+    hosts = lm.plan.host_summary()
+    if hosts:
+        row["htp_hosts"] = [{"graphs": len(h["graphs"]), "mb": h["mb"]} for h in hosts]
+
+
 def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, threads: int = 2,
              steps: int = GREEDY_STEPS, context: int = DEFAULT_CONTEXT,
              on_row: Callable[[dict], None] | None = None, reference_file: Path | None = None) -> list[dict]:
@@ -308,9 +334,7 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
             if on_row is not None:
                 on_row(row)
             continue
-        row = {"name": spec.name, "device": spec.device, "weights": spec.weights,
-               "placement": spec.placement or ("cpu" if spec.target is None else "all-htp"),
-               "guard": spec.check_saturation, "error": None}
+        row = row_header(spec)
         rows.append(row)
         log.info("lm_accuracy: %s", spec.name)
         lm = None
@@ -322,12 +346,7 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
                 row["positions"] = {t.name: len(t.prefill) + len(t.rest) for t in tokens}
             metrics, reference = measure(lm, tokens, reference, steps, timed=spec.device == "cpu")
             row.update(metrics)
-            guard = getattr(lm.runner, "guard", None)
-            if guard is not None:
-                row["guard_flagged"] = int(guard.total)
-            hosts = lm.plan.host_summary()
-            if hosts:
-                row["htp_hosts"] = [{"graphs": len(h["graphs"]), "mb": h["mb"]} for h in hosts]
+            _row_facts(lm, row)
             if i == 0 and reference_file is not None:
                 save_reference(reference_file, key, row, tokens, reference)
         except Exception as e:  # noqa: BLE001 - a refused row is a result of the table
@@ -341,6 +360,80 @@ def run_rows(specs: Sequence[RowSpec], *, samples: Sequence[Sample] = SAMPLES, t
             lm = None
         if on_row is not None:
             on_row(row)
+    return rows
+
+
+def context_limit(specs: Sequence[RowSpec], context: int = DEFAULT_CONTEXT) -> int:
+    """The positions every row's texts are cut to (:func:`run_rows`): the HTP rows' smallest static context,
+    and ``context``."""
+    return _context_limit(specs, context)
+
+
+def run_text(spec: RowSpec, sample: Sample, *, threads: int, steps: int, limit: int,
+             reference: dict | None = None) -> dict:
+    """One (row, text) unit of a sweep run as tasks (``kztts bench --ray``): ``spec`` over ``sample`` alone.
+
+    ``reference``: the fp32 row's unit of the same text (its ``ref_tokens``, ``ref_greedy``, ``ref_logits``);
+    None: this is the fp32 row, and its result carries those for the other rows. The result keeps the text's
+    sums (``per_sample``) and decode-step seconds (``step_s``): :func:`rows_from_texts` makes of the units
+    the rows :func:`run_rows` gives (teacher forcing and greedy runs start from an empty cache per text, so a
+    text measured alone gives the sums it gives among the others). A row that fails records its ``error``."""
+    row = row_header(spec)
+    lm = None
+    try:
+        lm = open_row(spec, threads, limit)
+        row["runner"] = lm.plan.runner
+        if reference is None:
+            tokens = tokenize(lm, [sample], min(lm.context, limit), steps)
+            row["positions"] = {t.name: len(t.prefill) + len(t.rest) for t in tokens}
+            ref = None
+        else:
+            tokens = [Tokens(**reference["ref_tokens"])]
+            ref = Reference([np.asarray(reference["ref_logits"])], [list(reference["ref_greedy"])])
+        row["load_avg"] = round(psutil.getloadavg()[0], 2)
+        per, secs, own = measure_texts(lm, tokens, ref, steps)
+        row.update(per_sample=per, step_s=secs[0])
+        _row_facts(lm, row)
+        if reference is None:
+            row.update(ref_tokens=vars(tokens[0]), ref_greedy=own.greedy[0], ref_logits=own.logits[0])
+    except Exception as e:  # noqa: BLE001 - a refused row is a result of the table
+        log.warning("%s, %s: %s", spec.name, sample.name, e)
+        row["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if lm is not None:
+            lm.plan.close()
+    return row
+
+
+def rows_from_texts(specs: Sequence[RowSpec], samples: Sequence[Sample], results: Mapping[tuple[int, str], dict],
+                    steps: int) -> list[dict]:
+    """The rows of :func:`run_rows` from its (row, text) units (:func:`run_text`; ``results[(i, name)]``):
+    each row's metrics from its texts' sums in the order of ``samples`` (so the floating-point sums are
+    those of one run), ms/token the median of every decode step of its texts. A row with a failed unit
+    records that unit's error (``"<text>: <error>"``), as a failed row of :func:`run_rows` does."""
+    rows = []
+    for i, spec in enumerate(specs):
+        parts = [results[(i, s.name)] for s in samples]
+        row = row_header(spec)
+        failed = next(((s, p) for s, p in zip(samples, parts) if p.get("error")), None)
+        if failed is not None:
+            if failed[1].get("runner"):
+                row["runner"] = failed[1]["runner"]
+            row["error"] = f"{failed[0].name}: {failed[1]['error']}"
+            rows.append(row)
+            continue
+        row["runner"] = parts[0]["runner"]
+        if "positions" in parts[0]:
+            row["positions"] = {k: v for p in parts for k, v in p["positions"].items()}
+        row.update(_aggregate({s.name: p["per_sample"][s.name] for s, p in zip(samples, parts)}, steps))
+        secs = [x for p in parts for x in p["step_s"]]
+        row["ms_per_token"] = median_ms(secs) if spec.device == "cpu" else None
+        row["load_avg"] = max(p["load_avg"] for p in parts)
+        if any("guard_flagged" in p for p in parts):
+            row["guard_flagged"] = sum(int(p.get("guard_flagged", 0)) for p in parts)
+        if parts[0].get("htp_hosts"):
+            row["htp_hosts"] = parts[0]["htp_hosts"]
+        rows.append(row)
     return rows
 
 

@@ -5,7 +5,7 @@ import threading
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -14,6 +14,7 @@ class Metrics:
     """Counters, gauges and histograms of one server; ``frames_per_second`` is measured over ``window`` s."""
 
     def __init__(self, window: float = 10.0):
+        disable_created_metrics()  # the *_created series: start times nobody graphs
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("kztts_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.errors = Counter("kztts_errors", "HTTP requests answered with an error, by status", ["status"],

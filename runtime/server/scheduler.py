@@ -180,6 +180,7 @@ class Scheduler:
                 made = self._guard(engine.step, None)
                 if made:
                     self.metrics.produced(made, engine.unit)
+            self.metrics.running.set(len(engine.running))
 
     def _guard(self, call, job: Job | None):
         """Run ``call(job)`` (or ``call()``); a user error refuses ``job``, a bug fails the jobs it touched."""

@@ -42,7 +42,7 @@ class VoiceBook:
         self._entries = dict(entries)
 
     @classmethod
-    def load(cls, tts, folder: str | Path | None) -> "VoiceBook":
+    def load(cls, tts, folder: str | Path | None) -> VoiceBook:
         """The voices of ``folder`` (None: the default voice only); a bad file is a ``KzttsError``."""
         entries: dict[str, Entry] = {}
         if folder is not None:

@@ -1,0 +1,163 @@
+"""Speech engines: requests of ``POST /v1/audio/speech`` through the TTS's graphs.
+
+``BatchedSpeech`` runs every request in a row of one ``kztts.tts.batch_loop.BatchLoop`` (continuous
+batching over ``talker_batched`` / ``cp_frame_batched``): a request joins at the next frame, each of its
+pieces (a long text) in turn in its row, and its audio is what ``TTS.stream`` (streamed) or
+``TTS.synthesize`` (whole) gives it alone. ``SerialSpeech`` serves a bundle without batched graphs (or
+a target/placement that runs other graphs) one request at a time, in arrival order, through
+``TTS.stream`` / ``TTS.synthesize`` themselves.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from kztts.core.errors import KzttsError
+from kztts.runners.codec import SAMPLES_PER_FRAME
+from kztts.server.scheduler import Job
+from kztts.tts.batch_loop import BatchedRequest, BatchLoop
+from kztts.tts.request import SynthesisRequest
+from kztts.tts.tts import TTS, SynthesisResult
+
+log = logging.getLogger(__name__)
+
+CHUNK_FRAMES = 4  # a streamed chunk: ``TTS.stream``'s default, so a stream equals ``kztts synth --stream``
+FIRST_CAPACITY = 256  # KV positions per row to start with; the rows grow when a request needs more
+
+
+@dataclass
+class SpeechSpec:
+    """What a speech job runs: the request, streamed or whole, and its prepared pieces (batched)."""
+
+    request: SynthesisRequest
+    stream: bool
+    prepared: BatchedRequest | None = None
+
+
+def summary(result: SynthesisResult) -> dict:
+    return {"frames": result.frames, "audio_seconds": round(result.audio_seconds, 3),
+            "pieces": len(result.pieces), "stopped_by_eos": result.stopped_by_eos, "truncated": bool(result.limits)}
+
+
+class BatchedSpeech:
+    """Continuous batching of speech requests (``Engine``)."""
+
+    unit = "frames"
+
+    def __init__(self, tts: TTS, rows: int):
+        self.tts = tts
+        self.capacity = rows
+        self.loop = BatchLoop(tts, rows, FIRST_CAPACITY)  # refuses a plan without the batched graphs
+        self.running: list[Job] = []
+        self.mode = (f"continuous batching: up to {rows} requests share each frame "
+                     "(talker_batched, cp_frame_batched)")
+
+    def prepare(self, request: SynthesisRequest, stream: bool) -> SpeechSpec:
+        """Check a request and cut its text into pieces (any thread: reads the bundle only)."""
+        return SpeechSpec(request, stream, BatchedRequest(self.tts, request, stream=stream, chunk_frames=CHUNK_FRAMES))
+
+    def start(self, job: Job) -> None:
+        self.loop.join(job, job.spec.prepared.next_run())
+        self.running.append(job)
+
+    def step(self) -> int:
+        made, joining = 0, []
+        for job, frame in self.loop.step():
+            req: BatchedRequest = job.spec.prepared
+            audio = req.frame(frame)
+            if audio.shape[0]:
+                job.emit("audio", audio)
+            if frame is not None:
+                made += 1
+                continue
+            run = req.next_run()  # the request's next piece joins at the next frame, in its row
+            if run is not None:
+                joining.append((job, run))
+            else:
+                self.running.remove(job)
+                job.emit("done", summary(req.result()))
+        for job, run in joining:
+            self.loop.join(job, run)
+        return made
+
+    def drop(self, job: Job) -> None:
+        self.loop.leave({job})
+        self.running.remove(job)
+
+    def reset(self) -> None:
+        self.running = []
+        self.loop = BatchLoop(self.tts, self.capacity, FIRST_CAPACITY)
+
+
+class _Left(Exception):
+    """The client of the running request left (raised inside ``TTS.synthesize`` to stop it)."""
+
+
+class SerialSpeech:
+    """One request at a time through ``TTS.stream`` / ``TTS.synthesize`` (``Engine``)."""
+
+    unit = "frames"
+    capacity = 1
+
+    def __init__(self, tts: TTS, why: str):
+        self.tts = tts
+        self.running: list[Job] = []
+        self._chunks: Iterator[np.ndarray] | None = None
+        self.mode = f"one request at a time, in arrival order ({why})"
+
+    def prepare(self, request: SynthesisRequest, stream: bool) -> SpeechSpec:
+        self.tts.pieces(request)  # a request that cannot be spoken is refused before it waits
+        return SpeechSpec(request, stream)
+
+    def _run(self, job: Job) -> Iterator[np.ndarray]:
+        spec: SpeechSpec = job.spec
+        holder: dict = {}
+        if spec.stream:
+            yield from self.tts.stream(spec.request, result=holder, chunk_frames=CHUNK_FRAMES)
+            result = holder["result"]
+        else:
+            def frame(_n: int) -> None:
+                if job.cancelled:
+                    raise _Left()
+            result = self.tts.synthesize(spec.request, on_frame=frame)
+            yield result.samples
+        job.state = result
+
+    def start(self, job: Job) -> None:
+        self._chunks = self._run(job)
+        self.running = [job]
+
+    def step(self) -> int:
+        job = self.running[0]
+        try:
+            audio = next(self._chunks)
+        except StopIteration:
+            self.running, self._chunks = [], None
+            job.emit("done", summary(job.state))
+            return 0
+        except _Left:
+            self.running, self._chunks = [], None
+            return 0
+        if audio.shape[0]:
+            job.emit("audio", audio)
+        return round(audio.shape[0] / SAMPLES_PER_FRAME)
+
+    def drop(self, job: Job) -> None:
+        if self._chunks is not None:
+            self._chunks.close()
+        self.running, self._chunks = [], None
+
+    def reset(self) -> None:
+        self.drop(None)
+
+
+def open_speech_engine(tts: TTS, batch: int):
+    """``BatchedSpeech`` where the plan runs the fused CPU graphs and the bundle has their batched forms,
+    else ``SerialSpeech`` (the reason is in its ``mode``)."""
+    try:
+        return BatchedSpeech(tts, batch)
+    except KzttsError as exc:
+        return SerialSpeech(tts, f"no continuous batching: {exc}")
