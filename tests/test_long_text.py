@@ -211,9 +211,10 @@ def test_sampled_pieces_use_the_same_seed_each(small, voice):
 
 
 def test_a_piece_cut_by_the_context_is_reported(small, voice, caplog):
-    """Without a max_frames the tiny model speaks on until the 64-position context is full."""
+    """With a max_frames past the 64-position context the tiny model (which never stops by itself) speaks
+    on until the context is full, and says so (without one, the runaway cap would stop it first)."""
     with caplog.at_level(logging.WARNING, logger="kztts.tts.tts"):
-        result = small.synthesize("Hello there.", voice, greedy=True)
+        result = small.synthesize("Hello there.", voice, greedy=True, max_frames=500)
     assert len(result.pieces) == 1 and not result.stopped_by_eos
     assert result.limits and "context of 64 positions" in result.limits[0]
     assert result.limits[0] in caplog.text

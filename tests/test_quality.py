@@ -64,10 +64,12 @@ def test_clipped_sine_share():
     ("2026", "english", 4),
 ])
 def test_expected_duration_counts(text, language, units):
-    assert quality.syllables(text, language) == units
-    lang = quality._language_of(text, language)
-    rate = quality.SYLLABLE_RATES.get(lang, quality.DEFAULT_SYLLABLE_RATE)
-    assert quality.expected_seconds(text, language) == pytest.approx(units / rate)
+    from kztts.tts import duration
+
+    assert duration.syllables(text, language) == units
+    lang = duration.language_of(text, language)
+    rate = duration.SYLLABLE_RATES.get(lang, duration.DEFAULT_SYLLABLE_RATE)
+    assert duration.expected_seconds(text, language) == pytest.approx(units / rate)
 
 
 def test_duration_band_and_measure():
@@ -263,3 +265,16 @@ def test_bench_quality_cli(tmp_path):
     assert "random weights" in res.stdout and "| int8/kv-fp32/cp-frame/dec-fp32 |" in res.stdout
     index = (out / "quality" / "index.md").read_text()
     assert index.count(".wav](") == sum(r["utterances"] for r in data["rows"])
+
+
+def test_the_runaway_cap_is_three_times_the_expected_duration_at_least_three_seconds():
+    """``kztts.tts.duration.runaway_frames``: what an utterance without max_frames may run to."""
+    import math
+
+    from kztts.tts.duration import runaway_frames
+
+    text = "The quick brown fox jumps over the lazy dog."  # 11 syllables / 6.19 per s = 1.78 s
+    assert runaway_frames(text, "english") == math.ceil(3 * 11 / 6.19 * 12.5) == 67
+    assert runaway_frames("Hi.", "english") == 38  # 0.16 s expected: the 3 s floor
+    long_zh = "今天天气很好，我们去河边散步吧。" * 4  # 56 ideographs / 5.18 per s = 10.8 s
+    assert runaway_frames(long_zh, "chinese") == math.ceil(3 * 56 / 5.18 * 12.5)

@@ -21,24 +21,36 @@ multilingual text set, plus 32 greedy tokens per prompt):
 Each finished row is logged and ``lm_accuracy.json`` rewritten (``"complete": false`` until the
 last row), so a long simulator run keeps the rows it finished. ``lm_accuracy.md`` holds the table,
 its caveats and the command. The rows need the export extra (torch: variant export, calibration).
+
+With ``ray`` (``--ray [ADDRESS]``) every (row, text) is a unit of ``kztts.bench.ray_units``: a Ray task
+(``kztts.eval.lm_accuracy.run_text`` in its own process) kept in ``OUT/units`` as it finishes, the fp32
+row's unit of a text first (the others of that text are measured against its logits); the rows are made
+from the units' per-text sums (``rows_from_texts``), the table a sequential run gives. CPU rows (timed)
+get a whole node each. Reports carry the ``code_version`` of the rows' code (``ray_units.code_version``):
+``merge`` refuses runs of different code, as it refuses runs of different bundles.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from kztts.bench import ray_units
 from kztts.bundle.manifest import bundle_digest, read_manifest
 from kztts.bundle.segments import segment_graph_name
 from kztts.core.cache import portable_command, portable_path
 from kztts.core.errors import KzttsError
 from kztts.eval.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
-from kztts.eval.lm_accuracy import GREEDY_STEPS, SAMPLES, RowSpec, markdown_table, merge_rows, run_rows
+from kztts.eval.lm_accuracy import (GREEDY_STEPS, SAMPLES, RowSpec, Sample, context_limit, markdown_table, merge_rows,
+                                    rows_from_texts, run_rows)
 from kztts.htp.placement import write_placement
+from kztts.htp.targets import load_target
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +169,7 @@ class LmBench:
     reference: Path | None = None
     threads: int = 2
     context: int = 512
+    ray: str | None = None  # --ray [ADDRESS]: (row, text) units as Ray tasks (ray_units.LOCAL: a local Ray)
 
 
 def check(b: LmBench) -> None:
@@ -175,6 +188,9 @@ def check(b: LmBench) -> None:
             raise KzttsError(f"--texts: unknown {', '.join(unknown)} (the set: {', '.join(s.name for s in SAMPLES)})")
     if not b.source.exists():
         raise KzttsError(f"{b.source}: no such checkpoint (a GGUF file or a Hugging Face directory)")
+    if b.ray is not None and b.reference is not None:
+        raise KzttsError("--reference: with --ray the fp32 row's units are kept in OUT/units and reused by a rerun "
+                         "with the same --out; drop --reference")
 
 
 def _names(csv: str) -> list[str]:
@@ -202,26 +218,100 @@ def run(b: LmBench) -> list[dict]:
                "w8a16_bundle": None if w8a16_bundle is None else
                {"name": Path(w8a16_bundle).name, "digest": bundle_digest(w8a16_bundle)}}
     command = portable_command(b.command)
+    extra: dict = {}
 
     def write_json(complete: bool) -> None:
         (b.out / "lm_accuracy.json").write_text(json.dumps(
-            {"model": model, **bundles, "threads": b.threads,
+            {"model": model, **bundles, "code_version": ray_units.code_version("lm"), "threads": b.threads,
              "texts": [s.name for s in samples], "greedy_steps": steps, "w8a16_no_guarded_row": w8a16,
-             "load_avg_end": psutil.getloadavg(), "command": command, "complete": complete, "rows": done},
-            indent=1), encoding="utf-8")
+             "load_avg_end": psutil.getloadavg(), "command": command, "complete": complete, "rows": done, **extra},
+            indent=1, default=str), encoding="utf-8")
 
     def on_row(row: dict) -> None:
         log.info("row %s", json.dumps(row))
         done.append(row)
         write_json(complete=False)
 
-    rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
-                    on_row=on_row, reference_file=b.reference)
+    if b.ray is not None:
+        rows, extra["ray"] = run_ray_units(b, specs, samples, steps)
+        done.extend(rows)
+    else:
+        rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
+                        on_row=on_row, reference_file=b.reference)
     write_json(complete=True)
     md = report_markdown(rows, model, b.threads, b.texts, steps, w8a16, command)
     (b.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
+
+
+REFERENCE_KEYS = ("ref_tokens", "ref_greedy", "ref_logits")  # what the fp32 unit of a text gives the others
+
+
+def _text_id(s: Sample) -> dict:
+    return {"name": s.name, "sha256": hashlib.sha256((s.prompt + "\0" + s.text).encode()).hexdigest()[:16]}
+
+
+def _row_id(spec: RowSpec) -> dict:
+    """A row as a unit's key names it: its settings, its target's and placement file's bytes (not their paths)."""
+    placement = spec.placement
+    if placement is not None and Path(placement).is_file():
+        placement = {"file": Path(placement).name, "sha256": ray_units.file_sha(placement)}
+    target = None
+    if spec.target is not None:
+        path = load_target(spec.target).path
+        target = {"name": path.stem, "sha256": ray_units.file_sha(path)}
+    return {"name": spec.name, "weights": spec.weights, "device": spec.device, "target": target, "placement": placement,
+            "check_saturation": spec.check_saturation, "strict": spec.strict, "guard_counts": spec.guard_counts}
+
+
+def lm_units(b: LmBench, specs: list[RowSpec], samples, steps: int, limit: int) -> dict:
+    """{(row index, text name): unit} of ``--ray``: each row over each text, after the fp32 row's unit of that
+    text. CPU rows are timed (a whole node); HTP rows ask for ``b.threads`` CPUs; memory from their plans."""
+    code = ray_units.code_version("lm")
+    units: dict = {}
+    for i, spec in enumerate(specs):
+        mb, how = ray_units.plan_memory_mb(spec.bundle, ("talker_prefill", "talker_decode"), target=spec.target,
+                                           placement=spec.placement, check_saturation=spec.check_saturation)
+        timed = spec.device == "cpu"
+        resources = ray_units.Resources(mb, how, cpus=None if timed else b.threads, whole_node=timed)
+        files = {}
+        if spec.target is not None:  # the driver's target file, whatever the node's qnn_configs hold
+            files["target"] = load_target(spec.target).path
+        if spec.placement is not None and Path(spec.placement).is_file():
+            files["placement"] = Path(spec.placement)
+        row_id = _row_id(spec)
+        for s in samples:
+            first = units.get((0, s.name))
+            identity = {"bench": "lm", "row": row_id, "bundle": ray_units.bundle_id(spec.bundle), "text": _text_id(s),
+                        "greedy_steps": steps, "context": limit, "threads": b.threads, "code": code,
+                        "reference": None if i == 0 else first.key}
+            tag = f"{re.sub(r'[^A-Za-z0-9]+', '-', spec.name)}_{s.name}"
+            payload = {"module": "kztts.bench.ray_units", "tag": tag, "threads": b.threads,
+                       "take": REFERENCE_KEYS if i else (),
+                       "spec": {"row": ray_units.row_spec_json(spec), "text": s.name, "threads": b.threads,
+                                "steps": steps, "limit": limit, "target": spec.target, "placement": spec.placement}}
+            units[(i, s.name)] = ray_units.Unit(tag, f"{spec.name}, {s.name}", "lm", identity, "worker", payload,
+                                                resources, files, [str(Path(spec.bundle).resolve())],
+                                                after=None if i == 0 else first.key)
+    return units
+
+
+def run_ray_units(b: LmBench, specs: list[RowSpec], samples, steps: int) -> tuple[list[dict], dict]:
+    """The rows of :func:`run` from (row, text) units run as Ray tasks (``--ray``); and the run's facts."""
+    limit = context_limit(specs, b.context)
+    units = lm_units(b, specs, samples, steps, limit)
+    store = ray_units.UnitStore(b.out / "units")
+    with ray_units.cluster(b.ray) as c:
+        outcome = ray_units.run_units(list(units.values()), store, c, "bench --lm --ray")
+        facts = outcome.to_json(c, store)
+    results = {k: outcome.results[u.key] for k, u in units.items()}
+    rows = rows_from_texts(specs, samples, results, steps)
+    for i, row in enumerate(rows):
+        row["nodes"] = {s.name: (results[(i, s.name)].get("node") or {}).get("id") for s in samples}
+        row["units"] = {s.name: results[(i, s.name)].get("unit") for s in samples}
+        log.info("row %s", json.dumps({k: v for k, v in row.items() if k != "per_sample"}))
+    return rows, facts
 
 
 UNKNOWN = "unknown"  # a fact a rebuilt report could not recover (its run directory was lost)
@@ -247,8 +337,8 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
     texts would give it (``kztts.eval.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
     such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
-    text at a time. Only the reports are read: runs of different models or bundles (by digest) are
-    refused. ms/token is a median and is not merged (each shard's report keeps its own)."""
+    text at a time. Only the reports are read: runs of different models, bundles (by digest) or code
+    (``code_version``: the rows' modules and packages) are refused. ms/token is a median and is not merged (each shard's report keeps its own)."""
     runs = []
     for d in dirs:
         f = Path(d) / "lm_accuracy.json"
@@ -263,6 +353,7 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     steps = _agreed(runs, dirs, "greedy_steps")
     model = _agreed(runs, dirs, "model")
     digests = {k: _agreed(runs, dirs, k, lambda v: v["digest"]) for k in ("bundle", "w8a16_bundle")}
+    code = _agreed(runs, dirs, "code_version")
     threads = _agreed(runs, dirs, "threads")
     unfinished = [str(d) for d, r in zip(dirs, runs) if not r.get("complete")]
     if unfinished:
@@ -276,7 +367,7 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_accuracy.json").write_text(json.dumps(
         {"model": model, "bundle": {"digest": digests["bundle"]}, "w8a16_bundle": {"digest": digests["w8a16_bundle"]},
-         "threads": threads, "texts": texts, "greedy_steps": steps,
+         "code_version": code, "threads": threads, "texts": texts, "greedy_steps": steps,
          "w8a16_no_guarded_row": runs[0].get("w8a16_no_guarded_row"),
          "merged_from": [portable_path(Path(d).resolve()) for d in dirs], "command": command, "complete": True,
          "rows": rows}, indent=1), encoding="utf-8")
@@ -316,6 +407,18 @@ def add_arguments(ap, standalone: bool) -> None:
                                                  "saved (one HTP row per process without recomputing fp32)")
     g.add_argument("--lm-context", "--context", dest="lm_context", type=int, default=512,
                    help="CPU KV positions (texts are cut to it)")
+    if standalone:
+        add_ray_argument(g)
+
+
+def add_ray_argument(ap) -> None:
+    """``--ray [ADDRESS]`` (``kztts bench`` and ``bench_lm.py``)."""
+    ap.add_argument("--ray", nargs="?", const=ray_units.LOCAL, default=None, metavar="ADDRESS",
+                    help="run every row (LM: every row x text) as a Ray task, kept in OUT/units as it finishes, so a "
+                         "rerun with the same --out runs only what is missing: alone, a local Ray with this machine's "
+                         "CPUs; ADDRESS (e.g. auto, HOST:6379, ray://HOST:10001) joins a cluster whose nodes see the "
+                         "bundles at the same paths (docs/CLUSTER.md). Needs the cluster extra (pip install "
+                         "'kztts[cluster]')")
 
 
 def from_args(args, source: Path, *, target: str | None, threads: int, out: Path, command: str) -> LmBench:
@@ -325,7 +428,7 @@ def from_args(args, source: Path, *, target: str | None, threads: int, out: Path
                    precisions=tuple(_names(args.htp_precisions)), w8a16_bundle=args.w8a16_bundle,
                    calibrate_prompts=args.calibrate_prompts, guarded_placement=args.guarded_placement,
                    texts=args.texts, greedy_steps=args.greedy_steps, reference=args.reference, threads=threads,
-                   context=args.lm_context)
+                   context=args.lm_context, ray=getattr(args, "ray", None))
 
 
 def main(argv: list[str] | None = None) -> int:

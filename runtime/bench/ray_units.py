@@ -244,7 +244,8 @@ class Unit:
     """One task of a sweep. ``call``: "worker" (``python -m payload["module"]`` on ``payload["spec"]``) or
     "e2e" (the end-to-end pair); ``files``: spec key -> a small local file sent with the task (the spec then
     names the node's copy); ``shared``: folders the node must see at the same path (bundles, checkpoints);
-    ``after``: the key of the unit whose result this one needs (its ``take`` keys go into the spec)."""
+    ``after``: the key of the unit whose result this one needs (its keys named in ``payload["take"]`` go into
+    the spec)."""
 
     name: str
     label: str
@@ -256,7 +257,6 @@ class Unit:
     files: dict = field(default_factory=dict)
     shared: list = field(default_factory=list)
     after: str | None = None
-    take: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -479,9 +479,10 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k.startswith("KZTTS_") and k != "KZTTS_THREADS"}
 
 
-def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str) -> Outcome:
+def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str, known: Sequence[str] = ()) -> Outcome:
     """Run every unit not kept in ``store`` as a Ray task (dependencies first), writing each result to
-    ``store`` as it finishes; retries killed units (:data:`ATTEMPTS` in all). Returns every unit's result."""
+    ``store`` as it finishes; retries killed units (:data:`ATTEMPTS` in all). Returns every unit's result.
+    ``known``: keys of this run's units kept in ``store`` by the caller (the TTS baseline)."""
     ray = c.ray
     t0 = time.monotonic()
     by_key = {u.key: u for u in units}
@@ -491,7 +492,7 @@ def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str) ->
         if kept is not None:
             outcome.results[u.key] = kept
             outcome.reused.append(u.name)
-    others = store.others(set(by_key))
+    others = store.others(set(by_key) | set(known))
     if others:
         log.warning("%s: %d kept unit result(s) of other bundles, code versions or settings are not used",
                     store.root, len(others))

@@ -307,24 +307,31 @@ def _tasks(o: BenchOptions, grid: Grid) -> list:
     return tasks + batch_rows.batch_tasks(grid.configs, grid.batches)
 
 
-def _run_task(o: BenchOptions, p: Prepared, kind: str, what, rnd: int, threads_max: int, htp: dict) -> dict:
-    """One row's run (one round of it)."""
+def _row_call(o: BenchOptions, p: Prepared, kind: str, what, rnd: int, threads_max: int,
+              htp: dict) -> tuple[str, dict, str, int]:
+    """A row's worker: (module, spec, tag, threads) of one round of it."""
     base_spec = {**p.common, "baseline": str(p.baseline)}
     if kind == "htp":
         bundle, target = htp[what]
-        return run_row("kztts.bench.htp_worker", {**base_spec, "bundle": str(bundle), "target": str(target),
-                                                  "threads": threads_max}, p.work, what.slug, threads_max)
+        return ("kztts.bench.htp_worker", {**base_spec, "bundle": str(bundle), "target": str(target),
+                                           "threads": threads_max}, what.slug, threads_max)
     if kind == "batch":
         c, n = what
-        return run_row(batch_rows.WORKER, batch_rows.spec(p.common, p.bundles[(c.weights, c.kv, c.decoder)], c, n,
-                                                          p.baseline), p.work, batch_rows.tag(c, n, rnd), c.threads)
+        return (batch_rows.WORKER, batch_rows.spec(p.common, p.bundles[(c.weights, c.kv, c.decoder)], c, n, p.baseline),
+                batch_rows.tag(c, n, rnd), c.threads)
     if kind == "reference":
-        return run_row("kztts.export.tts.bench_reference", {**base_spec, "model_dir": str(p.model_dir),
-                                                            "threads": what}, p.work, f"reference_t{what}_r{rnd}", what)
-    return run_row("kztts.bench.worker", {**base_spec, "bundle": str(p.bundles[(what.weights, what.kv, what.decoder)]),
-                                          "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
-                                          "attention": what.attention, "pipeline": what.pipeline},
-                   p.work, f"{what.slug}_r{rnd}", what.threads)
+        return ("kztts.export.tts.bench_reference", {**base_spec, "model_dir": str(p.model_dir), "threads": what},
+                f"reference_t{what}_r{rnd}", what)
+    return ("kztts.bench.worker", {**base_spec, "bundle": str(p.bundles[(what.weights, what.kv, what.decoder)]),
+                                   "cp_mode": what.cp_mode, "threads": what.threads, "spin": what.spin,
+                                   "attention": what.attention, "pipeline": what.pipeline},
+            f"{what.slug}_r{rnd}", what.threads)
+
+
+def _run_task(o: BenchOptions, p: Prepared, kind: str, what, rnd: int, threads_max: int, htp: dict) -> dict:
+    """One row's run (one round of it)."""
+    module, spec, tag, threads = _row_call(o, p, kind, what, rnd, threads_max, htp)
+    return run_row(module, spec, p.work, tag, threads)
 
 
 def _label(kind: str, what, rnd: int, rounds: int) -> str:
@@ -351,6 +358,107 @@ def run_tasks(o: BenchOptions, grid: Grid, p: Prepared, htp: dict, steps: Steps)
             runs.setdefault((kind, what), []).append(_run_task(o, p, kind, what, rnd, threads_max, htp))
             steps.update()
     return runs
+
+
+TTS_ROLES = ("talker_prefill", "talker_decode", "code_predictor", "decoder")  # what a row's worker opens
+
+
+def _settings(o: BenchOptions) -> dict:
+    return {"text": o.text, "language": o.language, "frames": o.frames, "warmup": o.warmup, "chunk": o.chunk}
+
+
+def _model_id(p: Prepared) -> dict:
+    """The checkpoint as a key names it: the sha256 its fp32 bundle's manifest records."""
+    return {"name": Path(p.model_dir).name, "sha256": (read_manifest(p.base).data.get("source") or {}).get("sha256")}
+
+
+def _row_unit(o: BenchOptions, p: Prepared, kind: str, what, rnd: int, threads_max: int, htp: dict,
+              common: dict) -> ray_units.Unit:
+    """One round of a row as a unit of ``--ray``: its worker, key, resources and the files it needs."""
+    module, spec, tag, threads = _row_call(o, p, kind, what, rnd, threads_max, htp)
+    files = {"xvector": p.xvector, "baseline": p.baseline}
+    identity = {**common, "kind": kind}
+    if kind == "htp":
+        bundle, target = htp[what]
+        files["target"] = target
+        mb, how = ray_units.plan_memory_mb(bundle, TTS_ROLES, target=target)
+        identity.update(what=what.as_dict(), bundle=ray_units.bundle_id(bundle), target=ray_units.file_sha(target),
+                        threads=threads)
+        shared = [str(bundle)]
+    elif kind == "reference":
+        mb, how = ray_units.checkpoint_memory_mb(p.model_dir)
+        identity.update(threads=what, round=rnd, model=_model_id(p))
+        shared = [str(p.model_dir)]
+    else:
+        c, batch = (what, None) if kind == "kztts" else what
+        bundle = p.bundles[(c.weights, c.kv, c.decoder)]
+        mb, how = ray_units.plan_memory_mb(bundle, TTS_ROLES, cp_mode=c.cp_mode, attention=c.attention)
+        identity.update(what=c.as_dict(), batch=batch, round=rnd, bundle=ray_units.bundle_id(bundle))
+        shared = [str(bundle)]
+    timed = kind != "htp"
+    if timed:
+        mb, how = mb + ray_units.PROBE_MB, how + f" + {ray_units.PROBE_MB} MB of bandwidth probe"
+    payload = {"module": module, "spec": spec, "tag": tag, "threads": threads, "probe": timed, "load": True}
+    resources = ray_units.Resources(mb, how, cpus=None if timed else threads, whole_node=timed)
+    return ray_units.Unit(tag, _label(kind, what, rnd, o.rounds), "tts", identity, "worker", payload, resources,
+                          files, shared)
+
+
+def _e2e_unit(o: BenchOptions, p: Prepared, common: dict) -> ray_units.Unit:
+    """The end-to-end pair as a unit (timed: a whole node; both sides' processes at once)."""
+    mb_k, how_k = ray_units.plan_memory_mb(p.base, TTS_ROLES)
+    mb_r, how_r = ray_units.checkpoint_memory_mb(p.model_dir)
+    identity = {**common, "kind": "e2e", "runs": o.e2e_runs, "threads": o.threads, "bundle": ray_units.bundle_id(p.base),
+                "model": _model_id(p)}
+    payload = {"options": o, "model_dir": str(p.model_dir), "bundle": str(p.base)}
+    return ray_units.Unit("e2e", "end-to-end text -> WAV pair", "tts", identity, "e2e", payload,
+                          ray_units.Resources(mb_k + mb_r, f"kztts side: {how_k}; qwen-tts side: {how_r}",
+                                              cpus=None, whole_node=True),
+                          {"xvector": p.xvector}, [str(p.base), str(p.model_dir)])
+
+
+def run_ray_units(o: BenchOptions, grid: Grid, p: Prepared, htp: dict, with_e2e: bool) -> tuple[dict, dict | None, dict]:
+    """Every row of the grid (each round of a timed row, the HTP rows, the end-to-end pair) as Ray units:
+    ``(runs, e2e, facts)``, ``runs`` as :func:`run_tasks` gives them, ``facts`` the cluster and the units."""
+    threads_max = grid.threads_max or max(G.parse_threads(o.threads))
+    common = {"bench": "tts", "baseline": ray_units.arrays_sha(p.baseline), "xvector": ray_units.arrays_sha(p.xvector),
+              "settings": _settings(o), "code": ray_units.code_version("tts")}
+    units: dict = {}
+    for rnd in range(o.rounds):
+        for kind, what in _tasks(o, grid):
+            units[(kind, what, rnd)] = _row_unit(o, p, kind, what, rnd, threads_max, htp, common)
+    for h in htp:
+        units[("htp", h, 0)] = _row_unit(o, p, "htp", h, 0, threads_max, htp, common)
+    if with_e2e:
+        units[("e2e", None, 0)] = _e2e_unit(o, p, common)
+    store = ray_units.UnitStore(grid.out / "units")
+    baseline = _baseline_unit(o, grid, p, threads_max).key
+    with ray_units.cluster(o.ray) as c:
+        outcome = ray_units.run_units(list(units.values()), store, c, "bench --ray", known=[baseline])
+        facts = outcome.to_json(c, store)
+    runs: dict = {}
+    e2e = None
+    for (kind, what, rnd), u in units.items():
+        result = dict(outcome.results[u.key])
+        if kind == "e2e":
+            e2e = None if result.get("error") else result
+            if e2e is None:
+                facts["e2e_error"] = result["error"]
+            continue
+        runs.setdefault((kind, what), []).append(result)
+    return runs, e2e, facts
+
+
+def _annotate_per_node(rows: list[dict], p: Prepared, o: BenchOptions) -> list:
+    """``--ray``: each timed row's "% of limit" against the bandwidth its own node measured before it; the
+    probes, for the header."""
+    probes = []
+    for r in rows:
+        probe = r.get("bandwidth_probe") if r.get("threads") else None
+        mine = [{int(r["threads"]): probe}] if probe else []
+        probes += mine
+        bench_limits.annotate([r], mine, p.base, p.bundles, o)
+    return probes
 
 
 def collect_rows(grid: Grid, runs: dict) -> list[dict]:
@@ -418,23 +526,34 @@ def run_bench(o: BenchOptions) -> dict:
     """Every row of ``o`` (module docstring), written to ``o.out``; returns ``{"rows", "paths"}``."""
     grid = check(o)
     tasks = _tasks(o, grid)
-    steps = Steps(4 + len(tasks) * o.rounds + (2 + o.quality) * len(grid.htp_configs), "bench")
+    row_steps = 0 if o.ray is not None else len(tasks) * o.rounds + len(grid.htp_configs)
+    steps = Steps(4 + row_steps + (1 + o.quality) * len(grid.htp_configs), "bench")
     p = prepare(o, grid, steps)
     htp = htp_bundles(o, grid.htp_configs, p, steps)
-    thread_counts = sorted({c.threads for c in grid.configs})
-    probes = [bench_limits.probe_threads(thread_counts)]  # the host's streaming bandwidth, again after the rows
-    runs = run_tasks(o, grid, p, htp, steps)
-    rows = collect_rows(grid, runs)
-    probes.append(bench_limits.probe_threads(thread_counts))
     with_e2e = o.e2e_runs > 0 and grid.configs and not o.no_reference  # the row compares with the reference
-    e2e = bench_e2e.run_pair(o, p.model_dir, p.base, p.xvector, p.work) if with_e2e else None
-    bench_limits.annotate(rows, probes, p.base, p.bundles, o)
+    ray_facts = None
+    if o.ray is not None:
+        runs, e2e, ray_facts = run_ray_units(o, grid, p, htp, bool(with_e2e))
+        rows = collect_rows(grid, runs)
+        probes = _annotate_per_node(rows, p, o)
+    else:
+        thread_counts = sorted({c.threads for c in grid.configs})
+        probes = [bench_limits.probe_threads(thread_counts)]  # the host's streaming bandwidth, again after the rows
+        runs = run_tasks(o, grid, p, htp, steps)
+        rows = collect_rows(grid, runs)
+        probes.append(bench_limits.probe_threads(thread_counts))
+        e2e = bench_e2e.run_pair(o, p.model_dir, p.base, p.xvector, p.work) if with_e2e else None
+        bench_limits.annotate(rows, probes, p.base, p.bundles, o)
     rows += _htp_rows(runs, htp)
     random_weights = Bundle.open(p.base, load_graphs=False).manifest.random_weights
     sampled = _sample_quality(o, grid, p, rows, random_weights, steps) if o.quality else None
     steps.close()
 
     head = header(o, p, rows, probes, random_weights, bool(htp))
+    if ray_facts is not None:
+        head += (f"\n--ray: every row a Ray task on {len(ray_facts['nodes'])} node(s) ({len(ray_facts['reused'])} of "
+                 f"{ray_facts['units']} kept from an earlier run); a timed row had its node to itself, its % of "
+                 "limit against the bandwidth that node measured just before it")
     meta = {"header": head, "command": o.command(), "model_dir": str(p.model_dir), "base_bundle": str(p.base),
             "load_average_end": psutil.getloadavg(), "cpu": report.cpu_name(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
@@ -442,6 +561,8 @@ def run_bench(o: BenchOptions) -> dict:
             "bandwidth_probes": probes, "e2e": e2e}
     if htp:
         meta["htp_rows_untimed"] = report.HTP_NOTE
+    if ray_facts is not None:
+        meta["ray"] = ray_facts
     extra = "\n" + bench_e2e.markdown(e2e) if e2e else ""
     paths = report.write_all(rows, meta, grid.out, extra)
     print(report.markdown(rows, head) + extra)

@@ -93,4 +93,5 @@ def add_command(sub) -> None:
                         "fp32 CPU bundle, perplexity, greedy agreement; kztts.bench.lm)")
 
     bench_lm.add_arguments(s, standalone=False)
+    bench_lm.add_ray_argument(s)
     s.set_defaults(func=cmd_bench)

@@ -2,19 +2,12 @@
 
 What a listener would notice first, measured without a reference recording:
 
-- **Duration against the text.** ``expected_seconds(text, language)`` counts syllables and divides
-  by a typical speaking rate. Rates are the mean syllable rates of read speech measured by
-  Pellegrino, Coupé & Marsico, "A cross-language perspective on speech information rate",
-  *Language* 87(3), 2011 (Table 1, syllables/s): English 6.19, French 7.18, German 5.97, Italian
-  6.99, Japanese 7.84 (morae/s), Mandarin 5.18, Spanish 7.82. Languages the study did not measure
-  (Korean, Russian, Portuguese, ...) take the mean of those seven, 6.74. Syllables are counted from
-  the text: one per CJK ideograph in Chinese; in Japanese one mora per kana (the small ゃゅょ that
-  merge into the previous mora excluded) and two per kanji (the typical on-reading, e.g. 学 ga-ku);
-  one per Hangul block; in alphabetic scripts one per run of vowel letters (a rough but
-  language-neutral count: English silent "e" over-counts, Italian hiatus under-counts, by ~15%),
-  one per digit. The estimate excludes pauses, so a sentence-final pause or a slow voice lengthens
-  real audio: the duration is "in band" when audio / expected lies in ``DURATION_BAND`` = 0.65..1.6
-  (speaker-to-speaker rate spread of about +-25% in that study, plus room for pauses at punctuation).
+- **Duration against the text.** ``kztts.tts.duration.expected_seconds(text, language)`` counts
+  syllables and divides by a typical speaking rate of read speech (the rates, their source and the
+  counting rule are in that module). The estimate excludes pauses, so a sentence-final pause or a slow
+  voice lengthens real audio: the duration is "in band" when audio / expected lies in
+  ``DURATION_BAND`` = 0.65..1.6 (speaker-to-speaker rate spread of about +-25% in that study, plus
+  room for pauses at punctuation).
 - **Silence.** 80 ms windows (one codec frame: 1920 samples at 24 kHz) at a 20 ms hop; a window is
   silent when its RMS is more than ``SILENCE_DB`` = 40 dB below the utterance's 95th-percentile
   window RMS (its loud speech, robust to a single click), and the silence is the union of the
@@ -37,11 +30,11 @@ quality; it only shows that the measuring works.
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from kztts.tts.duration import expected_seconds
 
 FRAME_SECONDS = 0.08  # one codec frame (kztts.runners.codec.SAMPLES_PER_FRAME = 1920 samples at 24 kHz)
 SILENCE_DB = 40.0
@@ -53,15 +46,6 @@ DURATION_BAND = (0.65, 1.6)
 # over 25-36% (11 points), so a departure beyond 10 points is outside what healthy runs showed.
 EOS_MARGIN = 0.2
 SILENCE_MARGIN_PCT = 10.0
-
-# Syllables (Japanese: morae) per second of read speech, Pellegrino et al. 2011, Table 1.
-SYLLABLE_RATES = {"english": 6.19, "french": 7.18, "german": 5.97, "italian": 6.99, "japanese": 7.84,
-                  "chinese": 5.18, "spanish": 7.82}
-DEFAULT_SYLLABLE_RATE = 6.74  # the mean of the seven above
-
-_VOWEL_RUN = re.compile(r"[aeiouyàáâãäåæèéêëìíîïòóôõöøùúûüýÿœąęėįųıаеёиоуыэюяіїєўɑəɛɪʊ]+", re.IGNORECASE)
-_SMALL_KANA = set("ゃゅょャュョぁぃぅぇぉァィゥェォゎヮ")
-
 
 def as_dict(measures: "UtteranceQuality | QualitySummary") -> dict:
     """The measures as a JSON-ready dict (floats rounded to 4 decimals)."""
@@ -95,47 +79,6 @@ class QualitySummary:
     mean_silence_pct: float
     max_longest_silence_s: float
     mean_clipping_pct: float
-
-
-def _language_of(text: str, language: str | None) -> str:
-    """The manifest language name, or for None/"auto" one guessed from the text's scripts."""
-    name = (language or "auto").lower()
-    if name != "auto":
-        return name
-    scripts = {unicodedata.name(ch, "").split(" ")[0] for ch in text if ord(ch) >= 0x3000 and ch.isalpha()}
-    if scripts & {"HIRAGANA", "KATAKANA"}:
-        return "japanese"
-    if "HANGUL" in scripts:
-        return "korean"
-    if "CJK" in scripts:
-        return "chinese"
-    return "auto"
-
-
-def syllables(text: str, language: str | None = None) -> int:
-    """Syllables (Japanese: morae) ``text`` is expected to be spoken in (counting rule in the module doc)."""
-    lang = _language_of(text, language)
-    count = 0
-    for ch in text:
-        if ord(ch) < 0x3000 or not ch.isalpha():
-            continue
-        script = unicodedata.name(ch, "")
-        if script.startswith(("HIRAGANA", "KATAKANA")):
-            count += 0 if ch in _SMALL_KANA else 1
-        elif script.startswith("CJK UNIFIED"):
-            count += 2 if lang == "japanese" else 1
-        elif script.startswith("HANGUL"):
-            count += 1
-    # alphabetic words: one syllable per run of vowel letters; digits one each
-    rest = "".join(ch if ord(ch) < 0x3000 else " " for ch in text)
-    count += len(_VOWEL_RUN.findall(rest)) + sum(ch.isdigit() for ch in rest)
-    return count
-
-
-def expected_seconds(text: str, language: str | None = None) -> float:
-    """Seconds of speech ``text`` typically takes in ``language`` (None/"auto": guessed from its script)."""
-    lang = _language_of(text, language)
-    return syllables(text, lang) / SYLLABLE_RATES.get(lang, DEFAULT_SYLLABLE_RATE)
 
 
 HOP_DIVISOR = 4  # 80 ms windows at a 20 ms hop: silence edges located to 20 ms

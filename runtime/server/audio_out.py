@@ -23,6 +23,8 @@ def encode(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes
     x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
     if fmt == "RAW":
         return pcm16(x)
+    if subtype == "PCM_16":  # libsndfile's FLAC writer rounds floats its own way: give it the WAV's integers
+        x = np.frombuffer(pcm16(x), "<i2")
     buf = io.BytesIO()
     sf.write(buf, x, int(sample_rate), format=fmt, subtype=subtype)
     return buf.getvalue()

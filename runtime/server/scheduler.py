@@ -107,7 +107,7 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing running or waiting."""
         with self._cond:
-            return not self._waiting and not self.engine.running
+            return not self._waiting and not self.engine.running and not getattr(self.engine, "pending", 0)
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""

@@ -3,13 +3,17 @@
 ``BatchedSpeech`` runs every request in a row of one ``kztts.tts.batch_loop.BatchLoop`` (continuous
 batching over ``talker_batched`` / ``cp_frame_batched``): a request joins at the next frame, each of its
 pieces (a long text) in turn in its row, and its audio is what ``TTS.stream`` (streamed) or
-``TTS.synthesize`` (whole) gives it alone. ``SerialSpeech`` serves a bundle without batched graphs (or
+``TTS.synthesize`` (whole) gives it alone. The audio (a streaming decoder per request, or the
+whole-utterance decode at its end) is made on a thread of its own while the next frame runs, so a long
+decode never stalls the other rows' frames. ``SerialSpeech`` serves a bundle without batched graphs (or
 a target/placement that runs other graphs) one request at a time, in arrival order, through
 ``TTS.stream`` / ``TTS.synthesize`` themselves.
 """
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -17,6 +21,7 @@ import numpy as np
 
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import SAMPLES_PER_FRAME
+from kztts.server.errors import ApiError
 from kztts.server.scheduler import Job
 from kztts.tts.batch_loop import BatchedRequest, BatchLoop
 from kztts.tts.request import SynthesisRequest
@@ -42,8 +47,68 @@ def summary(result: SynthesisResult) -> dict:
             "pieces": len(result.pieces), "stopped_by_eos": result.stopped_by_eos, "truncated": bool(result.limits)}
 
 
+class _AudioWorker:
+    """The thread that turns frames into audio (``BatchedRequest.frame``: the streaming decoders, the
+    whole-utterance decodes), in the order the frame loop made them, while the scheduler thread runs
+    the next frame. The frame loop may run ``depth`` steps ahead of it, no more."""
+
+    def __init__(self, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue()
+        self._ahead = threading.Semaphore(depth)
+        self._pending = 0  # events queued or being decoded
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="kztts-audio", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def begin_step(self) -> None:
+        self._ahead.acquire()  # the audio side is ``depth`` steps behind: wait for it
+
+    def submit(self, job: Job, frame: np.ndarray | None) -> None:
+        with self._lock:
+            self._pending += 1
+        self._queue.put((job, frame))
+
+    def end_step(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._ahead.release()
+                continue
+            try:
+                self._audio(*item)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+    @staticmethod
+    def _audio(job: Job, frame: np.ndarray | None) -> None:
+        if job.finished or job.cancelled:
+            return
+        req: BatchedRequest = job.spec.prepared
+        try:
+            audio = req.frame(frame)
+            if audio.shape[0]:
+                job.emit("audio", audio)
+            if frame is None and req.done:
+                job.emit("done", summary(req.result()))
+        except KzttsError as exc:
+            job.fail(ApiError(400, str(exc), code="invalid_value"))
+        except Exception:
+            log.exception("bug while decoding the audio of request %d; it ends with a 500", job.id)
+            job.fail(ApiError(500, "internal error in kztts (the traceback is in the server log; please report it)",
+                              code="internal_error"))
+
+
 class BatchedSpeech:
-    """Continuous batching of speech requests (``Engine``)."""
+    """Continuous batching of speech requests (``Engine``); the audio is made on a thread of its own."""
 
     unit = "frames"
 
@@ -52,8 +117,14 @@ class BatchedSpeech:
         self.capacity = rows
         self.loop = BatchLoop(tts, rows, FIRST_CAPACITY)  # refuses a plan without the batched graphs
         self.running: list[Job] = []
+        self.audio = _AudioWorker()
         self.mode = (f"continuous batching: up to {rows} requests share each frame "
-                     "(talker_batched, cp_frame_batched)")
+                     "(talker_batched, cp_frame_batched; the audio decoded on a second thread)")
+
+    @property
+    def pending(self) -> int:
+        """Frames and ends whose audio is not made yet."""
+        return self.audio.pending
 
     def prepare(self, request: SynthesisRequest, stream: bool) -> SpeechSpec:
         """Check a request and cut its text into pieces (any thread: reads the bundle only)."""
@@ -65,20 +136,20 @@ class BatchedSpeech:
 
     def step(self) -> int:
         made, joining = 0, []
-        for job, frame in self.loop.step():
-            req: BatchedRequest = job.spec.prepared
-            audio = req.frame(frame)
-            if audio.shape[0]:
-                job.emit("audio", audio)
-            if frame is not None:
-                made += 1
-                continue
-            run = req.next_run()  # the request's next piece joins at the next frame, in its row
-            if run is not None:
-                joining.append((job, run))
-            else:
-                self.running.remove(job)
-                job.emit("done", summary(req.result()))
+        self.audio.begin_step()
+        try:
+            for job, frame in self.loop.step():
+                self.audio.submit(job, frame)
+                if frame is not None:
+                    made += 1
+                    continue
+                run = job.spec.prepared.next_run()  # the request's next piece joins at the next frame, in its row
+                if run is not None:
+                    joining.append((job, run))
+                else:
+                    self.running.remove(job)  # its row is free; its audio is finished on the audio thread
+        finally:
+            self.audio.end_step()
         for job, run in joining:
             self.loop.join(job, run)
         return made

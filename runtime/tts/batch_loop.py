@@ -269,7 +269,11 @@ class BatchedRequest:
     False: each piece decoded whole at its end, the pieces joined at the end) or as ``TTS.stream``
     does (``stream`` True: chunks of ``chunk_frames`` frames as they are decoded, joined as they go).
     A long text is spoken in ``TTS.pieces``, one after the other in the request's row: when a piece
-    ends, ``next_run`` gives the next one to join."""
+    ends, ``next_run`` gives the next one to join.
+
+    Two sides, which may run on two threads: ``next_run`` (the frame loop's side) and ``frame`` /
+    ``result`` (the audio side), fed each piece's frames then its end, in order. The audio side reads
+    a piece's codes only at its end, when the frame loop has finished with them."""
 
     def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4):
         if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
@@ -277,32 +281,28 @@ class BatchedRequest:
         self.tts, self.request, self.stream, self.chunk_frames = tts, request, bool(stream), chunk_frames
         self.started = time.perf_counter()
         self.texts = tts.pieces(request)
-        self.index = -1  # the piece being spoken
-        self.run: "_Run | None" = None
-        self.results: list = []  # each finished piece's SynthesisResult
+        self.index = -1  # the last piece handed to the frame loop
+        self.results: list = []  # each finished piece's SynthesisResult (audio side)
         self.first_audio: float | None = None  # seconds from the start to the first audio out
         self._joiner = PieceJoiner(tts.sample_rate, len(self.texts))
-        self._row: _RowStream | None = None
+        self._pieces: deque = deque()  # (run, _RowStream | None) of the pieces started, not yet ended
         self._out: list[np.ndarray] = []
 
     @property
-    def frames(self) -> int:
-        """Frames produced so far, all pieces."""
-        return sum(r.frames for r in self.results) + (len(self.run.codes) if self.run is not None else 0)
+    def done(self) -> bool:
+        """Every piece has ended (audio side)."""
+        return len(self.results) == len(self.texts)
 
     def next_run(self) -> "_Run | None":
-        """The next piece's run (for ``BatchLoop.join``), or None after the last piece."""
+        """The next piece's run (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
         self.index += 1
-        self.run = None
         if self.index >= len(self.texts):
             return None
         many = len(self.texts) > 1
         run = self.tts._start(replace(self.request, text=self.texts[self.index]) if many else self.request)
         if many:
             run.label = f"piece {self.index + 1}/{len(self.texts)}"
-        self.run = _ready(run)
-        if self.stream:
-            self._row = _RowStream(self.tts, run, self.chunk_frames)
+        self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames) if self.stream else None))
         return run
 
     def _emit(self, audio: np.ndarray) -> np.ndarray:
@@ -313,30 +313,32 @@ class BatchedRequest:
         return audio
 
     def frame(self, frame: np.ndarray | None) -> np.ndarray:
-        """The audio (float32) that a frame of the current piece, or its end (None), makes ready; empty
-        when none. Streamed, the chunks concatenated are the request's ``stream``; whole, the audio
-        comes at the end of the last piece and equals its ``synthesize``."""
+        """The audio (float32) that the next frame of the oldest unfinished piece, or its end (None),
+        makes ready; empty when none (audio side). Streamed, the chunks concatenated are the request's
+        ``stream``; whole, the audio comes at the end of the last piece and equals its ``synthesize``."""
         empty = np.zeros(0, np.float32)
-        run = self.run
+        run, row = self._pieces[0]
+        if frame is None:
+            self._pieces.popleft()
         if self.stream:
-            audio = self._row.frame(frame)
+            audio = row.frame(frame)
             out = [self._joiner.push(audio)] if audio.shape[0] else []
             if frame is None:
-                self.results.append(self.tts._result(run, self._row.samples()))
+                self.results.append(self.tts._result(run, row.samples()))
                 out.append(self._joiner.end_piece())
             out = [a for a in out if a.shape[0]]
             return self._emit(np.concatenate(out) if len(out) > 1 else out[0] if out else empty)
         if frame is None:
             self.results.append(self.tts._decoded_result(run))
-            if len(self.results) == len(self.texts):
+            if self.done:
                 samples = self.results[0].samples if len(self.texts) == 1 else \
                     join_pieces([r.samples for r in self.results], self.tts.sample_rate)
                 return self._emit(samples)
         return empty
 
     def result(self) -> "SynthesisResult":
-        """The request's ``SynthesisResult`` once every piece has ended."""
-        if len(self.results) != len(self.texts):
+        """The request's ``SynthesisResult`` once every piece has ended (audio side)."""
+        if not self.done:
             raise KzttsError(f"the request has {len(self.texts) - len(self.results)} pieces left to speak")
         if len(self.texts) == 1:
             return self.results[0]

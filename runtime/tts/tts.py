@@ -26,6 +26,7 @@ from kztts.runners.speaker import SpeakerEncoder, load_xvector
 from kztts.runners.talker import DEFAULT_CONTEXT
 from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.batch_loop import stream_many, synthesize_many
+from kztts.tts.duration import FRAMES_PER_SECOND, expected_seconds, runaway_frames
 from kztts.tts.frame_loop import FrameLoop, StageTimes
 from kztts.tts.prompt import Prompt, build_prompt, language_id, prompt_length
 from kztts.tts.request import SynthesisRequest, Voice
@@ -90,7 +91,7 @@ class _Run:
     prompt: Prompt
     request: SynthesisRequest
     started: float
-    limited_by: str  # what sets loop.settings.max_frames: "max_frames" or "context"
+    limited_by: str  # what sets loop.settings.max_frames: "max_frames", "expected duration" or "context"
     label: str = "the text"  # "piece 2/5" for a long text's pieces
     codes: list = field(default_factory=list)
     audio: list = field(default_factory=list)  # decoded chunks (pipelined stream)
@@ -224,6 +225,11 @@ class TTS:
                 f"the text is too long: its prompt takes {prompt.embeds.shape[0]} positions, the context holds "
                 f"{self.talker.context}; split the text into shorter pieces")
         limited_by = "max_frames"
+        if r.max_frames is None and runaway_frames(r.text, r.language) < s.max_frames:
+            # no cap asked for: a model that fails to stop ends at 3x the text's expected duration
+            s = replace(s, max_frames=runaway_frames(r.text, r.language))
+            needed = prompt.embeds.shape[0] + s.max_frames - 1
+            limited_by = "expected duration"
         if needed > self.talker.context:
             s = replace(s, max_frames=self.talker.context - prompt.embeds.shape[0] + 1)
             limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: _limit
@@ -505,6 +511,11 @@ class TTS:
             return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
                     f"{self.talker.context} positions holds its {run.prompt.embeds.shape[0]}-position prompt and no "
                     f"more frames; the rest of its text may be unspoken")
+        if run.limited_by == "expected duration":
+            expected = expected_seconds(run.text, run.request.language)
+            return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
+                    f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
+                    f"stop by itself; give max_frames (--max-frames) to allow more")
         return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
 
     def _synthesize_pieces(self, texts: list[str], request: SynthesisRequest, on_frame) -> SynthesisResult:

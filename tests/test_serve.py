@@ -1,0 +1,482 @@
+"""``kztts serve`` on tiny bundles, over real sockets: the official ``openai`` client and raw HTTP against a
+live server process. Each response equals the same request run alone (``kztts synth``, ``TTS.synthesize`` /
+``TTS.stream``, ``LM.generate``), also when 16 clients speak at once; the queue limit, a client that
+leaves, bad requests and SIGTERM."""
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+sf = pytest.importorskip("soundfile")
+
+KEY = "test-key-0123"
+CONTEXT = 128  # Talker positions per request: the long text below is spoken in pieces
+START_TIMEOUT = 180  # seconds for a server to open its graphs (a loaded 2-core machine)
+SHORT = "Hello from the server."
+LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
+        "some more words so that the whole text needs more than one context. A third sentence ends it all!")
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").split(":")
+        return host, int(port)
+
+    def tail(self) -> str:
+        return self.log.read_text()[-3000:]
+
+
+def start_server(bundle: Path, log: Path, *args: str) -> Server:
+    """``kztts serve BUNDLE --port 0 ARGS`` as a process; its URL from the line it prints when listening."""
+    env = {**os.environ, "KZTTS_THREADS": "1"}
+    env.pop(API_KEY_VARIABLE, None)
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kztts.cli.main", "serve", str(bundle), "--port", "0", *args],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    deadline = time.monotonic() + START_TIMEOUT
+    line = ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            break
+    match = re.search(r"http://[0-9.]+:\d+", line)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"the server did not start: {line!r}\n{log.read_text()[-3000:]}")
+    return Server(proc, match.group(0), log)
+
+
+def stop(server: Server) -> int:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+    try:
+        return server.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        raise
+
+
+API_KEY_VARIABLE = "KZTTS_API_KEY"
+
+
+def raw(server: Server, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
+        headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one plain HTTP request."""
+    conn = http.client.HTTPConnection(*server.host_port, timeout=60)
+    h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    conn.request(method, path, body=data, headers=h)
+    r = conn.getresponse()
+    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return out
+
+
+def metric(server: Server, name: str) -> float:
+    _, _, text = raw(server, "GET", "/metrics")
+    total = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def healthy(server: Server) -> None:
+    status, _, body = raw(server, "GET", "/health", key=None)
+    assert status == 200 and json.loads(body)["status"] == "ready", (status, body, server.tail())
+
+
+def int16_of_wav(data: bytes) -> np.ndarray:
+    x, sr = sf.read(io.BytesIO(data), dtype="int16")
+    assert sr == 24000
+    return x
+
+
+def int16_of(samples: np.ndarray) -> np.ndarray:
+    """The 16-bit samples ``kztts synth`` writes for float samples (kztts.core.audio.write_wav)."""
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(samples, -1, 1), 24000, format="WAV", subtype="PCM_16")
+    return int16_of_wav(buf.getvalue())
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def bundle():
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("equal"))  # fp32 weights: batched rows equal their runs alone bit for bit
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory, tts):
+    from kztts.core.audio import synthetic_voice, write_wav
+
+    d = tmp_path_factory.mktemp("voices")
+    write_wav(d / "alice.wav", synthetic_voice(seed=1), 24000)
+    np.save(d / "bob.npy", tts.voice_from_wav(synthetic_voice(seconds=2.0, seed=2), 24000).speaker)
+    (d / "notes.txt").write_text("not a voice")
+    return d
+
+
+@pytest.fixture(scope="module")
+def tts(bundle):
+    from kztts.tts.tts import TTS
+
+    return TTS(bundle, context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def tts_wide(bundle):
+    """The default context, as ``small_server`` runs."""
+    from kztts.tts.tts import TTS
+
+    return TTS(bundle)
+
+
+@pytest.fixture(scope="module")
+def voices(tts, voices_dir):
+    from kztts.core.audio import read_voice, synthetic_voice
+
+    return {"alice": tts.voice_from_wav(*read_voice(voices_dir / "alice.wav")),
+            "bob": tts.voice_from_xvector(voices_dir / "bob.npy"),
+            "default": tts.voice_from_wav(synthetic_voice(), 24000)}
+
+
+@pytest.fixture(scope="module")
+def server(bundle, voices_dir, tmp_path_factory):
+    s = start_server(bundle, tmp_path_factory.mktemp("log") / "serve.log", "--voices", str(voices_dir),
+                     "--batch", "4", "--queue", "16", "--context", str(CONTEXT), "--api-key", KEY)
+    yield s
+    assert stop(s) == 0, s.tail()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def solo(tts, voices, text: str, voice: str, seed: int, max_frames: int | None, stream: bool) -> np.ndarray:
+    """The request run alone in this process: 16-bit samples of its ``synthesize`` or ``stream``."""
+    options = dict(seed=seed, max_frames=max_frames)
+    if stream:
+        return int16_of(np.concatenate(list(tts.stream(text, voices[voice], **options))))
+    return int16_of(tts.synthesize(text, voices[voice], **options).samples)
+
+
+# ---------------------------------------------------------------- speech
+def test_speech_equals_kztts_synth(server, client, bundle, voices_dir, tmp_path):
+    """Whole WAV = ``kztts synth``; streamed pcm (first bytes long before the end) = ``kztts synth --stream``."""
+    body = dict(model="tts-1", voice="alice", input=SHORT)
+    wav = client.audio.speech.create(**body, response_format="wav", extra_body={"seed": 3, "max_frames": 50}).content
+    started = time.perf_counter()
+    first = None
+    pcm = bytearray()
+    with client.audio.speech.with_streaming_response.create(**body, response_format="pcm",
+                                                            extra_body={"seed": 4, "max_frames": 100}) as r:
+        assert r.headers["content-type"] == "audio/pcm"
+        for chunk in r.iter_bytes():
+            first = first or time.perf_counter() - started
+            pcm += chunk
+    total = time.perf_counter() - started
+    # streamed: the first chunk (4 of 100 frames) arrives well before the end; measured ~0.05 s of ~1 s alone
+    assert first < 0.5 * total, (first, total)
+    for out, stream, seed, frames in ((tmp_path / "whole.wav", False, 3, 50), (tmp_path / "stream.wav", True, 4, 100)):
+        subprocess.run([sys.executable, "-m", "kztts.cli.main", "-q", "synth", SHORT, "--bundle", str(bundle),
+                        "--speaker-wav", str(voices_dir / "alice.wav"), "--seed", str(seed), "--max-frames",
+                        str(frames), "-o", str(out), *(["--stream"] if stream else [])],
+                       check=True, capture_output=True, env={**os.environ, "KZTTS_THREADS": "1"})
+    assert np.array_equal(int16_of_wav(wav), int16_of_wav((tmp_path / "whole.wav").read_bytes()))
+    expected = int16_of_wav((tmp_path / "stream.wav").read_bytes())
+    assert np.array_equal(np.frombuffer(bytes(pcm), "<i2"), expected)
+    assert len(expected) == 100 * 1920  # this seed speaks to its max_frames: the stream had 25 chunks
+
+
+def test_sixteen_clients_at_once_each_equal_its_solo_run(server, client, tts, voices):
+    """Different texts, voices, seeds, formats; a long text in pieces (whole and streamed); batch 4."""
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+    cases = []
+    for i in range(16):
+        text = LONG if i in (5, 12) else f"Request {words[i % 8]} says hello, number {i}."
+        cases.append(dict(text=text, voice=("alice", "bob", "default")[i % 3], seed=100 + i,
+                          max_frames=None if text == LONG else 20 + 3 * i, stream=i % 2 == 1))
+    assert len(tts.pieces(LONG, voices["alice"])) > 1
+
+    def ask(case: dict) -> bytes:
+        body = dict(model="tts-1", voice=case["voice"], input=case["text"],
+                    extra_body={"seed": case["seed"], **({"max_frames": case["max_frames"]} if case["max_frames"]
+                                                         else {})})
+        if case["stream"]:
+            with client.audio.speech.with_streaming_response.create(**body, response_format="pcm") as r:
+                return r.read()
+        return client.audio.speech.create(**body, response_format="wav").content
+
+    with ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(ask, cases))
+    for case, data in zip(cases, outputs):
+        got = np.frombuffer(data, "<i2") if case["stream"] else int16_of_wav(data)
+        want = solo(tts, voices, case["text"], case["voice"], case["seed"], case["max_frames"], case["stream"])
+        assert np.array_equal(got, want), case
+    assert metric(server, "kztts_running_streams") == 0
+    assert metric(server, 'kztts_time_to_first_audio_seconds_count') >= 16
+    healthy(server)
+
+
+NOT_JSON = b"{bad json"
+
+
+@pytest.mark.parametrize("name, method, path, body, key, status, code", [
+    ("empty input", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "  "}, KEY, 400, "empty_input"),
+    ("huge input", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "a" * 5000}, KEY, 413, "input_too_long"),
+    ("huge body", "POST", "/v1/audio/speech", b"{" + b" " * (1 << 21) + b"}", KEY, 413, "body_too_large"),
+    ("unknown voice", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "voice": "../alice"}, KEY, 404,
+     "voice_not_found"),
+    ("unknown model", "POST", "/v1/audio/speech", {"model": "nope", "input": "hi"}, KEY, 404, "model_not_found"),
+    ("chat on a TTS bundle", "POST", "/v1/chat/completions", {"model": "tts-1", "messages": [
+        {"role": "user", "content": "hi"}]}, KEY, 404, "model_not_found"),
+    ("input not a string", "POST", "/v1/audio/speech", {"model": "tts-1", "input": 5}, KEY, 400, "invalid_type"),
+    ("seed not an integer", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "seed": "1"}, KEY, 400,
+     "invalid_type"),
+    ("temperature out of range", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "temperature": -1},
+     KEY, 400, "invalid_value"),
+    ("unknown language", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "language": "klingon"}, KEY,
+     400, "invalid_value"),
+    ("max_frames above the limit", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "max_frames": 9999},
+     KEY, 400, "above_limit"),
+    ("unknown key", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "sped": 1}, KEY, 400,
+     "unknown_parameter"),
+    ("bad JSON", "POST", "/v1/audio/speech", NOT_JSON, KEY, 400, "invalid_json"),
+    ("JSON not an object", "POST", "/v1/audio/speech", b"[1, 2]", KEY, 400, "invalid_json"),
+    ("wrong key", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi"}, "wrong", 401, "invalid_api_key"),
+    ("no key", "GET", "/v1/models", None, None, 401, "invalid_api_key"),
+    ("speed 2.0", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "speed": 2.0}, KEY, 400,
+     "unsupported_parameter"),
+    ("aac", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "response_format": "aac"}, KEY, 400,
+     "invalid_value"),
+    ("flac streamed", "POST", "/v1/audio/speech", {"model": "tts-1", "input": "hi", "response_format": "flac",
+                                                   "stream_format": "audio"}, KEY, 400, "invalid_value"),
+    ("unknown route", "GET", "/v2/nothing", None, KEY, 404, "not_found"),
+    ("wrong method", "GET", "/v1/audio/speech", None, KEY, 405, None),
+])
+def test_bad_requests_are_openai_errors_and_the_server_goes_on(server, name, method, path, body, key, status, code):
+    got, headers, data = raw(server, method, path, body, key=key)
+    assert got == status, (name, data)
+    error = json.loads(data)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], (name, error)
+    assert error["code"] == code, (name, error)
+    assert "Traceback" not in error["message"]
+    healthy(server)
+
+
+def test_formats_and_the_default_voice(server, tts, voices):
+    """No voice is the default one; flac/mp3/opus decode; a streamed wav and SSE carry the stream's samples."""
+    base = {"model": "tts-1", "input": SHORT, "seed": 7, "max_frames": 30}
+    want_whole = solo(tts, voices, SHORT, "default", 7, 30, stream=False)
+    want_stream = solo(tts, voices, SHORT, "default", 7, 30, stream=True)
+    status, headers, data = raw(server, "POST", "/v1/audio/speech", {**base, "response_format": "flac"})
+    assert status == 200 and headers["content-type"] == "audio/flac"
+    assert np.array_equal(int16_of_wav(data), want_whole)  # flac is lossless
+    for fmt in ("mp3", "opus"):
+        status, headers, data = raw(server, "POST", "/v1/audio/speech", {**base, "response_format": fmt})
+        assert status == 200, data
+        x, sr = sf.read(io.BytesIO(data), dtype="float32")
+        assert abs(len(x) - len(want_whole)) < 0.1 * len(want_whole) and np.abs(x).max() > 0.01, fmt
+    status, headers, data = raw(server, "POST", "/v1/audio/speech", {**base, "response_format": "wav",
+                                                                     "stream_format": "audio"})
+    assert status == 200 and headers.get("transfer-encoding") == "chunked"
+    assert data[:4] == b"RIFF" and np.array_equal(np.frombuffer(data[44:], "<i2"), want_stream)
+    status, headers, data = raw(server, "POST", "/v1/audio/speech", {**base, "response_format": "pcm",
+                                                                     "stream_format": "sse"})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 30
+    assert np.array_equal(np.frombuffer(pcm, "<i2"), want_stream)
+    status, _, body = raw(server, "GET", "/v1/audio/voices")
+    assert status == 200 and sorted(v["id"] for v in json.loads(body)["data"]) == ["alice", "bob", "default"]
+
+
+# ---------------------------------------------------------------- the queue, a client that leaves, SIGTERM
+@pytest.fixture(scope="module")
+def small_server(bundle, tmp_path_factory):
+    """One row, one waiting request at most."""
+    s = start_server(bundle, tmp_path_factory.mktemp("log") / "small.log", "--batch", "1", "--queue", "1")
+    yield s
+    if s.proc.poll() is None:
+        stop(s)
+
+
+def _open_stream(server: Server, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    conn = http.client.HTTPConnection(*server.host_port, timeout=60)
+    conn.request("POST", "/v1/audio/speech", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def _wait_for(condition, what: str, server: Server, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{server.tail()}"
+        time.sleep(0.02)
+
+
+def test_queue_limit_and_a_client_that_leaves(small_server, tts_wide, voices):
+    tts = tts_wide
+    s = small_server
+    long_run = dict(model="tts-1", input="Hold the line, please.", seed=1, max_frames=600, response_format="pcm")
+    # alone, this request speaks all 600 frames (no EOS before): its row is taken for ~6 s at tiny speed
+    assert len(tts.generate_codes(long_run["input"], voices["default"], seed=1, max_frames=600)) == 600
+    conn_a, resp_a = _open_stream(s, long_run)
+    assert resp_a.status == 200 and len(resp_a.read(7680)) == 7680  # A holds the only row
+    waited: dict = {}
+
+    def b() -> None:
+        body = dict(model="tts-1", input=SHORT, seed=5, max_frames=25, response_format="wav")
+        waited["status"], _, waited["data"] = raw(s, "POST", "/v1/audio/speech", body, key=None)
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    _wait_for(lambda: metric(s, "kztts_queue_depth") == 1, "B to wait in the queue", s)
+    status, headers, data = raw(s, "POST", "/v1/audio/speech", dict(model="tts-1", input="C"), key=None)
+    assert status == 429 and int(headers["retry-after"]) >= 1 and json.loads(data)["error"]["code"] == "queue_full"
+    conn_a.close()  # A leaves mid-stream: its row is free at the next frame and B starts
+    thread.join(timeout=60)
+    assert waited["status"] == 200
+    assert np.array_equal(int16_of_wav(waited["data"]), solo(tts, voices, SHORT, "default", 5, 25, stream=False))
+    assert metric(s, "kztts_cancelled_total") == 1
+    # A stopped early: it made a few frames before it left (measured ~10-60 of its 600), B made 25
+    assert metric(s, "kztts_frames_total") < 300
+    _wait_for(lambda: metric(s, "kztts_running_streams") == 0, "the rows to empty", s)
+    healthy(s)
+
+
+def test_sigterm_drains_then_exits_0(small_server, tts_wide, voices):
+    tts = tts_wide
+    s = small_server
+    body = dict(model="tts-1", input=SHORT, seed=2, max_frames=150, response_format="pcm")
+    conn, resp = _open_stream(s, body)
+    head = resp.read(7680)
+    s.proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: raw(s, "GET", "/health", key=None)[0] == 503, "the drain to begin", s)
+    status, headers, data = raw(s, "POST", "/v1/audio/speech", dict(model="tts-1", input="late"), key=None)
+    assert status == 503 and json.loads(data)["error"]["code"] == "draining"
+    rest = resp.read()
+    conn.close()
+    assert np.array_equal(np.frombuffer(head + rest, "<i2"), solo(tts, voices, SHORT, "default", 2, 150, stream=True))
+    assert s.proc.wait(timeout=60) == 0, s.tail()
+    assert "drained" in s.tail()
+
+
+# ---------------------------------------------------------------- chat
+@pytest.fixture(scope="module")
+def lm_bundle():
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    return cached_lm_bundle(cached_tiny_lm("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def lm(lm_bundle):
+    from kztts.lm.lm import LM
+
+    return LM(lm_bundle)
+
+
+@pytest.fixture(scope="module")
+def chat_server(lm_bundle, tmp_path_factory):
+    s = start_server(lm_bundle, tmp_path_factory.mktemp("log") / "chat.log", "--batch", "3", "--queue", "8")
+    yield s
+    assert stop(s) == 0, s.tail()
+
+
+def _alone(lm, messages: list[dict], max_tokens: int, **options) -> str:
+    from kztts.lm.chatml import render
+
+    messages = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]  # OpenAI's name
+    return "".join(lm.generate(render(messages, default_system=lm.default_system), max_tokens, **options))
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Bonjour ?"},
+     {"role": "assistant", "content": "Salut."}, {"role": "user", "content": "你好"}],
+    [{"role": "user", "content": "def add(a, b):"}],
+    [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Why is the sky blue?"}],
+]
+
+
+def test_chat_equals_lm_generate(chat_server, lm, lm_bundle):
+    from kztts.generation.sampling import SamplingParams
+
+    client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    assert model == Path(lm_bundle).name
+    sampled = dict(temperature=0.8, top_p=0.9, seed=5)
+    params = {**lm.params.__dict__, "temperature": 0.8, "top_p": 0.9, "greedy": False}
+    # greedy, not streamed
+    reply = client.chat.completions.create(model=model, messages=CONVERSATIONS[0], max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == _alone(lm, CONVERSATIONS[0], 24, greedy=True)
+    assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens <= 24
+    # sampled with a seed, streamed
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=CONVERSATIONS[1], max_tokens=30, stream=True, **sampled) if c.choices]
+    assert "".join(pieces) == _alone(lm, CONVERSATIONS[1], 30, params=SamplingParams(**params), seed=5)
+    # several conversations at once (batch 3, 4 clients: one joins as another leaves), each as alone
+    jobs = [(c, 16 + 6 * i, i % 2 == 0) for i, c in enumerate(CONVERSATIONS)] * 2
+
+    def ask(job) -> str:
+        messages, n, stream = job
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model=model, messages=messages, max_completion_tokens=n, stream=True, **sampled) if c.choices)
+        return client.chat.completions.create(model=model, messages=messages, max_tokens=n,
+                                              **sampled).choices[0].message.content
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        got = list(pool.map(ask, jobs))
+    for (messages, n, _), text in zip(jobs, got):
+        assert text == _alone(lm, messages, n, params=SamplingParams(**params), seed=5)
+    assert "talker_batched" in raw(chat_server, "GET", "/health", key=None)[2].decode()
+
+
+@pytest.mark.parametrize("body, status, code", [
+    ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
+    ({"model": "{model}", "messages": "hi"}, 400, "invalid_type"),
+    ({"model": "{model}", "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_value"),
+    ({"model": "{model}", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_parameter"),
+    ({"model": "{model}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, 400, "above_limit"),
+    ({"model": "{model}", "messages": [{"role": "user", "content": "hi " * 3000}]}, 400, "context_length_exceeded"),
+    ({"model": "{model}", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400,
+     "invalid_type"),
+    ({"model": "{model}", "input": "hi"}, 400, "unknown_parameter"),
+])
+def test_bad_chat_requests(chat_server, lm_bundle, body, status, code):
+    body = {k: (Path(lm_bundle).name if v == "{model}" else v) for k, v in body.items()}
+    got, _, data = raw(chat_server, "POST", "/v1/chat/completions", body, key=None)
+    assert got == status, data
+    assert json.loads(data)["error"]["code"] == code
+    healthy(chat_server)
