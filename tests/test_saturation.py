@@ -1,7 +1,9 @@
 """fp16 saturation at run time: the massive-layer tiny model (a ~1e5 activation in
 Talker layer 1, ``kztts.export.tts.massive``) under ``--placement all-htp`` on the simulator target.
 The HTP layer graphs' probes are checked on every call: one warning naming the layer (default),
-an error under strict, the count in the summary; with layer 1 on the CPU nothing is flagged."""
+an error under strict, the count in the summary; with layer 1 on the CPU nothing is flagged. The
+whole-stack static graphs a target runs by default (no --segments, no placement) carry the same
+probes, checked the same way."""
 from __future__ import annotations
 
 import json
@@ -111,3 +113,44 @@ def test_the_massive_layer_on_the_cpu_is_not_flagged(massive_bundle, talker_only
     with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
         r = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
     assert r.fp16_saturations == 0 and not [r for r in caplog.records if r.name == "kztts.htp.saturation"]
+
+
+@pytest.fixture(scope="module")
+def whole_stack_bundle(small_target):
+    """The massive-layer model with the target's static graphs only (no layer graphs)."""
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+    return cached_target_bundle(cached_tiny("proj", massive_layer=MASSIVE_LAYER), small_target)
+
+
+def test_the_default_target_run_on_whole_stack_graphs_is_guarded(whole_stack_bundle, talker_only_target, caplog,
+                                                                 tmp_path, capsys):
+    """No placement: the target's whole-stack static graphs, whose ``layer_stats`` probes the guard reads
+    on every call (one warning naming layer 1, the count in the summary, an error under --strict); the
+    same model's CPU run is not flagged."""
+    from kztts.cli.main import main
+    from kztts.tts.tts import TTS
+
+    tts = TTS(whole_stack_bundle, target=talker_only_target)
+    assert tts.plan.runner == "static" and tts.talker.probed
+    voice = _voice(tts)
+    with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
+        r = tts.synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
+    warnings = [x.getMessage() for x in caplog.records if x.name == "kztts.htp.saturation"]
+    assert len(warnings) == 1 and f"Talker prefill layer {MASSIVE_LAYER}," in warnings[0], warnings
+    # the prefill and each decode step flag layer 1 (and the overflow carries into the later layers)
+    calls = sum(tts.talker.calls.values())
+    assert calls <= r.fp16_saturations <= calls * (tts.talker.num_layers + 1), (calls, r.fp16_saturations)
+    cpu = TTS(whole_stack_bundle).synthesize(TEXT, voice, greedy=True, max_frames=FRAMES)
+    assert cpu.fp16_saturations is None  # the CPU graphs: nothing to guard
+
+    xvector = tmp_path / "voice.npy"
+    np.save(xvector, voice.speaker)
+    out = tmp_path / "out.wav"
+    code = main(["synth", TEXT, "--bundle", str(whole_stack_bundle), "--xvector", str(xvector), "-o", str(out),
+                 "--greedy", "--max-frames", str(FRAMES), "--target", str(talker_only_target), "--strict"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not out.exists()
+    assert err[-1].startswith(f"kztts: error: fp16 saturation on the HTP: Talker prefill layer {MASSIVE_LAYER},")

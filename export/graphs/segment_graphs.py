@@ -32,12 +32,8 @@ from kztts.bundle.graphs import SEGMENT_KV
 from kztts.bundle.segments import HEAD_STATS, LAYER_STATS, segment_graph_name
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
-from kztts.export.graphs.static_layers import SafeRMSNorm, StaticLayer, check_static
+from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
-
-
-def _amax(x: torch.Tensor) -> torch.Tensor:
-    return x.abs().amax().reshape(1)
 
 
 class LayerStaticGraph(nn.Module):
@@ -50,30 +46,16 @@ class LayerStaticGraph(nn.Module):
         # the attention is the Talker stack's own (keys transposed, additive mask), with probes
         self.stack = Qwen3Stack(nn.ModuleList([self.layer]), nn.Identity(), num_heads=shape.num_heads,
                                 num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
+        self.probe = MagnitudeProbe()
         self.s, self.seq, self.context = shape, seq, context
 
     def forward(self, hidden_in, attention_mask, rope_cos, rope_sin, past_key_in, past_value_in):
         s, S, C = self.s, self.seq, self.context
         kv, hd = s.num_kv_heads, s.head_dim
         P = C - S
-        lay = self.layer
-        x = lay.input_layernorm(hidden_in)
-        probes: dict = {}
-        a, kt, v = self.stack._attention(lay.self_attn, x, rope_cos, rope_sin, past_key_in.reshape(1, kv, hd, P),
-                                         past_value_in.reshape(1, kv, P, hd),
-                                         attention_mask.reshape(1, 1, 1, S, C), keys_transposed=True, probes=probes)
-        qp, kp, vp, scores = probes["q_proj"], probes["k_proj"], probes["v_proj"], probes["scores"]
-        mid = hidden_in + a
-        y = lay.post_attention_layernorm(mid)
-        mlp = lay.mlp
-        gate, up = mlp.gate_proj(y), mlp.up_proj(y)
-        inter = mlp.act_fn(gate) * up
-        m = mlp.down_proj(inter)
-        hidden_out = mid + m
-        stats = torch.cat([_amax(hidden_in), _amax(x), torch.maximum(torch.maximum(_amax(qp), _amax(kp)), _amax(vp)),
-                           _amax(scores), _amax(a), _amax(mid), _amax(y),
-                           torch.maximum(torch.maximum(_amax(gate), _amax(up)), _amax(inter)), _amax(m),
-                           _amax(hidden_out)])
+        hidden_out, kt, v, stats = probed_layer(self.stack, self.layer, self.probe, hidden_in, rope_cos, rope_sin,
+                                                past_key_in.reshape(1, kv, hd, P), past_value_in.reshape(1, kv, P, hd),
+                                                attention_mask.reshape(1, 1, 1, S, C))
         return hidden_out, kt.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd), stats
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
@@ -93,12 +75,13 @@ class HeadStaticGraph(nn.Module):
 
         self.norm = SafeRMSNorm(talker.model.norm)
         self.codec_head = talker.codec_head
+        self.probe = MagnitudeProbe()
         self.seq, self.hidden = seq, talker_shape(talker).hidden
 
     def forward(self, hidden_in):
         h = self.norm(hidden_in)
         logits = self.codec_head(h)
-        return logits, h, torch.cat([_amax(hidden_in), _amax(logits)])
+        return logits, h, self.probe((hidden_in,), (logits,))
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         return (torch.randn(1, self.seq, self.hidden, generator=torch.Generator().manual_seed(0)),)

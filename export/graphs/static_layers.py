@@ -1,5 +1,6 @@
-"""Building blocks of the static (HTP) Talker graphs, whole or per layer: fp16-safe norms and a
-decoder layer seen through the attributes ``Qwen3Stack`` uses, and the static-shape check."""
+"""Building blocks of the static (HTP) Talker graphs, whole or per layer: fp16-safe norms, a decoder
+layer seen through the attributes ``Qwen3Stack`` uses, the layer run with its magnitude probes, and the
+static-shape check."""
 from __future__ import annotations
 
 import re
@@ -11,11 +12,16 @@ from torch import nn
 from kztts.export.common.qwen3_stack import head_norm
 
 # The attribute names the stacks give their RMSNorms (Qwen3Stack.norm, StaticLayer's, StaticAttn's): the
-# exported nodes of a norm are named "/stack/<name>[_<i>]/<op>" (torch.onnx's module scopes), which is
-# how the w8a16 quantizer finds them (kztts.export.htp.w8a16.rmsnorm_nodes). NORM_SCOPE matches a node
-# name of a norm; its group 1 is the norm ("/stack/input_layernorm_3").
+# exported nodes of a norm are named "[/stack]/<name>[_<i>]/<op>" (torch.onnx's module scopes: "/stack/"
+# when the stack's own forward calls them, none when a graph runs the layers itself, as the probed
+# static graphs do), which is how the w8a16 quantizer finds them (kztts.export.htp.w8a16.rmsnorm_nodes).
+# NORM_SCOPE matches a node name of a norm; its group 1 is the norm ("/input_layernorm_3").
 NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "norm")
-NORM_SCOPE = re.compile(rf"^(/stack/(?:{'|'.join(NORM_MODULES)})(?:_\d+)?)/")
+NORM_SCOPE = re.compile(rf"^((?:/stack)?/(?:{'|'.join(NORM_MODULES)})(?:_\d+)?)/")
+# The nodes of a graph's magnitude probes (one MagnitudeProbe module, called once per layer and head:
+# "/probe/...", "/probe_1/...", ...): the w8a16 quantizer leaves them float, so a probe reports the
+# magnitude it sees rather than a value clipped to a calibrated range.
+PROBE_SCOPE = re.compile(r"^/probe(?:_\d+)?/")
 
 
 class SafeRMSNorm(nn.Module):
@@ -71,3 +77,37 @@ def check_static(path: Path) -> None:
         dims = v.type.tensor_type.shape.dim
         if any(not d.HasField("dim_value") for d in dims):
             raise RuntimeError(f"{path.name}: {v.name} has a dynamic shape; static HTP graphs need fixed shapes")
+
+
+class MagnitudeProbe(nn.Module):
+    """The largest |x| of each group of tensors, as one vector (a few bytes per graph call): what the
+    fp16 guard reads at run time (``kztts.htp.saturation``) and ``kztts calibrate`` records."""
+
+    def forward(self, *groups: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        stats = []
+        for group in groups:
+            m = group[0].abs().amax()
+            for t in group[1:]:
+                m = torch.maximum(m, t.abs().amax())
+            stats.append(m.reshape(1))
+        return torch.cat(stats)
+
+
+def probed_layer(stack, layer: StaticLayer, probe: MagnitudeProbe, hidden_in: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
+    """One decoder layer of ``stack`` (a ``Qwen3Stack``; keys transposed, a static graph's finite additive
+    mask) with its probes: (hidden_out, new keys, new values, stats in ``LAYER_STATS`` order)."""
+    x = layer.input_layernorm(hidden_in)
+    probes: dict = {}
+    a, k, v = stack._attention(layer.self_attn, x, cos, sin, past_k, past_v, mask, keys_transposed=True,
+                               probes=probes)
+    mid = hidden_in + a
+    y = layer.post_attention_layernorm(mid)
+    mlp = layer.mlp
+    gate, up = mlp.gate_proj(y), mlp.up_proj(y)
+    inter = mlp.act_fn(gate) * up
+    m = mlp.down_proj(inter)
+    hidden_out = mid + m
+    stats = probe((hidden_in,), (x,), (probes["q_proj"], probes["k_proj"], probes["v_proj"]), (probes["scores"],),
+                  (a,), (mid,), (y,), (gate, up, inter), (m,), (hidden_out,))
+    return hidden_out, k, v, stats

@@ -49,6 +49,7 @@ from torch import nn
 
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import GraphSpec, read_manifest, write_manifest
+from kztts.bundle.segments import STATIC_STATS
 from kztts.core.errors import KzttsError
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
@@ -56,7 +57,7 @@ from kztts.export.graphs.code_predictor_graph import export_cp_frame
 from kztts.export.graphs.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, _example_codes
 from kztts.export.graphs.graph_parts import graph_spec, stamp_graph
 from kztts.export.graphs.segment_graphs import export_talker_segments
-from kztts.export.graphs.static_layers import SafeRMSNorm, StaticLayer, check_static
+from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
 from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
 from kztts.export.htp.w8a16 import quantize_talker_graphs
@@ -73,7 +74,10 @@ HTP_DECODER_OPTIONS = DecoderOptions(fold_snake=True)  # no Pow on the HTP: see 
 
 class TalkerStaticGraph(nn.Module):
     """forward(inputs_embeds, attention_mask, rope_cos, rope_sin, past_key_0_in, past_value_0_in, ...)
-    -> (logits [1,S,V], hidden [1,S,H], new_key_0, new_value_0, ...), shapes in the module docstring."""
+    -> (logits [1,S,V], hidden [1,S,H], new_key_0, new_value_0, ..., layer_stats [L, len(LAYER_STATS)],
+    head_stats [len(HEAD_STATS)]), shapes in the module docstring. The stats are the layer graphs'
+    magnitude probes (``kztts.bundle.segments``), so the run-time fp16 guard covers the whole-stack
+    graphs too."""
 
     def __init__(self, talker, seq: int, context: int, safe_norm: bool = True, kv_dtype: str = "fp32"):
         super().__init__()
@@ -87,6 +91,7 @@ class TalkerStaticGraph(nn.Module):
         norm = SafeRMSNorm(talker.model.norm) if safe_norm else talker.model.norm
         self.stack = Qwen3Stack(layers, norm, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                 head_dim=s.head_dim)
+        self.probe = MagnitudeProbe()
         self.codec_head = talker.codec_head
 
     @property
@@ -101,21 +106,23 @@ class TalkerStaticGraph(nn.Module):
         pk = [p.reshape(1, kv, hd, P) for p in past[0::2]]  # [kv,1,..] -> [1,kv,..]: no data movement
         pv = [p.reshape(1, kv, P, hd) for p in past[1::2]]
         mask = attention_mask.reshape(1, 1, 1, S, self.context)
-        hidden, new_k, new_v = self.stack(inputs_embeds, rope_cos, rope_sin, pk, pv, mask=mask,
-                                          keys_transposed=True)
-        logits = self.codec_head(hidden)
-        kv_out = []
-        for k, v in zip(new_k, new_v):
+        h, kv_out, stats = inputs_embeds, [], []
+        for layer, k_in, v_in in zip(self.stack.layers, pk, pv):
+            h, k, v, layer_stats = probed_layer(self.stack, layer, self.probe, h, rope_cos, rope_sin, k_in, v_in, mask)
             kv_out += [k.reshape(kv, 1, hd, S), v.reshape(kv, 1, S, hd)]
+            stats.append(layer_stats)
+        hidden = self.stack.norm(h)
+        logits = self.codec_head(hidden)
         if self.kv_dtype != torch.float32:
             kv_out = [t.to(self.kv_dtype) for t in kv_out]
-        return (logits, hidden, *kv_out)
+        return (logits, hidden, *kv_out, torch.stack(stats), self.probe((h,), (logits,)))
 
     def io_names(self) -> tuple[list[str], list[str]]:
         layers = range(self.shape.num_layers)
         kv_in = [G.STATIC_KV.past_name(kind, i) for i in layers for kind in ("key", "value")]
         kv_out = [G.STATIC_KV.new_name(kind, i) for i in layers for kind in ("key", "value")]
-        return ["inputs_embeds", "attention_mask", "rope_cos", "rope_sin", *kv_in], ["logits", "hidden", *kv_out]
+        return (["inputs_embeds", "attention_mask", "rope_cos", "rope_sin", *kv_in],
+                ["logits", "hidden", *kv_out, STATIC_STATS[0], STATIC_STATS[1]])
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         s, S, P = self.shape, self.seq, self.past

@@ -34,7 +34,7 @@ from kztts.eval.replay import decode_input, greedy_cb0
 from kztts.export.common.onnx_export import data_file, has_external_data, share_external_data
 from kztts.export.common.reference import synthetic_voice
 from kztts.export.graphs.graph_parts import model_config, special_ids
-from kztts.export.graphs.static_layers import NORM_SCOPE
+from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
 from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
 from kztts.tts.prompt import build_prompt, language_id
 from kztts.tts.text import TextTokenizer
@@ -373,6 +373,8 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
                 norms = rmsnorm_nodes(lazy)
                 qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *norms]
                 log.info("%s: %d RMSNorm nodes kept in float (fp16 on the HTP)", name, len(norms))
+            probes = [n.name for n in lazy.graph.node if PROBE_SCOPE.match(n.name)]
+            qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *probes]
             del lazy
             log.info("%s: calibrating (MinMax ranges over %s)", name, what)
             ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))

@@ -1,4 +1,4 @@
-"""Names shared by the layer-segment graphs (export) and their runner (runtime)."""
+"""Names shared by the layer-segment graphs and the static graphs' probes (export) and their runners (runtime)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +10,9 @@ Unit = Union[int, str]  # a layer index, or "head" (final norm + codec head)
 LAYER_STATS = ("residual_in", "attn_norm_out", "qkv_proj", "attn_scores", "attn_out", "residual_mid",
                "mlp_norm_out", "mlp_intermediate", "mlp_out", "residual_out")
 HEAD_STATS = ("residual_in", "logits")
+# The whole-stack static graphs' probes: every layer's LAYER_STATS [L, len(LAYER_STATS)], then the
+# head's HEAD_STATS (outputs of these names; bundles exported before them have none)
+STATIC_STATS = ("layer_stats", "head_stats")
 
 # The precision guard's threshold, one definition for calibration (which layers go to the CPU)
 # and for the run-time check of the HTP segments' probes (kztts.htp.saturation): three bits of

@@ -136,16 +136,20 @@ class ExecutionPlan:
         # the handover's HTP side needs the decode graph too: a prompt tail past C - S runs through it
         mask_value = float(m.graphs[PREFILL].extra.get("mask_value", -50.0))
         kv_scales = m.graphs[PREFILL].extra.get("kv_scales")
+        # the whole-stack graphs' probes are checked as the layer graphs' are (graphs without them: no guard)
+        guard = SaturationGuard(DEFAULT_THRESHOLD, self.strict) if self.check_saturation else None
         only = DECODE not in m.graphs or (self.target is not None and self.target.talker_graphs == "prefill-only")
         if not only:
             static = StaticTalker(self.session(PREFILL, "htp"), self.session(DECODE, "htp"), m.talker, mask_value,
-                                  kv_scales=kv_scales)
+                                  kv_scales=kv_scales, guard=guard)
         else:  # decode steps (and a prompt tail past C - S) as padded prefill chunks
-
-            static = PrefillOnlyTalker(self.session(PREFILL, "htp"), m.talker, mask_value, kv_scales=kv_scales)
+            static = PrefillOnlyTalker(self.session(PREFILL, "htp"), m.talker, mask_value, kv_scales=kv_scales,
+                                       guard=guard)
+        if guard is not None and not static.probed:
+            log.warning("%s: the static Talker graphs carry no magnitude probes (exported before them): fp16 "
+                        "saturation on the HTP goes unreported; re-export the bundle with --target", m.path)
         if self.runner == "static":
             return static
-
         cpu = Talker(self.session(self.steps["talker_decode"].graphs[0], "cpu"), m.talker,
                      context=static.context)
         return HandoverTalker(static, cpu)

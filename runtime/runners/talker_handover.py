@@ -38,6 +38,11 @@ class HandoverTalker:
     def context(self) -> int:
         return min(self.prefill_talker.context, self.decode_talker.context)
 
+    @property
+    def guard(self):
+        """The HTP prefill's fp16 guard (``kztts.htp.saturation``), if it has one."""
+        return self.prefill_talker.guard
+
     def reset(self) -> None:
         self.prefill_talker.reset()
         self.decode_talker.reset()

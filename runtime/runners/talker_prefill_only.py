@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from kztts.htp.saturation import SaturationGuard
 from kztts.runners.talker_static import PREFILL, StaticTalker
 
 
@@ -28,8 +29,8 @@ class PrefillOnlyTalker(StaticTalker):
     """``StaticTalker`` over the prefill graph alone (module docstring); same API and KV layout."""
 
     def __init__(self, prefill_session: ort.InferenceSession, config: dict, mask_value: float = -50.0, *,
-                 kv_scales: dict | None = None):
-        super().__init__(prefill_session, None, config, mask_value, kv_scales=kv_scales)
+                 kv_scales: dict | None = None, guard: SaturationGuard | None = None):
+        super().__init__(prefill_session, None, config, mask_value, kv_scales=kv_scales, guard=guard)
         # inputs of positions C-S..C-2: a step past C-S re-runs them in front of the new position
         self._tail = np.zeros((self.chunk, self.hidden_size), np.float32)
 

@@ -28,7 +28,9 @@ import numpy as np
 import onnxruntime as ort
 
 from kztts.bundle.graphs import KV_UINT8_ZERO_POINT, STATIC_KV
+from kztts.bundle.segments import STATIC_STATS
 from kztts.core.errors import BundleError, KzttsError
+from kztts.htp.saturation import SaturationGuard
 from kztts.runners.kv_binding import DecodeBinding, kv_buffers
 from kztts.runners.kv_cache import check_room, kv_dtype
 from kztts.runners.rope import rope_tables
@@ -127,11 +129,14 @@ class StaticTalker(ChunkedTalker):
 
     ``io_binding``: bind the decode step once (default) or pass arrays per call (A/B runs).
     ``kv_scales``: {"key": [per layer], "value": [...]} of uint8 KV graphs (manifest ``kv_scales``),
-    needed only to read the cache back as floats (``float_kv``, the CPU handover)."""
+    needed only to read the cache back as floats (``float_kv``, the CPU handover).
+    ``guard``: a ``kztts.htp.saturation.SaturationGuard`` that checks the graphs' magnitude probes
+    (``layer_stats``, ``head_stats``) on every call; graphs exported without probes are not checked
+    (``probed`` is False)."""
 
     def __init__(self, prefill_session: ort.InferenceSession, decode_session: ort.InferenceSession,
                  config: dict, mask_value: float = -50.0, *, io_binding: bool = True,
-                 kv_scales: dict | None = None):
+                 kv_scales: dict | None = None, guard: SaturationGuard | None = None):
         self.prefill_session, self.decode_session = prefill_session, decode_session
         self.num_layers = int(config["num_layers"])
         self.hidden_size = int(config["hidden"])
@@ -168,6 +173,9 @@ class StaticTalker(ChunkedTalker):
         self._cos, self._sin = rope_tables(C + S, hd, float(config["rope_theta"]))
         self.length = 0
         self._out_names = ["logits", "hidden"] + STATIC_KV.new_names(self.num_layers)
+        self.probed = set(STATIC_STATS) <= {o.name for o in prefill_session.get_outputs()}
+        self.guard = guard if self.probed else None
+        self._stat_names = list(STATIC_STATS) if self.guard is not None else []
         self._past_names = STATIC_KV.past_names(self.num_layers)
         self.on_feed: Callable[[str, dict], None] | None = None  # calibration hook: (graph name, feed)
         self.io_binding = io_binding and hasattr(decode_session, "io_binding")
@@ -195,6 +203,17 @@ class StaticTalker(ChunkedTalker):
         return ([deq(k, s) for k, s in zip(keys, self.kv_scales["key"])],
                 [deq(v, s) for v, s in zip(values, self.kv_scales["value"])])
 
+    def reset(self) -> None:
+        super().reset()
+        if self.guard is not None:
+            self.guard.new_utterance()
+
+    def _check(self, phase: str, layer_stats: np.ndarray, head_stats: np.ndarray) -> None:
+        """The guard's look at one call's probes: every layer, then the head."""
+        for i, stats in enumerate(layer_stats):
+            self.guard.check(phase, i, stats)
+        self.guard.check(phase, "head", head_stats)
+
     def _write_new(self, p: int, n: int, new: list[np.ndarray]) -> None:
         for i in range(self.num_layers):
             self.keys[i][..., p:p + n] = new[2 * i][..., :n]
@@ -215,11 +234,14 @@ class StaticTalker(ChunkedTalker):
                 feed[value] = np.ascontiguousarray(self.values[i][:, :, :P])
         if self.on_feed is not None:
             self.on_feed(graph, feed)
-        out = sess.run(self._out_names, feed)
+        out = sess.run(self._out_names + self._stat_names, feed)
         phase = "decode" if seq == 1 else "prefill"
-        self.kv_bytes[phase] += sum(feed[k].nbytes for k in self._past_names) + sum(o.nbytes for o in out[2:])
+        kv_new = out[2:len(self._out_names)]
+        self.kv_bytes[phase] += sum(feed[k].nbytes for k in self._past_names) + sum(o.nbytes for o in kv_new)
         self.calls[phase] += 1
-        self._write_new(p, n, out[2:])
+        if self._stat_names:
+            self._check(phase, *out[len(self._out_names):])
+        self._write_new(p, n, kv_new)
         self.length = p + n
         return out[0][0, n - 1], out[1][0, n - 1]
 
@@ -237,6 +259,8 @@ class StaticTalker(ChunkedTalker):
         if self.on_feed is not None:
             self.on_feed(DECODE, dict(b.inputs))
         b.run()
+        if self._stat_names:
+            self._check("decode", *(b.outputs[name] for name in self._stat_names))
         new = [b.outputs[name] for name in self._out_names[2:]]
         self.kv_bytes["decode"] += b.kv_bytes
         self.calls["decode"] += 1

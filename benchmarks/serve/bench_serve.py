@@ -1,0 +1,169 @@
+"""Load on a live ``kztts serve``: 1, 2, 4, 8 concurrent clients, each asking for streamed speech (pcm) in a
+closed loop, against one client at a time in the same run (same server, same requests).
+
+Per level: aggregate audio seconds per wall second, p50/p95 time to first audio (request sent -> first
+audio byte) and total latency, the 1-minute load average before and after (the machine may be shared).
+
+    python benchmarks/serve/bench_serve.py [--bundle B] [--clients 1,2,4,8] [--threads 2] [--batch 8]
+        [--max-frames 60] [--decoder-threads N] [--out results.json]
+
+Without ``--bundle`` it builds (once, cached) the random-weight 0.6B and its int8 variant.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Please remember to bring your umbrella, the forecast says rain this afternoon.",
+    "Our meeting has moved to Thursday at three o'clock in the small conference room.",
+    "A gentle breeze carried the smell of fresh bread from the bakery down the street.",
+    "The library will be closed on Monday for the annual inventory of its collection.",
+    "Turn left at the second traffic light, then continue straight for two kilometres.",
+    "She played the piano every evening, and the neighbours opened their windows to listen.",
+    "Scientists announced the discovery of a new species of frog in the rainforest.",
+]
+
+
+def default_bundle() -> Path:
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.export.tts.variants import cached_variant
+
+    return cached_variant(cached_bundle(cached_tiny(size="0.6b")), weights="int8")
+
+
+def start(bundle: Path, args, log: Path) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "KZTTS_THREADS": str(args.threads)}
+    if args.decoder_threads is not None:
+        env["KZTTS_DECODER_THREADS"] = str(args.decoder_threads)
+    cmd = [sys.executable, "-m", "kztts.cli.main", "serve", str(bundle), "--port", "0", "--batch", str(args.batch),
+           "--queue", "64"]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 1)[0]:
+            line = proc.stdout.readline()
+            match = re.search(r"http://([0-9.]+):(\d+)", line)
+            if match:
+                return proc, match.group(0)
+            break
+    proc.kill()
+    raise SystemExit(f"the server did not start:\n{log.read_text()[-3000:]}")
+
+
+def speak(url: str, text: str, seed: int, max_frames: int) -> dict:
+    """One streamed pcm request: seconds to the first audio byte, to the end, and the audio seconds."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = json.dumps({"model": "tts-1", "input": text, "seed": seed, "max_frames": max_frames,
+                       "response_format": "pcm"})
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{r.status}: {r.read()[:300]!r}")
+    first, size = None, 0
+    while True:
+        chunk = r.read1(1 << 16)
+        if not chunk:
+            break
+        if first is None:
+            first = time.perf_counter() - sent
+        size += len(chunk)
+    conn.close()
+    return {"ttfa": first, "total": time.perf_counter() - sent, "audio": size / 2 / 24000}
+
+
+def level(url: str, clients: int, per_client: int, max_frames: int) -> dict:
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for j in range(per_client):
+            i = k * per_client + j
+            out = speak(url, TEXTS[i % len(TEXTS)], 1000 + i, max_frames)
+            with lock:
+                results.append(out)
+
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    ttfa = np.array([r["ttfa"] for r in results])
+    total = np.array([r["total"] for r in results])
+    audio = sum(r["audio"] for r in results)
+    return {"clients": clients, "requests": len(results), "wall_s": round(wall, 2), "audio_s": round(audio, 2),
+            "audio_s_per_s": round(audio / wall, 3),
+            "ttfa_p50_s": round(float(np.percentile(ttfa, 50)), 3), "ttfa_p95_s": round(float(np.percentile(ttfa, 95)), 3),
+            "total_p50_s": round(float(np.percentile(total, 50)), 3),
+            "total_p95_s": round(float(np.percentile(total, 95)), 3),
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]
+    lines = ["| clients | requests | audio s / wall s | vs 1 client | TTFA p50 s | TTFA p95 s | p95 vs 1 client | "
+             "total p50 s | total p95 s | load avg before / after |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['requests']} | {r['audio_s_per_s']:.3f} | "
+                     f"{r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x | {r['ttfa_p50_s']:.2f} | {r['ttfa_p95_s']:.2f} | "
+                     f"{r['ttfa_p95_s'] / base['ttfa_p95_s']:.2f}x | {r['total_p50_s']:.2f} | {r['total_p95_s']:.2f} | "
+                     f"{r['load_before']:.2f} / {r['load_after']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bundle", help="TTS bundle (default: the random-weight 0.6B, int8 weights, built once)")
+    p.add_argument("--clients", default="1,2,4,8")
+    p.add_argument("--requests", type=int, default=8, help="requests per level (at least 2 per client)")
+    p.add_argument("--max-frames", type=int, default=60, help="frames per request (12.5 per audio second)")
+    p.add_argument("--threads", type=int, default=2, help="KZTTS_THREADS of the server")
+    p.add_argument("--decoder-threads", type=int, help="KZTTS_DECODER_THREADS of the server")
+    p.add_argument("--batch", type=int, default=8, help="the server's --batch")
+    p.add_argument("--out", help="write the rows as JSON here")
+    args = p.parse_args()
+    bundle = Path(args.bundle) if args.bundle else default_bundle()
+    log = Path(args.out or "bench_serve").with_suffix(".server.log")
+    proc, url = start(bundle, args, log)
+    try:
+        speak(url, "A warm-up request.", 0, 12)
+        rows = []
+        for clients in (int(c) for c in args.clients.split(",")):
+            rows.append(level(url, clients, max(2, args.requests // clients), args.max_frames))
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    print(f"\nbundle {bundle.name}; threads {args.threads}; batch {args.batch}; max_frames {args.max_frames}; "
+          f"server exit {code}\n")
+    print(table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"bundle": bundle.name, "threads": args.threads, "batch": args.batch,
+                                              "max_frames": args.max_frames, "decoder_threads": args.decoder_threads,
+                                              "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
