@@ -215,6 +215,12 @@ def test_validate_an_lm_bundle(qwen3_bundle, qwen3_dir, capsys):
     assert "not the checkpoint this LM bundle was exported from" in capsys.readouterr().err
     assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--precision", "w8a16"]) == 2
     assert "an LM bundle holds one HTP precision" in capsys.readouterr().err
+    # a subset of the texts (what CI runs on the real 1.5B), and an unknown name refused in one line
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--frames", "4", "--texts",
+                 "code,english", "--json"]) == 0
+    assert [p["name"] for p in json.loads(capsys.readouterr().out)["prompts"]] == ["code", "english"]
+    assert main(["validate", str(qwen3_bundle), "--reference", str(qwen3_dir), "--texts", "latin"]) == 2
+    assert "--texts: unknown latin" in capsys.readouterr().err
 
 
 def test_validate_an_lm_placement(qwen3_bundle, qwen3_dir, small_target, capsys):

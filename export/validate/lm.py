@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -23,6 +24,17 @@ from kztts.export.lm.bundle_writer import _load, fingerprint_source
 from kztts.lm.lm import LM
 
 log = logging.getLogger(__name__)
+
+
+def samples_named(names: Sequence[str] | None) -> tuple:
+    """The text set's samples of ``names`` (all for None); an unknown name is refused, naming the set."""
+    if not names:
+        return SAMPLES
+    known = {s.name: s for s in SAMPLES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KzttsError(f"--texts: unknown {', '.join(unknown)} (the set: {', '.join(known)})")
+    return tuple(known[n] for n in names)
 
 
 def check_lm_reference(bundle_dir: Path, reference: Path) -> None:
@@ -42,14 +54,16 @@ def check_lm_reference(bundle_dir: Path, reference: Path) -> None:
 
 
 def validate_lm(bundle_dir: str | Path, reference: str | Path, *, steps: int = 32, context: int = 512,
-                session_config=None) -> dict:
+                session_config=None, texts: Sequence[str] | None = None) -> dict:
     """Per prompt and worst case: greedy tokens equal over ``steps``, teacher-forced logits cosine.
-    ``context``: the CPU KV cache's positions (the texts are cut to it)."""
+    ``context``: the CPU KV cache's positions (the texts are cut to it); ``texts``: a subset of the text
+    set by name (default all)."""
     import torch
     from transformers import GenerationConfig
 
+    samples = samples_named(texts)
     lm = LM(bundle_dir, session_config=session_config, context=context)
-    tokens = tokenize(lm, SAMPLES, lm.context, steps)
+    tokens = tokenize(lm, samples, lm.context, steps)
     phase("validate: loading the reference %s", reference)
     model, _tok, _info = _load(Path(reference))
     model.generation_config = GenerationConfig()  # plain greedy: not the checkpoint's sampling defaults

@@ -98,7 +98,8 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
     check_lm_reference(Path(args.bundle), Path(args.reference))
     if args.target or args.placement:
         return cmd_validate_lm_placement(args)
-    report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames)
+    texts = [t.strip() for t in args.texts.split(",") if t.strip()] if args.texts else None
+    report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames, texts=texts)
     bounds = BOUNDS["lm"]
 
     def text() -> None:
@@ -142,6 +143,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return cmd_validate_lm(args)
     from kztts.export.validate.tts import check_reference
 
+    if args.texts:
+        raise KzttsError("--texts selects the texts of an LM bundle's validation; a TTS bundle is validated on "
+                         "the four prompt modes")
     check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
     if args.placement:
         return cmd_validate_placement(args)
@@ -164,4 +168,6 @@ def add_command(sub) -> None:
     s.add_argument("--placement", help="check a Talker layer placement: all-htp, all-cpu, prefill-htp-decode-cpu, "
                                        "a placement file (kztts calibrate), or a target with layer_placement")
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
+    s.add_argument("--texts", help="an LM bundle against its checkpoint: a subset of the text set by name "
+                                   "(comma-separated: code, english, french, chinese; default all)")
     s.set_defaults(func=cmd_validate)
