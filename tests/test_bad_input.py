@@ -127,6 +127,7 @@ SUBCOMMANDS = {
     "generate": ["generate", "{loc}/bundle", "hi"],
     "chat": ["chat", "{loc}/bundle"],
     "fetch-lm": ["fetch-lm", "--dir", "{loc}/checkpoints"],
+    "serve": ["serve", "{loc}/bundle"],
     "devices": None,
 }
 

@@ -2,7 +2,9 @@
 closed loop, against one client at a time in the same run (same server, same requests).
 
 Per level: aggregate audio seconds per wall second, p50/p95 time to first audio (request sent -> first
-audio byte) and total latency, the 1-minute load average before and after (the machine may be shared).
+audio byte) and total latency, the 1-minute load average before and after (the machine may be shared),
+and the server process's CPU seconds (user + system): audio seconds per CPU second is what batching
+saves, whatever share of the cores other jobs leave it.
 
     python benchmarks/serve/bench_serve.py [--bundle B] [--clients 1,2,4,8] [--threads 2] [--batch 8]
         [--max-frames 60] [--decoder-threads N] [--out results.json]
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -89,7 +92,15 @@ def speak(url: str, text: str, seed: int, max_frames: int) -> dict:
     return {"ttfa": first, "total": time.perf_counter() - sent, "audio": size / 2 / 24000}
 
 
-def level(url: str, clients: int, per_client: int, max_frames: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its threads."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def level(url: str, clients: int, per_client: int, max_frames: int, pid: int) -> dict:
     results: list[dict] = []
     lock = threading.Lock()
 
@@ -100,7 +111,8 @@ def level(url: str, clients: int, per_client: int, max_frames: int) -> dict:
             with lock:
                 results.append(out)
 
-    load_before = os.getloadavg()[0]
+    load_before = psutil.getloadavg()[0]
+    cpu_before = cpu_seconds(pid)
     started = time.perf_counter()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -108,27 +120,33 @@ def level(url: str, clients: int, per_client: int, max_frames: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - started
+    cpu = cpu_seconds(pid) - cpu_before
     ttfa = np.array([r["ttfa"] for r in results])
     total = np.array([r["total"] for r in results])
     audio = sum(r["audio"] for r in results)
     return {"clients": clients, "requests": len(results), "wall_s": round(wall, 2), "audio_s": round(audio, 2),
-            "audio_s_per_s": round(audio / wall, 3),
-            "ttfa_p50_s": round(float(np.percentile(ttfa, 50)), 3), "ttfa_p95_s": round(float(np.percentile(ttfa, 95)), 3),
+            "audio_s_per_s": round(audio / wall, 3), "server_cpu_s": round(cpu, 1),
+            "audio_s_per_cpu_s": round(audio / cpu, 3), "cpu_share": round(cpu / wall, 2),
+            "ttfa_p50_s": round(float(np.percentile(ttfa, 50)), 3),
+            "ttfa_p95_s": round(float(np.percentile(ttfa, 95)), 3),
             "total_p50_s": round(float(np.percentile(total, 50)), 3),
             "total_p95_s": round(float(np.percentile(total, 95)), 3),
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+            "load_before": round(load_before, 2), "load_after": round(psutil.getloadavg()[0], 2)}
 
 
 def table(rows: list[dict]) -> str:
     base = rows[0]
-    lines = ["| clients | requests | audio s / wall s | vs 1 client | TTFA p50 s | TTFA p95 s | p95 vs 1 client | "
-             "total p50 s | total p95 s | load avg before / after |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [("| clients | requests | audio s / wall s | vs 1 client | TTFA p50 s | TTFA p95 s | p95 vs 1 client | "
+              "total p50 s | total p95 s | audio s / server CPU s | vs 1 client | server CPU share | "
+              "load avg before / after |"),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['clients']} | {r['requests']} | {r['audio_s_per_s']:.3f} | "
-                     f"{r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x | {r['ttfa_p50_s']:.2f} | {r['ttfa_p95_s']:.2f} | "
+                     f"{r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x | {r['ttfa_p50_s']:.2f} | "
+                     f"{r['ttfa_p95_s']:.2f} | "
                      f"{r['ttfa_p95_s'] / base['ttfa_p95_s']:.2f}x | {r['total_p50_s']:.2f} | {r['total_p95_s']:.2f} | "
-                     f"{r['load_before']:.2f} / {r['load_after']:.2f} |")
+                     f"{r['audio_s_per_cpu_s']:.3f} | {r['audio_s_per_cpu_s'] / base['audio_s_per_cpu_s']:.2f}x | "
+                     f"{r['cpu_share']:.2f} | {r['load_before']:.2f} / {r['load_after']:.2f} |")
     return "\n".join(lines)
 
 
@@ -150,7 +168,7 @@ def main() -> int:
         speak(url, "A warm-up request.", 0, 12)
         rows = []
         for clients in (int(c) for c in args.clients.split(",")):
-            rows.append(level(url, clients, max(2, args.requests // clients), args.max_frames))
+            rows.append(level(url, clients, max(2, args.requests // clients), args.max_frames, proc.pid))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)

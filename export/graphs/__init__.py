@@ -1,6 +1,7 @@
 """The graph definitions: each wrapper module that becomes one ONNX graph kind (Talker, Code
 Predictor, codec, speaker encoder, fused-attention CPU graphs, static HTP layers and per-layer
-segments), and what a written graph file carries (``graph_parts``).
+segments; a hybrid LM's stack, ``hybrid_stack``, and its graphs, ``hybrid_graphs``), and what a written graph file
+carries (``graph_parts``).
 
 May import: the kztts runtime below ``kztts.bench``, ``kztts.export.common``.
 """

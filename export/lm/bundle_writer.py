@@ -42,6 +42,7 @@ from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_
 from kztts.export.graphs.talker_graph import talker_shape
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
+from kztts.export.lm.hybrid import export_hybrid_bundle, is_hybrid_source
 from kztts.export.lm.w8a16 import quantize_lm_graphs
 from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
 from kztts.htp.targets import load_target, target_path
@@ -189,8 +190,12 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
                      segments: bool = False) -> Path:
     """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
-    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer)."""
+    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer). A hybrid LM (Qwen3-Next /
+    Qwen3.5) goes to ``kztts.export.lm.hybrid``."""
     source, out_dir = Path(source), Path(out_dir)
+    if is_hybrid_source(source):
+        return export_hybrid_bundle(source, out_dir, overwrite=overwrite, target=target, precision=precision,
+                                    context_binary=context_binary, segments=segments)
     check_output(out_dir, overwrite)
     if segments and target is None:
         raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")

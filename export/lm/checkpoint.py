@@ -1,4 +1,5 @@
-"""Loading a Qwen2/Qwen3 causal LM (a Hugging Face directory or a GGUF file of one) for export.
+"""Loading a Qwen2/Qwen3 causal LM (a Hugging Face directory or a GGUF file of one), or a hybrid Qwen3-Next /
+Qwen3.5 one (``qwen3_next``, a directory), for export.
 
 ``load_causal_lm`` gives the transformers model in fp32 eval mode, the checkpoint's tokenizer saved
 as a ``tokenizer.json`` that the ``tokenizers`` library loads (checked to encode like transformers'
@@ -28,8 +29,12 @@ from kztts.export.lm.gguf_meta import GGUFMeta, read_gguf_meta
 
 log = logging.getLogger(__name__)
 
-MODEL_TYPES = ("qwen2", "qwen3")
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+MODEL_TYPES = ("qwen2", "qwen3", "qwen3_next")
+GGUF_MODEL_TYPES = ("qwen2", "qwen3")
+# GGUF architectures of the hybrids: the format carries them (gguf's QWEN3NEXT, QWEN35), transformers 4.57
+# cannot load them (no GGUF mapping for their DeltaNet tensors)
+_GGUF_HYBRIDS = ("qwen3next", "qwen35", "qwen35moe")
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types (tokenizer.ggml.token_type)
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -89,7 +94,11 @@ def _check_gguf(path: Path) -> GGUFMeta:
     """The header of a GGUF file of a Qwen2/Qwen3 LM that this environment can load."""
     meta = read_gguf_meta(path)
     arch = meta.values.get("general.architecture")
-    if arch not in MODEL_TYPES:
+    if arch in _GGUF_HYBRIDS:
+        raise KzttsError(f"{path}: a GGUF of the hybrid architecture {arch!r}: transformers (the export extra's "
+                         "4.57) has no GGUF loader for its Gated DeltaNet tensors; export the Hugging Face "
+                         "checkpoint directory instead (kztts export HYBRID_DIR -o BUNDLE)")
+    if arch not in GGUF_MODEL_TYPES:
         raise KzttsError(f"{path}: a GGUF of architecture {arch!r}, not qwen2/qwen3; kztts loads Qwen2/Qwen3 "
                          "causal LMs only")
     if importlib.util.find_spec("gguf") is None:  # transformers dequantizes the tensors with it
@@ -123,7 +132,7 @@ def _check_directory(path: Path) -> str:
         raise KzttsError(f"{cfg_path}: not valid JSON ({exc})") from exc
     model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
     if model_type not in MODEL_TYPES:
-        raise KzttsError(f"{cfg_path}: model_type is {model_type!r}, not qwen2/qwen3; kztts loads Qwen2/Qwen3 "
+        raise KzttsError(f"{cfg_path}: model_type is {model_type!r}, not {'/'.join(MODEL_TYPES)}; kztts loads those "
                          "causal LMs only (a Qwen3-TTS checkpoint goes to kztts export as a TTS model)")
     archs = cfg.get("architectures") or [_ARCHITECTURES[model_type]]
     if _ARCHITECTURES[model_type] not in archs:
@@ -153,7 +162,8 @@ def _facts(model, tokenizer) -> LMFacts:
         eos = c.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    layer = model.model.layers[0].self_attn
+    # a hybrid's first layers may be DeltaNet layers: the attention facts are its attention layers'
+    layer = next(l.self_attn for l in model.model.layers if hasattr(l, "self_attn"))
     return LMFacts(model_type=c.model_type, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=heads,
                    kv_heads=c.num_key_value_heads, head_dim=head_dim, ffn=c.intermediate_size,
                    vocab=c.vocab_size, rope_theta=float(c.rope_theta), rms_eps=float(c.rms_norm_eps),

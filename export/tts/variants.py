@@ -41,7 +41,8 @@ from kztts.export.tts.bundle_writer import check_output, export_bundle, link_tre
 
 log = logging.getLogger(__name__)
 
-WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa", "talker_batched", "cp_frame_batched")
+WEIGHT_GRAPHS = ("talker", "cp_step", "cp_frame", "talker_gqa", "cp_frame_gqa", "talker_batched", "cp_frame_batched",
+                 *G.HYBRID_CPU_GRAPHS)
 KV_GRAPHS = ("talker", "cp_step", "talker_gqa", "talker_batched")
 FUSED_KV_GRAPHS = ("talker_gqa", "talker_batched")  # the cache is the fused attention's own buffer
 DECODER_GRAPHS = ("decoder", "decoder_stream")

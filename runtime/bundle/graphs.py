@@ -130,6 +130,48 @@ GRAPHS: dict[str, GraphKind] = {g.name: g for g in (
               ("mel",), ("xvector",)),
 )}
 
+# Hybrid LMs (Qwen3-Next / Qwen3.5, manifest model_type "qwen3_next"; ``kztts.export.lm.hybrid``): one graph
+# per phase over the whole stack. A ``full_attention`` layer l has KV I/O named by the graph's KV scheme with
+# kinds "key"/"value"; a ``linear_attention`` (Gated DeltaNet) layer l has its two state tensors as I/O under
+# the same scheme with kinds "conv_state" [1, conv_dim, kernel-1] and "recurrent_state" [1, v_heads, dk, dv]
+# (whole states in, whole updated states out). CPU graphs: ``hybrid_prefill`` (the chunked delta rule, any
+# T up to the manifest's ``chunk``) and ``hybrid_decode`` (the recurrent form, T = 1); with --target, the
+# static ``hybrid_static_prefill`` (S positions, ``token_mask``) and ``hybrid_static_decode`` (one
+# position), keys transposed as the static Talker's, with per-layer magnitude probes.
+HYBRID_FULL, HYBRID_LINEAR = "full_attention", "linear_attention"
+HYBRID_STATE_KINDS = ("conv_state", "recurrent_state")
+HYBRID_KV_KINDS = ("key", "value")
+HYBRID_MODEL_TYPES = ("qwen3_next",)
+HYBRID_CPU_GRAPHS = ("hybrid_prefill", "hybrid_decode")
+HYBRID_STATIC_GRAPHS = ("hybrid_static_prefill", "hybrid_static_decode")
+# The static hybrid graphs' ``layer_stats`` rows: a full-attention layer's are LAYER_STATS
+# (kztts.bundle.segments) then zeros, a DeltaNet layer's these (the largest |x| of each).
+DELTANET_STATS = ("residual_in", "attn_norm_out", "in_proj", "conv_out", "recurrent_state", "core_out",
+                  "gated_norm_out", "attn_out", "residual_mid", "mlp_norm_out", "mlp_intermediate", "mlp_out",
+                  "residual_out")
+_HYBRID_EXPORT = "kztts export HYBRID_DIR -o BUNDLE"
+GRAPHS.update({g.name: g for g in (
+    GraphKind("hybrid_prefill", "talker", "dynamic", "hybrid LM, chunked delta rule, KV and states on the host",
+              ("inputs_embeds", "rope_cos", "rope_sin"), ("logits", "hidden"), DYNAMIC_KV, exported_by=_HYBRID_EXPORT),
+    GraphKind("hybrid_decode", "talker", "dynamic", "hybrid LM, one position, recurrent delta rule",
+              ("inputs_embeds", "rope_cos", "rope_sin"), ("logits", "hidden"), DYNAMIC_KV, exported_by=_HYBRID_EXPORT),
+    GraphKind("hybrid_static_prefill", "talker", "static", "hybrid LM prefill chunk (HTP), chunked delta rule",
+              ("inputs_embeds", "attention_mask", "rope_cos", "rope_sin", "token_mask"), ("logits", "hidden"),
+              STATIC_KV, placement_key="talker_prefill", exported_by=_HYBRID_EXPORT + " --target TARGET"),
+    GraphKind("hybrid_static_decode", "talker", "static", "hybrid LM one position (HTP), recurrent delta rule",
+              ("inputs_embeds", "attention_mask", "rope_cos", "rope_sin"), ("logits", "hidden"), STATIC_KV,
+              placement_key="talker_decode", exported_by=_HYBRID_EXPORT + " --target TARGET"),
+)})
+
+
+def hybrid_cache_names(layer_types, scheme: KVNames, new: bool = False) -> list[str]:
+    """The cache inputs (``new``: outputs) of a hybrid graph, in layer order: each full-attention layer's
+    key and value, each DeltaNet layer's conv and recurrent state, under ``scheme``."""
+    name = scheme.new_name if new else scheme.past_name
+    return [name(k, i) for i, t in enumerate(layer_types)
+            for k in (HYBRID_KV_KINDS if t == HYBRID_FULL else HYBRID_STATE_KINDS)]
+
+
 # Names of the per-layer Talker graphs start with one of these (``kztts.bundle.segments.segment_graph_name``).
 SEGMENT_PREFIXES = ("talker_prefill_", "talker_decode_")
 # A causal-LM bundle (manifest kind "lm", ``kztts.export.lm.bundle_writer``) holds the Talker's graph kinds

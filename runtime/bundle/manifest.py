@@ -24,7 +24,9 @@ _REQUIRED = {
 # A causal-LM bundle (``kind`` "lm", ``kztts.export.lm.bundle_writer``): the Talker's graph kinds over the
 # LM's decoder stack (its config under ``config.lm``), a ``token_embedding`` table, ChatML facts.
 KIND_LM = "lm"
-LM_MODEL_TYPES = ("qwen2", "qwen3")
+# qwen3_next: a hybrid LM (Gated DeltaNet + gated attention; its graphs are kztts.bundle.graphs' hybrid kinds,
+# its config.lm adds layer_types and the DeltaNet shapes)
+LM_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_next")
 _LM_REQUIRED = {
     "format": str, "format_version": int, "kind": str, "model_type": str, "source": dict, "config": dict,
     "special_ids": dict, "chat": dict, "generation": dict, "embeddings": dict, "graphs": dict,
@@ -95,6 +97,11 @@ class Manifest:
     def talker(self) -> dict:
         """The decoder stack the Talker graph kinds run: the Talker, or an LM bundle's LM."""
         return self.data["config"]["lm" if self.kind == KIND_LM else "talker"]
+
+    @property
+    def hybrid(self) -> bool:
+        """An LM bundle of a hybrid model (``config.lm.layer_types``: DeltaNet and attention layers)."""
+        return self.kind == KIND_LM and "layer_types" in self.data["config"].get("lm", {})
 
     @property
     def code_predictor(self) -> dict:

@@ -5,7 +5,6 @@ import argparse
 import json
 from pathlib import Path
 
-from kztts.bundle.segments import LAYER_STATS
 from kztts.core.atomic import atomic_outputs, check_writable
 from kztts.core.errors import KzttsError
 from kztts.eval.calibrate import DEFAULT_FRAMES, DEFAULT_THRESHOLD, calibrate, load_prompts
@@ -40,7 +39,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         for ph in ("prefill", "decode"):
             r = report.layers[ph][i]
             k = int(r.argmax())
-            row += [f"{r[k]:>13.4g}" if ph == "prefill" else f"{r[k]:>12.4g}", f"{LAYER_STATS[k]:<18}"]
+            row += [f"{r[k]:>13.4g}" if ph == "prefill" else f"{r[k]:>12.4g}", f"{report.names(i)[k]:<18}"]
         dev = "/".join(sorted({placement.prefill.layers[i], placement.decode.layers[i]}))
         print(f"{i:>6}  {row[0]} {row[1]} {row[2]} {row[3]} {dev}")
     print(f"{'head':>6}  {report.head['prefill'][0]:>13.4g} {'residual_in':<18} {report.head['decode'][0]:>12.4g} "

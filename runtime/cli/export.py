@@ -1,5 +1,6 @@
-"""``kztts export``: a Qwen3-TTS checkpoint, or a Qwen2/Qwen3 causal LM (a directory or ``--gguf FILE``),
-to a bundle; with ``--weights/--kv/--decoder`` a precision variant, with ``--target`` the static HTP graphs."""
+"""``kztts export``: a Qwen3-TTS checkpoint, a Qwen2/Qwen3 causal LM (a directory or ``--gguf FILE``) or a hybrid
+Qwen3-Next one (a directory) to a bundle; with ``--weights/--kv/--decoder`` a precision variant, with ``--target``
+the static HTP graphs."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ from kztts.core.extras import need_export_extra
 
 
 def lm_export_requested(args: argparse.Namespace) -> bool:
-    """True for ``--gguf`` or a Qwen2/Qwen3 causal-LM directory (config.json ``model_type``)."""
+    """True for ``--gguf`` or a Qwen2/Qwen3/Qwen3-Next causal-LM directory (config.json ``model_type``)."""
     if args.gguf is None and args.model_dir is None:
         raise KzttsError("export needs MODEL_DIR (a checkpoint directory) or --gguf FILE")
     if args.gguf is not None:
@@ -35,6 +36,15 @@ def export_lm(args: argparse.Namespace) -> Path:
         raise KzttsError(f"{source}: no such {'GGUF file' if args.gguf else 'directory'}")
     if args.decoder != "fp32":
         raise KzttsError(f"--decoder {args.decoder}: an LM bundle has no speech decoder; export without it")
+    from kztts.export.lm.hybrid import is_hybrid_source
+
+    if is_hybrid_source(source):
+        if args.segments:
+            raise KzttsError(f"--segments: {source} is a hybrid LM (qwen3_next), which has no per-layer graphs; its "
+                             "whole-stack static graphs (--target) carry every layer's fp16 probes: drop --segments")
+        if args.kv != "fp32":
+            raise KzttsError(f"--kv {args.kv}: a hybrid LM's graphs keep their KV and DeltaNet states in fp32 (no fp16 "
+                             "cache variant); export without --kv")
     progress.phase("exporting the causal LM %s to %s", source, args.output)
     return export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
                           exporter=export_lm_bundle, target=args.target, precision=args.precision,
@@ -63,7 +73,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     s = sub.add_parser("export", help="checkpoint directory -> kztts bundle")
-    s.add_argument("model_dir", nargs="?", help="Qwen3-TTS checkpoint, or a Qwen2/Qwen3 causal-LM directory")
+    s.add_argument("model_dir", nargs="?", help="Qwen3-TTS checkpoint, or a Qwen2/Qwen3/Qwen3-Next causal-LM directory")
     s.add_argument("--gguf", metavar="FILE", help="export a Qwen2/Qwen3 causal LM from a GGUF file "
                                                   "(instead of MODEL_DIR); writes an LM bundle")
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")

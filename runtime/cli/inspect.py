@@ -117,12 +117,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(head)
     if report["random_weights"]:
         print(f"random weights ({random_weights_label(report['random_weights'])}): not a real checkpoint")
-    print(f"{'graph':<18}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
+    print(f"{'graph':<22}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")
     for r in report["graphs"]:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["cpu_op_types"].items())) if r["qnn_nodes"] else \
             ("(all)" if r["cpu_nodes"] else "")
         prec = r["precision"] + (" [ctx]" if r["context_binary"] else "")
-        print(f"{r['graph']:<18}{r['variant']:<9}{r['attention']:<10}{_size(r['bytes']):>10}"
+        print(f"{r['graph']:<22}{r['variant']:<9}{r['attention']:<10}{_size(r['bytes']):>10}"
               f"{r['qnn_nodes']:>6}{r['cpu_nodes']:>6}  {prec:<24}{ops}")
     if not report["target"]:
         args.target = None

@@ -16,6 +16,13 @@ handful of calibration prompts showed (measured outliers on real LLMs vary by a
 few x between prompts), (b) the HTP accumulates matmuls in fp16 too, so partial sums
 can exceed the final value, and (c) at 8192 fp16's spacing is already 8, so a value
 that large has lost the low bits of everything added to it.
+
+A hybrid LM (Qwen3-Next / Qwen3.5) has no layer graphs: its whole-stack static graphs run on the CPU in fp32
+(``kztts.runners.hybrid_static``) and their probes give every layer's magnitudes, a DeltaNet layer's
+``DELTANET_STATS`` (its recurrent state, conv output, delta-rule output, ...) beside the attention layers'
+``LAYER_STATS``. Its placement is per phase (a phase runs whole on one device): a phase with a flagged layer
+or head runs on the CPU, and a prefill on the CPU takes the decode with it (the HTP decode graph needs
+the HTP prefill's cache).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bundle import graphs as G
 from kztts.bundle.bundle import Bundle
 from kztts.bundle.manifest import KIND_LM
 from kztts.bundle.segments import DEFAULT_THRESHOLD, FP16_MAX, HEAD_STATS, LAYER_STATS
@@ -35,6 +43,7 @@ from kztts.core.progress import bar, phase
 from kztts.htp.placement import PHASES, LayerPlacement, PhasePlacement, builtin
 from kztts.lm.lm import LM
 from kztts.plan.resolve import resolve_plan
+from kztts.runners.hybrid_static import HybridStaticTalker, layer_stat_names
 from kztts.tts.tts import TTS
 
 log = logging.getLogger(__name__)
@@ -92,10 +101,19 @@ class CalibrationReport:
     prompts: list[dict] = field(default_factory=list)
     frames: int = 0
     positions: dict[str, int] = field(default_factory=dict)
+    stat_names: tuple | None = None  # per layer, the names of its stats (a hybrid's); None: LAYER_STATS
 
     @property
     def num_layers(self) -> int:
         return self.layers["prefill"].shape[0]
+
+    @property
+    def whole_stack(self) -> bool:
+        """A hybrid LM's report: its placement is per phase (no layer graphs)."""
+        return self.stat_names is not None
+
+    def names(self, layer: int) -> tuple[str, ...]:
+        return self.stat_names[layer] if self.stat_names else LAYER_STATS
 
     def flagged(self, phase: str) -> list[int]:
         """Layers of ``phase`` whose largest magnitude reaches the threshold."""
@@ -105,10 +123,15 @@ class CalibrationReport:
         return bool(self.head[phase].max() >= self.threshold)
 
     def placement(self) -> LayerPlacement:
-        """The guarded placement: flagged layers (and head) on the CPU, the rest on the HTP."""
+        """The guarded placement: flagged layers (and head) on the CPU, the rest on the HTP (a hybrid: each
+        phase whole, on the CPU when any of it is flagged; a CPU prefill takes the decode with it)."""
         phases = []
         for ph in PHASES:
             bad = set(self.flagged(ph))
+            if self.whole_stack:
+                cpu = bad or self.head_flagged(ph) or (ph == "decode" and phases[0].head == "cpu")
+                phases.append(PhasePlacement(("cpu" if cpu else "htp",) * self.num_layers, "cpu" if cpu else "htp"))
+                continue
             phases.append(PhasePlacement(tuple("cpu" if i in bad else "htp" for i in range(self.num_layers)),
                                          "cpu" if self.head_flagged(ph) else "htp"))
         summary = {ph: {"cpu_layers": self.flagged(ph), "head_on_cpu": self.head_flagged(ph),
@@ -122,8 +145,8 @@ class CalibrationReport:
             rows = []
             for i, row in enumerate(self.layers[ph]):
                 k = int(np.argmax(row))
-                rows.append({"layer": i, "max_abs": dict(zip(LAYER_STATS, map(float, row))), "peak": float(row[k]),
-                             "peak_tensor": LAYER_STATS[k], "flagged": bool(row[k] >= self.threshold)})
+                rows.append({"layer": i, "max_abs": dict(zip(self.names(i), map(float, row))), "peak": float(row[k]),
+                             "peak_tensor": self.names(i)[k], "flagged": bool(row[k] >= self.threshold)})
             head = self.head[ph]
             phases[ph] = {"positions": self.positions.get(ph, 0), "layers": rows,
                           "head": {"max_abs": dict(zip(HEAD_STATS, map(float, head))),
@@ -146,13 +169,17 @@ class CalibrationReport:
                   "norm outputs": ("attn_norm_out", "mlp_norm_out"), "q/k/v projections": ("qkv_proj",),
                   "attention scores": ("attn_scores",), "attention output": ("attn_out",),
                   "MLP intermediate": ("mlp_intermediate",), "MLP output": ("mlp_out",)}
+        if self.whole_stack:
+            groups["DeltaNet state"] = ("recurrent_state",)
+            groups["DeltaNet conv / core"] = ("in_proj", "conv_out", "core_out", "gated_norm_out")
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
         x = np.arange(self.num_layers)
         for ax, ph in zip(axes, PHASES):
             data = self.layers[ph]
             for label, names in groups.items():
-                cols = [LAYER_STATS.index(n) for n in names]
-                ax.plot(x, np.maximum(data[:, cols].max(axis=1), 1e-3), marker="o", ms=3, label=label)
+                vals = np.array([max([row[k] for k, n in enumerate(self.names(i)) if n in names] or [np.nan])
+                                 for i, row in enumerate(data)], dtype=float)
+                ax.plot(x, np.maximum(vals, 1e-3), marker="o", ms=3, label=label)
             ax.scatter([self.num_layers], [max(self.head[ph][0], 1e-3)], marker="s", color="k", label="head input")
             ax.axhline(FP16_MAX, color="r", ls="-", lw=1, label="fp16 max (65504)")
             ax.axhline(self.threshold, color="r", ls="--", lw=1, label=f"threshold ({self.threshold:g})")
@@ -181,6 +208,17 @@ def _lm_speaker(bundle, talker, tokens: int, seed: int):
     return speak
 
 
+def _hybrid_talker(bundle, m) -> HybridStaticTalker:
+    """A hybrid LM's static graphs on the CPU EP (fp32), unguarded: calibration measures."""
+    pre, dec = G.HYBRID_STATIC_GRAPHS
+    how = "kztts export HYBRID_DIR -o BUNDLE --target TARGET"
+    G.require(m, pre, feature="kztts calibrate of a hybrid LM (its static graphs' probes)", how=how)
+    G.require(m, dec, feature="kztts calibrate of a hybrid LM (its static graphs' probes)", how=how)
+    plan = resolve_plan(bundle, placement=builtin("all-cpu", int(m.talker["num_layers"])))
+    return HybridStaticTalker(plan.session(pre, "cpu"), plan.session(dec, "cpu"), m.talker,
+                              float(m.graphs[pre].extra.get("mask_value", -50.0)))
+
+
 def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, frames: int = DEFAULT_FRAMES,
               threshold: float = DEFAULT_THRESHOLD, seed: int = 0, progress: bool = False) -> CalibrationReport:
     """Run ``prompts`` (default: the shipped multilingual set) through the fp32 layer graphs of
@@ -191,10 +229,13 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     bundle = Bundle.open(bundle_dir, load_graphs=False)  # the graphs used are opened (and checked) below
     m = bundle.manifest
     L = int(m.talker["num_layers"])
-    talker = resolve_plan(bundle, placement=builtin("all-cpu", L), segments=True).open_talker()
+    hybrid = m.hybrid
+    talker = _hybrid_talker(bundle, m) if hybrid else \
+        resolve_plan(bundle, placement=builtin("all-cpu", L), segments=True).open_talker()
     speak = _lm_speaker(bundle, talker, frames, seed) if m.kind == KIND_LM else None
     tts = TTS(bundle, talker=talker) if speak is None else None
-    layers = {ph: np.zeros((L, len(LAYER_STATS))) for ph in PHASES}
+    names = layer_stat_names(m.talker["layer_types"]) if hybrid else None
+    layers = {ph: np.zeros((L, max(map(len, names)) if names else len(LAYER_STATS))) for ph in PHASES}
     head = {ph: np.zeros(len(HEAD_STATS)) for ph in PHASES}
     positions = {ph: 0 for ph in PHASES}
 
@@ -206,7 +247,15 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
         else:
             np.maximum(layers[phase][unit], stats, out=layers[phase][unit])
 
-    talker.on_unit = record
+    def record_stack(phase: str, layer_stats: np.ndarray, head_stats: np.ndarray, n: int) -> None:
+        np.maximum(layers[phase], np.asarray(layer_stats, np.float64), out=layers[phase])
+        np.maximum(head[phase], np.asarray(head_stats, np.float64), out=head[phase])
+        positions[phase] += n
+
+    if hybrid:
+        talker.on_stats = record_stack
+    else:
+        talker.on_unit = record
     if speak is None:
         voice = tts.voice_from_wav(synthetic_voice(), 24000)
 
@@ -216,7 +265,8 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     used = []
     it = prompts
     if progress:
-        phase("calibrate: %d prompts of %d frames on the per-layer graphs", len(prompts), frames)
+        phase("calibrate: %d prompts of %d frames on the %s", len(prompts), frames,
+              "whole-stack static graphs (CPU, fp32)" if hybrid else "per-layer graphs")
         it = bar(prompts, desc="calibrate", unit="prompt")
     for i, p in enumerate(it):
         try:
@@ -228,4 +278,4 @@ def calibrate(bundle_dir: str | Path, prompts: list[dict] | None = None, *, fram
     if not used:
         raise KzttsError(f"no calibration prompt fits the layer graphs' context ({talker.context} positions); "
                          "use shorter prompts or export with a larger shapes.context")
-    return CalibrationReport(str(bundle_dir), float(threshold), layers, head, used, frames, positions)
+    return CalibrationReport(str(bundle_dir), float(threshold), layers, head, used, frames, positions, names)

@@ -18,7 +18,11 @@ counts, per call:
 - MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose) from the shapes each node
   sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
 
-A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call. Its paper
+A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call; for an LM bundle the unit is
+a decoded token: 1 decode call (``talker_decode``, or a hybrid's ``hybrid_static_decode`` / ``hybrid_decode``), the
+prefill graph counted per call (0 per token). A hybrid LM's Gated DeltaNet states (``*conv_state*``,
+``*recurrent_state*`` inputs and outputs) are counted with the KV and also on their own (``state_read_bytes``,
+``state_write_bytes``): whole tensors read and written by every call, whatever the context. Its paper
 estimate is, per graph, max(bytes / bandwidth, MACs / throughput) with bytes = weights read on the
 device + graph inputs and outputs, summed over the frame. Bandwidth is the target's ``cost.effective_gbps``
 (a published LLM token rate x its weight bytes) or else ``cost.dram_gbps`` (the memory's peak);
@@ -38,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts.bundle.manifest import read_manifest
+from kztts.bundle import graphs as G
+from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.bundle.onnx_wire import read_graph
 from kztts.core.errors import BundleError
 from kztts.htp.targets import load_target
@@ -48,6 +53,7 @@ log = logging.getLogger(__name__)
 MAC_OPS = ("MatMul", "MatMulNBits", "Gemm", "Conv", "ConvTranspose")
 KV_INPUTS = ("past_", "state_")
 KV_OUTPUTS = ("new_", "present_")
+STATE_KINDS = G.HYBRID_STATE_KINDS  # a hybrid LM's DeltaNet states, inside the KV names
 LABEL = "paper estimate"
 FRAME_RATE = 12.5  # codec frames per second (1920 samples at 24 kHz) when the bundle does not say
 _DEVICE_FLOAT_BYTES = {"fp16": 2, "w8a16": 1}  # a float32 constant on the HTP, by HTP precision
@@ -72,6 +78,8 @@ class GraphCost:
     weight_read_bytes: int = 0  # weights a call reads on the device: per use, gathered rows only
     kv_read_bytes: int = 0
     kv_write_bytes: int = 0
+    state_read_bytes: int = 0  # of the KV bytes, a hybrid's DeltaNet states
+    state_write_bytes: int = 0
     io_bytes: int = 0  # all inputs + outputs
     host_npu_bytes: int = 0  # io_bytes when on the HTP, else 0
     activation_bytes: int = 0  # intermediate tensors written (CPU EP sizes, unfused graph, no Identity copies)
@@ -90,7 +98,8 @@ class GraphCost:
         """``bytes_per_call`` with the Talker's KV inputs/outputs at 2 bytes (computed from the shapes)."""
         if not self.role.startswith("talker") or self.kv_dtype != "float32":
             return self.bytes_per_call
-        return self.bytes_per_call - (self.kv_read_bytes + self.kv_write_bytes) // 2
+        kv = self.kv_read_bytes + self.kv_write_bytes - self.state_read_bytes - self.state_write_bytes
+        return self.bytes_per_call - kv // 2
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -116,9 +125,12 @@ def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str
     """(role, graph, device, dims, calls per frame, note) for the Talker prefill (0 calls per frame:
     a prompt's cost), the Talker decode, the Code Predictor and the decoder, as the target places them.
     A role whose HTP graph the bundle lacks (or has for other shapes) is counted on its CPU graph at the
-    target's shapes and keeps the target's device: the shapes, weights and MACs are the same."""
+    target's shapes and keeps the target's device: the shapes, weights and MACs are the same. An LM
+    bundle: its prefill and decode graphs, per decoded token."""
     s, graphs = target.shapes, manifest.graphs
     out = []
+    if manifest.kind == KIND_LM:
+        return _lm_graphs(manifest, target)
 
     def pick(role, static, place_key, cpu, dims, calls):
         device = "htp" if target.on_htp(place_key) else "cpu"
@@ -140,6 +152,31 @@ def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str
     pick("code_predictor", "cp_frame", "cp_frame", ("cp_frame",), {}, 1.0)
     pick("decoder", "decoder_chunk", "decoder", ("decoder_stream", "decoder"), {"frames": s.decoder_chunk},
          1.0 / s.decoder_chunk)
+    return out
+
+
+def _lm_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str]]:
+    """An LM bundle's prefill (0 calls per token) and decode graph (1 call per token), as the target places
+    them; the CPU graph at the target's shapes when the bundle lacks the static one."""
+    s, graphs = target.shapes, manifest.graphs
+    hybrid = manifest.hybrid
+    pre_htp, dec_htp = G.HYBRID_STATIC_GRAPHS if hybrid else ("talker_prefill", "talker_decode")
+    pre_cpu, dec_cpu = G.HYBRID_CPU_GRAPHS if hybrid else ("talker", "talker")
+    chunk = int(graphs[pre_cpu].extra.get("chunk", s.prefill_chunk)) if hybrid and pre_cpu in graphs else s.prefill_chunk
+    out = []
+    for role, static, cpu, dims, calls in (
+            ("talker_prefill", pre_htp, pre_cpu, {"seq": min(s.prefill_chunk, chunk), "past": s.context - s.prefill_chunk},
+             0.0),
+            ("talker_decode", dec_htp, dec_cpu, {"seq": 1, "past": s.context - 1}, 1.0)):
+        device = "htp" if target.on_htp(role) else "cpu"
+        if device == "htp" and static in graphs and _static_fits(graphs[static], target, role):
+            out.append((role, static, device, {}, calls, ""))
+        elif cpu in graphs:
+            note = f"the bundle has no {static} for these shapes: counted on {cpu} at them" if device == "htp" \
+                else "at the full context: a CPU step reads only the positions so far"
+            out.append((role, cpu, device, dims, calls, note))
+        else:
+            log.info("%s: the bundle has neither %s nor %s", role, static, cpu)
     return out
 
 
@@ -282,7 +319,12 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     c.weight_read_bytes, c.gather_table_bytes = weight_reads(graph, device_bytes, gathered)
     c.kv_read_bytes = sum(b for k, (b, _) in ins.items() if k.startswith(KV_INPUTS))
     c.kv_write_bytes = sum(b for k, (b, _) in outs.items() if k.startswith(KV_OUTPUTS))
-    c.kv_dtype = next((t for k, (_, t) in ins.items() if k.startswith(KV_INPUTS)), "")
+    c.state_read_bytes = sum(b for k, (b, _) in ins.items() if k.startswith(KV_INPUTS) and any(
+        s in k for s in STATE_KINDS))
+    c.state_write_bytes = sum(b for k, (b, _) in outs.items() if k.startswith(KV_OUTPUTS) and any(
+        s in k for s in STATE_KINDS))
+    c.kv_dtype = next((t for k, (_, t) in ins.items() if k.startswith(KV_INPUTS)
+                       and not any(s in k for s in STATE_KINDS)), "")
     c.io_bytes = sum(b for b, _ in ins.values()) + sum(b for b, _ in outs.values())
     c.host_npu_bytes = c.io_bytes if device == "htp" else 0
     c.activation_bytes = written
@@ -300,10 +342,11 @@ def _frame_rate(manifest) -> float:
     return FRAME_RATE
 
 
-def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE) -> dict:
+def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE, unit: str = "frame") -> dict:
     """Milliseconds per frame = sum over the frame's graphs of calls x max(bytes / bandwidth, MACs /
-    throughput), with the target's published figures; ``available`` False (and why) without them."""
-    est: dict = {"label": LABEL, "available": False}
+    throughput), with the target's published figures; ``available`` False (and why) without them.
+    ``unit`` "token" (an LM bundle): per decoded token (``ms_per_token``, ``tokens_per_s``)."""
+    est: dict = {"label": LABEL, "available": False, **({"unit": unit} if unit != "frame" else {})}
     if target.runs_on == "simulator":
         est["reason"] = "not for a simulator: its host times are not a device"
         return est
@@ -313,7 +356,8 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
         est["reason"] = f"{target.path}: no cost.effective_gbps or cost.dram_gbps (public figures) in the target"
         return est
     roles = {r.role for r in rows if r.calls_per_frame}
-    missing = [r for r in ("talker_decode", "code_predictor", "decoder") if r not in roles]
+    needed = ("talker_decode",) if unit == "token" else ("talker_decode", "code_predictor", "decoder")
+    missing = [r for r in needed if r not in roles]
     if missing:
         est["reason"] = f"the bundle has no graph for {', '.join(missing)}"
         return est
@@ -337,6 +381,8 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
                       "bytes_ms_per_call": r.bytes_per_call / (bw * 1e9) * 1e3,
                       "compute_ms_per_call": compute, "bound": "compute" if compute and compute >
                       r.bytes_per_call / (bw * 1e9) * 1e3 else "bytes", **terms})
+    if unit == "token":
+        est.update(ms_per_token=total, tokens_per_s=1e3 / total)
     period = 1e3 / frame_rate
     est.update(available=True, bandwidth_gbps=bw, bandwidth_kind=kind, dram_gbps=cost.get("dram_gbps"),
                effective_gbps=cost.get("effective_gbps"), htp_int8_tops=tops,
@@ -371,6 +417,7 @@ def bundle_cost(bundle_dir: str | Path, target, threads: int = 0) -> dict:
         held.update(d for d, _ in consts)
         rows.append(row)
     frame = [r for r in rows if r.calls_per_frame]
+    unit = "token" if manifest.kind == KIND_LM else "frame"
     return {
         "label": LABEL, "target": target.name, "soc": target.soc.name, "runs_on": target.runs_on,
         "shapes": {"context": target.shapes.context, "prefill_chunk": target.shapes.prefill_chunk,
@@ -382,8 +429,10 @@ def bundle_cost(bundle_dir: str | Path, target, threads: int = 0) -> dict:
         "frame": {"bytes": sum(r.bytes_per_call * r.calls_per_frame for r in frame),
                   "bytes_fp16_kv": sum(r.fp16_kv_bytes_per_call * r.calls_per_frame for r in frame),
                   "host_npu_bytes": sum(r.host_npu_bytes * r.calls_per_frame for r in frame),
-                  "macs": sum(r.macs * r.calls_per_frame for r in frame)},
-        "paper_estimate": paper_estimate(rows, target, _frame_rate(manifest)),
+                  "macs": sum(r.macs * r.calls_per_frame for r in frame),
+                  "state_bytes": sum((r.state_read_bytes + r.state_write_bytes) * r.calls_per_frame for r in frame)},
+        "unit": unit,
+        "paper_estimate": paper_estimate(rows, target, _frame_rate(manifest), unit),
     }
 
 
@@ -392,22 +441,30 @@ def _mb(n: float) -> str:
 
 
 def format_cost(report: dict) -> str:
-    """The cost report as text: one row per graph, then the frame and its paper estimate."""
+    """The cost report as text: one row per graph, then the frame (an LM's: the decoded token) and its paper
+    estimate."""
+    u = report.get("unit", "frame")
+    gw = max([16] + [len(r["graph"]) + 1 for r in report["graphs"]])
     lines = [f"cost per call at {report['target']} (context {report['shapes']['context']}, prefill chunk "
              f"{report['shapes']['prefill_chunk']}, decoder chunk {report['shapes']['decoder_chunk']}); MB = 1e6 "
              f"bytes; MACs of {', '.join(report['counted_ops'])}",
-             f"{'role':<16}{'graph':<16}{'device':<7}{'calls/frame':>12}{'weights MB':>12}{'unshared':>10}{'read/call':>11}"
-             f"{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
+             f"{'role':<16}{'graph':<{gw}}{'device':<7}{'calls/' + u:>12}{'weights MB':>12}{'unshared':>10}"
+             f"{'read/call':>11}{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
     for r in report["graphs"]:
-        lines.append(f"{r['role']:<16}{r['graph']:<16}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
+        lines.append(f"{r['role']:<16}{r['graph']:<{gw}}{r['device']:<7}{r['calls_per_frame']:>12.3g}"
                      f"{_mb(r['device_weight_bytes']):>12}{_mb(r['unique_weight_bytes']):>10}"
                      f"{_mb(r['weight_read_bytes']):>11}"
                      f"{_mb(r['kv_read_bytes']):>10}{_mb(r['kv_write_bytes']):>10}{_mb(r['host_npu_bytes']):>12}"
                      f"{_mb(r['activation_bytes']):>11}{r['macs'] / 1e9:>10.3f}"
                      + (f"  ({r['note']})" if r["note"] else ""))
+        if r.get("state_read_bytes"):
+            lines.append(f"{'':<16}{'':<{gw}}of the KV: DeltaNet states {_mb(r['state_read_bytes'])} MB read, "
+                         f"{_mb(r['state_write_bytes'])} MB written per call; attention KV "
+                         f"{_mb(r['kv_read_bytes'] - r['state_read_bytes'])} MB read, "
+                         f"{_mb(r['kv_write_bytes'] - r['state_write_bytes'])} MB written")
     w, f = report["weights"], report["frame"]
     lines.append(f"weights held: {_mb(w['per_graph'])} MB per graph, {_mb(w['after_sharing'])} MB after sharing")
-    lines.append(f"per frame: {_mb(f['bytes'])} MB moved ({_mb(f['bytes_fp16_kv'])} MB with fp16 Talker KV, "
+    lines.append(f"per {u}: {_mb(f['bytes'])} MB moved ({_mb(f['bytes_fp16_kv'])} MB with fp16 Talker KV, "
                  f"computed), {_mb(f['host_npu_bytes'])} MB host<->NPU, {f['macs'] / 1e9:.3f} GMACs")
     est = report["paper_estimate"]
     if not est["available"]:
@@ -415,13 +472,17 @@ def format_cost(report: dict) -> str:
         return "\n".join(lines)
     tops = f", {est['htp_int8_tops']} INT8 TOPS" if est["htp_int8_tops"] else ", no TOPS figure"
     peak = est["ms_per_frame_at_dram_peak"]
-    lines.append(f"{LABEL}: {est['ms_per_frame']:.2f} ms per frame at {est['bandwidth_gbps']} GB/s "
-                 f"({est['bandwidth_kind']}{tops})"
-                 + (f", {peak:.2f} ms at the {est['dram_gbps']} GB/s DRAM peak" if peak else "")
-                 + f"; {est['ms_per_frame_fp16_kv']:.2f} ms with fp16 Talker KV (computed); a frame is "
-                 f"{est['frame_period_ms']:.0f} ms of audio: {est['realtime_factor']:.1f}x real time on paper")
+    head = (f"{LABEL}: {est['ms_per_frame']:.2f} ms per {u} at {est['bandwidth_gbps']} GB/s "
+            f"({est['bandwidth_kind']}{tops})"
+            + (f", {peak:.2f} ms at the {est['dram_gbps']} GB/s DRAM peak" if peak else "")
+            + f"; {est['ms_per_frame_fp16_kv']:.2f} ms with fp16 Talker KV (computed)")
+    if u == "token":
+        lines.append(head + f"; {est['tokens_per_s']:.1f} tokens/s on paper")
+    else:
+        lines.append(head + f"; a frame is {est['frame_period_ms']:.0f} ms of audio: {est['realtime_factor']:.1f}x "
+                     "real time on paper")
     for p in est["parts"]:
         comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
-        lines.append(f"  {p['role']:<16}{p['graph']:<16}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, compute "
-                     f"{comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/frame")
+        lines.append(f"  {p['role']:<16}{p['graph']:<{gw}}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, "
+                     f"compute {comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/{u}")
     return "\n".join(lines)

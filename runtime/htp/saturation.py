@@ -34,6 +34,7 @@ class SaturationGuard:
     count: int = 0
     total: int = 0
     warned: bool = False
+    layer_names: tuple | None = None  # per layer, the names of its stats (a hybrid's DeltaNet layers differ)
 
     def new_utterance(self) -> None:
         self.count = 0
@@ -49,7 +50,7 @@ class SaturationGuard:
         if self.warned and not self.strict:
             return
         k = int(np.argmax(np.where(np.isnan(mags), np.inf, mags)))
-        names = HEAD_STATS if unit == "head" else LAYER_STATS
+        names = HEAD_STATS if unit == "head" else (self.layer_names[int(unit)] if self.layer_names else LAYER_STATS)
         where = "head" if unit == "head" else f"layer {int(unit)}"
         msg = (f"fp16 saturation on the HTP: Talker {phase} {where}, {names[k]} reached |x| = {mags[k]:.4g} "
                f"(guard threshold {self.threshold:g}); the audio may be wrong: run `kztts calibrate BUNDLE -o "

@@ -1,4 +1,5 @@
-"""``kztts.LM``: text generation and chat over an LM bundle (``kztts export`` of a Qwen2/Qwen3 causal LM).
+"""``kztts.LM``: text generation and chat over an LM bundle (``kztts export`` of a Qwen2/Qwen3 causal LM, or of a hybrid
+Qwen3-Next / Qwen3.5 one, whose runners keep the DeltaNet layers' states beside the KV: ``kztts.runners.hybrid``).
 
 numpy + onnxruntime only. The bundle's graphs are the Talker's kinds over the LM's decoder
 stack, so the Talker runners run it (opened through ``kztts.plan.resolve``: the CPU, the static HTP
@@ -71,7 +72,7 @@ class LM:
                                                                             load_graphs=False)
         m = self.bundle.manifest
         if m.kind != KIND_LM:
-            raise BundleError(f"{m.path}: a {m.kind} bundle, not a causal LM; export a Qwen2/Qwen3 LM "
+            raise BundleError(f"{m.path}: a {m.kind} bundle, not a causal LM; export a Qwen2/Qwen3/Qwen3-Next LM "
                               "(kztts export LM_DIR -o BUNDLE, or --gguf FILE)")
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict,
                                  attention=attention, check_saturation=check_saturation)

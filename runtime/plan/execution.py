@@ -18,6 +18,8 @@ from kztts.htp.saturation import SaturationGuard
 from kztts.runners.batched import BatchedCodePredictor, BatchedTalker
 from kztts.runners.code_predictor import CodePredictor
 from kztts.runners.codec import Decoder, Encoder, StaticChunkDecoder, StreamingDecoder, decoder_kwargs
+from kztts.runners.hybrid import DEFAULT_CHUNK, HybridTalker
+from kztts.runners.hybrid_static import HybridHandover, HybridStaticTalker
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.speaker import SpeakerEncoder
 from kztts.runners.talker import DEFAULT_CONTEXT, Talker
@@ -57,7 +59,8 @@ class ExecutionPlan:
     strict: bool
     cp_mode: str
     attention: str
-    runner: str  # Talker runner: "cpu", "static", "handover" or "segments"
+    runner: str  # Talker runner: "cpu", "static", "handover", "segments"; a hybrid LM's "hybrid-cpu",
+    # "hybrid-static" or "hybrid-handover"
     steps: dict[str, Step]
     check_saturation: bool = False  # a SegmentedTalker checks its HTP graphs' probes (kztts.htp.saturation)
     _sessions: dict = field(default_factory=dict, repr=False)  # (graph, device) -> session
@@ -117,6 +120,8 @@ class ExecutionPlan:
         """The Talker runner of the plan."""
         m = self.bundle.manifest
         cpu_context = min(context or DEFAULT_CONTEXT, int(m.talker["max_positions"]))
+        if self.runner.startswith("hybrid"):
+            return self._open_hybrid(cpu_context)
         if self.runner == "cpu":
             return Talker(self.session(self.steps["talker_decode"].graphs[0]), m.talker, context=cpu_context)
         if self.runner == "segments":
@@ -153,6 +158,29 @@ class ExecutionPlan:
         cpu = Talker(self.session(self.steps["talker_decode"].graphs[0], "cpu"), m.talker,
                      context=static.context)
         return HandoverTalker(static, cpu)
+
+    def _open_hybrid(self, cpu_context: int) -> TalkerRunner:
+        """A hybrid LM's runner: the CPU graphs, the static HTP graphs, or the HTP prefill handed to the CPU."""
+        m = self.bundle.manifest
+        (pre_cpu, dec_cpu), (pre_htp, dec_htp) = G.HYBRID_CPU_GRAPHS, G.HYBRID_STATIC_GRAPHS
+
+        def cpu(context: int) -> HybridTalker:
+            chunk = int(m.graphs[pre_cpu].extra.get("chunk", DEFAULT_CHUNK)) if pre_cpu in m.graphs else DEFAULT_CHUNK
+            return HybridTalker(self.session(pre_cpu, "cpu"), self.session(dec_cpu, "cpu"), m.talker, context, chunk)
+
+        if self.runner == "hybrid-cpu":
+            return cpu(cpu_context)
+        guard = None
+        if self.check_saturation:  # the static graphs' probes cover every layer, DeltaNet states included
+            threshold = float(self.placement.info.get("threshold", DEFAULT_THRESHOLD)) if self.placement \
+                else DEFAULT_THRESHOLD
+            guard = SaturationGuard(threshold, self.strict)
+        decode = self.session(dec_htp, "htp") if self.runner == "hybrid-static" else None
+        static = HybridStaticTalker(self.session(pre_htp, "htp"), decode, m.talker,
+                                    float(m.graphs[pre_htp].extra.get("mask_value", -50.0)), guard=guard)
+        if self.runner == "hybrid-static":
+            return static
+        return HybridHandover(static, cpu(static.context))
 
     def open_code_predictor(self, embeddings):
         m = self.bundle.manifest

@@ -148,6 +148,8 @@ class _Resolver:
 
     # ------------------------------------------------------------ roles
     def talker(self) -> tuple[str, Step, Step]:
+        if self.m.hybrid:
+            return self.hybrid_talker()
         cpu_graph, cpu_why = self.cpu_graph("talker", "talker_gqa")
         if self.placement is not None:
             pl = self.placement
@@ -207,6 +209,55 @@ class _Resolver:
             return "static", p, d
         G.require(self.m, self.decode_graph(), feature="the HTP prefill's prompt tail (handover to CPU decode)")
         return "handover", p, d
+
+    def hybrid_talker(self) -> tuple[str, Step, Step]:
+        """A hybrid LM (``kztts.runners.hybrid``, ``hybrid_static``): each phase whole on one device. Runners
+        ``hybrid-cpu``, ``hybrid-static`` (both phases on the HTP) and ``hybrid-handover`` (prefill on the HTP,
+        its states and KV handed to the CPU decode)."""
+        (pre_cpu, dec_cpu), (pre_htp, dec_htp) = G.HYBRID_CPU_GRAPHS, G.HYBRID_STATIC_GRAPHS
+        if self.segments:
+            raise KzttsError(f"{self.m.path}: a hybrid LM has no per-layer graphs (its whole-stack static graphs carry "
+                             "every layer's probes); it runs each phase whole on one device")
+        if self.placement is not None:
+            pl = self.placement
+            why = f"placement {pl.source or pl.mode}"
+            pre, dec = pl.uniform("prefill"), pl.uniform("decode")
+            if pre is None or dec is None:
+                raise PlacementError(f"{why} splits a phase's layers between the CPU and the HTP; a hybrid LM "
+                                     "(qwen3_next) has no per-layer graphs and runs each phase whole on one device: "
+                                     "use all-cpu, all-htp or prefill-htp-decode-cpu (or a placement file whose "
+                                     "phases are each on one device)")
+            if "htp" in (pre, dec):
+                self._need_target(why)
+                if self.htp_refusal:
+                    why, pre, dec = f"{why}, fallback: {self.htp_refusal}", "cpu", "cpu"
+        else:
+            pre, dec = self.target_says("talker_prefill"), self.target_says("talker_decode")
+            why = "CPU" if self.target is None else f"target {self.target.name}"
+        if pre == "cpu" and dec == "htp":
+            raise KzttsError(f"{why}: prefill on the CPU with decode on the HTP is not supported (the HTP decode "
+                             "graph needs the prompt's cache in its own layout); put the prefill on the HTP too, "
+                             "or decode on the CPU")
+        cpu_pre = self.step("talker_prefill", [pre_cpu], "cpu", f"{why}: the chunked delta rule on the CPU")
+        cpu_dec = self.step("talker_decode", [dec_cpu], "cpu", f"{why}: the recurrent delta rule on the CPU")
+        if pre == "cpu":
+            return "hybrid-cpu", cpu_pre, cpu_dec
+        if self.placement is not None:
+            G.require(self.m, pre_htp, feature=f"hybrid prefill on the HTP ({why})")
+            p = self.step("talker_prefill", [pre_htp], "htp", why)
+        else:
+            p = self.htp_or_fallback("talker_prefill", pre_htp, "talker_prefill", [pre_cpu])
+        if p.device == "cpu":  # nothing to hand over: the whole stack on the CPU
+            return "hybrid-cpu", p, self.step("talker_decode", [dec_cpu], "cpu", p.reason)
+        if dec == "cpu":
+            return "hybrid-handover", p, self.step(
+                "talker_decode", [dec_cpu, pre_cpu], "cpu", f"{why}: decode on the CPU, every DeltaNet state and "
+                "attention KV handed over (later chat turns: hybrid_prefill on the CPU)")
+        if self.placement is not None:
+            G.require(self.m, dec_htp, feature=f"hybrid decode on the HTP ({why})")
+            return "hybrid-static", p, self.step("talker_decode", [dec_htp], "htp", why)
+        d = self.htp_or_fallback("talker_decode", dec_htp, "talker_decode", [dec_cpu])
+        return ("hybrid-static" if d.device == "htp" else "hybrid-handover"), p, d
 
     def decode_graph(self) -> str:
         """The static graph of HTP decode steps: ``talker_prefill`` itself (``kztts.runners.talker_prefill_only``)

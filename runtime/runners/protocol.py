@@ -1,6 +1,7 @@
 """The API every Talker runner shares, so the frame loop, the LM, validation and calibration take any
 of them: the CPU ``Talker``, ``StaticTalker`` (HTP), ``PrefillOnlyTalker``, ``HandoverTalker`` (prefill
-on the HTP, decode on the CPU) and ``SegmentedTalker`` (layers placed one by one)."""
+on the HTP, decode on the CPU) and ``SegmentedTalker`` (layers placed one by one); a hybrid LM's
+``HybridTalker``, ``HybridStaticTalker`` and ``HybridHandover``."""
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

@@ -114,8 +114,10 @@ class Api:
                 raise ApiError(413, f"the request body passes the limit of {limit} bytes", code="body_too_large")
         return parse_json(bytes(raw))
 
-    def _submit(self, job: Job) -> None:
-        self.service.scheduler.submit(job)
+    @staticmethod
+    def _submit(request: Request, job: Job, scheduler) -> None:
+        scheduler.submit(job)
+        request.state.job = job  # whatever ends the handler early cancels it (route)
 
     def route(self, handler: Callable[[Request], Awaitable[Response]], *, auth: bool = True,
               work: bool = False) -> Callable[[Request], Awaitable[Response]]:
@@ -129,14 +131,18 @@ class Api:
                                    code="draining", headers={"Retry-After": "5", "Connection": "close"})
                 return await handler(request)
             except ApiError as exc:
-                return error_response(exc)
+                response = error_response(exc)
             except _ClientLeft:
                 request.state.left = True
-                return Response(status_code=499)
+                response = Response(status_code=499)
             except Exception:
                 log.exception("bug while answering %s %s", request.method, request.url.path)
-                return error_response(ApiError(500, "internal error in kztts (the traceback is in the server log; "
-                                                    "please report it)", code="internal_error"))
+                response = error_response(ApiError(500, "internal error in kztts (the traceback is in the server log; "
+                                                        "please report it)", code="internal_error"))
+            job = getattr(request.state, "job", None)
+            if job is not None:  # a job nobody will read any more frees its row
+                job.cancel()
+            return response
         return endpoint
 
     def _model(self, name: str, speech: bool) -> None:
@@ -167,7 +173,7 @@ class Api:
         except KzttsError as exc:
             raise bad(str(exc)) from None
         job = Job("speech", spec, asyncio.get_running_loop())
-        self._submit(job)
+        self._submit(request, job, s.scheduler)
         sr = s.model.sample_rate
         first = await next_event(job, request)
         _raise(*first)
@@ -179,7 +185,8 @@ class Api:
             _raise(*event)
             samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             self._spoken(job, samples, sr)
-            return Response(encode(samples, sr, body.response_format), media_type=media_type(body.response_format),
+            data = await asyncio.get_running_loop().run_in_executor(None, encode, samples, sr, body.response_format)
+            return Response(data, media_type=media_type(body.response_format),
                             headers={"X-Kztts-Frames": str(event[1]["frames"])})
         return StreamingResponse(self._audio_stream(job, first, sr, body.response_format, body.sse, request),
                                  media_type="text/event-stream" if body.sse else media_type(body.response_format),
@@ -258,7 +265,7 @@ class Api:
         except KzttsError as exc:
             raise bad(str(exc)) from None
         job = Job("chat", ChatSpec(prompt, ids, max_tokens, params, body.seed), loop)
-        self._submit(job)
+        self._submit(request, job, s.scheduler)
         ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         first = await next_event(job, request)

@@ -47,7 +47,8 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        msg = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        msg = (f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError)
+               else str(exc))
         raise bad(f"the request body is not valid JSON ({msg})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")

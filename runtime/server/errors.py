@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# status -> OpenAI's error type
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+# status -> the error type OpenAI's API gives it
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "service_unavailable"}
 

@@ -64,8 +64,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(options: ServeOptions, on_ready: Callable[[str], None] | None = None) -> int:
     """Open the bundle, listen, answer until drained by a signal; 0 when drained."""
-    service = Service.open(options)
-    sock = bind(options.host, options.port)
+    options.check()
+    sock = bind(options.host, options.port)  # first: a busy port fails before minutes of loading
+    try:
+        service = Service.open(options)  # connections wait in the socket's backlog meanwhile
+    except BaseException:
+        sock.close()
+        raise
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     config = uvicorn.Config(build_app(service), log_level="warning", access_log=False, lifespan="off",

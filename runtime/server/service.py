@@ -77,7 +77,6 @@ class Service:
     @classmethod
     def open(cls, options: ServeOptions) -> Service:
         """Open the bundle's graphs, the voices and the engine (errors are ``KzttsError``s)."""
-        options.check()
         bundle = Bundle.open(options.bundle, load_graphs=False)
         if bundle.manifest.kind == KIND_LM:
             if options.voices is not None:
