@@ -48,12 +48,15 @@ def write_token_embedding(lm: nn.Module, out_dir: Path) -> dict:
     return {TOKEN_EMBEDDING: _save(out_dir, TOKEN_EMBEDDING, np.ascontiguousarray(table), "fp32")}
 
 
-def save_tokenizer(tokenizer_json: Path, out_dir: Path) -> None:
-    """``tokenizer.json`` copied into the bundle, checked to load."""
+def save_tokenizer(tokenizer, out_dir: Path) -> None:
+    """``tokenizer.json`` from a path or a ``tokenizers.Tokenizer``; checked to load back."""
     from tokenizers import Tokenizer
 
     dst = out_dir / "tokenizer.json"
-    shutil.copyfile(tokenizer_json, dst)
+    if isinstance(tokenizer, (str, Path)):
+        shutil.copyfile(tokenizer, dst)
+    else:
+        tokenizer.save(str(dst))
     Tokenizer.from_file(str(dst))
 
 

@@ -20,7 +20,8 @@ from kztts.core.errors import KzttsError
 from kztts.core.metrics import cosine_rows
 from kztts.core.progress import phase
 from kztts.eval.lm_accuracy import SAMPLES, RowSpec, greedy, run_rows, tokenize
-from kztts.export.lm.bundle_writer import _load, fingerprint_source
+from kztts.export.lm.bundle_writer import _load
+from kztts.export.lm.lm_parts import fingerprint_source
 from kztts.lm.lm import LM
 
 log = logging.getLogger(__name__)
