@@ -528,3 +528,18 @@ def test_precision_variants_of_an_lm_bundle(small_target, weights, kv):
     var._claim(object())
     cos = _cos(base.feed(ids), var.feed(ids))
     assert cos > (0.999 if weights == "int8" else 0.9), cos
+
+
+def test_a_static_talker_forgets_the_previous_text(w8a16_bundle, small_target):
+    """A text on a static Talker gives the logits a fresh Talker gives, whatever ran before: the slots the
+    previous text wrote are cleared on reset (the finite -50 mask lets a masked slot's score into the
+    softmax: on the HTP simulator Chinese's w8a16 logits moved when French ran before it)."""
+    from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
+    from kztts.lm.lm import LM
+
+    used, fresh = (LM(w8a16_bundle, target=small_target, placement="all-htp", strict=True) for _ in range(2))
+    texts = {t.name: t for t in tokenize(used, SAMPLES, used.context)}
+    teacher_forced(used, texts["french"])
+    got, _ = teacher_forced(used, texts["chinese"])
+    want, _ = teacher_forced(fresh, texts["chinese"])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -47,8 +47,17 @@ from kztts.bundle.segments import segment_graph_name
 from kztts.core.cache import portable_command, portable_path
 from kztts.core.errors import KzttsError
 from kztts.eval.calibrate import DEFAULT_THRESHOLD, calibrate, load_prompts
-from kztts.eval.lm_accuracy import (GREEDY_STEPS, SAMPLES, RowSpec, Sample, context_limit, markdown_table, merge_rows,
-                                    rows_from_texts, run_rows)
+from kztts.eval.lm_accuracy import (
+    GREEDY_STEPS,
+    SAMPLES,
+    RowSpec,
+    Sample,
+    context_limit,
+    markdown_table,
+    merge_rows,
+    rows_from_texts,
+    run_rows,
+)
 from kztts.htp.placement import write_placement
 from kztts.htp.targets import load_target
 
@@ -98,14 +107,20 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
               w8a16_bundle: Path | None = None, guarded: Path | None = None) -> list:
     """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: fp16 rows of ``bundle``,
     w8a16 rows of ``w8a16_bundle`` (no guarded row: its layer graphs would be fp16). ``guarded``: the
-    guarded row's placement file (default: ``kztts calibrate`` now)."""
+    guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a file (a
+    ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP) is an fp16 row of its own, named
+    after the file and run as the guarded row is (no w8a16 row: the layer graphs are fp16)."""
     from kztts.export.tts.variants import cached_variant
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
     layers = target is not None and layer_graphs_only(bundle)
     for prec in precisions if target else ():
         for p in placements:
-            if prec == "w8a16":
+            if p not in PLACEMENTS:  # a placement file (a layer sweep): run as the guarded row is, on the layer graphs
+                if prec == "fp16":
+                    specs.append(RowSpec(f"htp-sim fp16 {Path(p).stem}", bundle, target=target, check_saturation=True,
+                                         guard_counts=layers, placement=str(Path(p).resolve())))
+            elif prec == "w8a16":
                 if p != "guarded":
                     specs.append(RowSpec(f"htp-sim w8a16 {p}", w8a16_bundle, target=target, placement=p))
             elif p == "guarded":
@@ -179,9 +194,14 @@ def check(b: LmBench) -> None:
     unknown = sorted(set(b.precisions) - set(HTP_PRECISIONS))
     if unknown:
         raise KzttsError(f"--htp-precisions: unknown {', '.join(unknown)} (expected {', '.join(HTP_PRECISIONS)})")
-    unknown = sorted(set(b.placements) - set(PLACEMENTS))
+    unknown = sorted(p for p in set(b.placements) - set(PLACEMENTS) if not Path(p).is_file())
     if unknown:
-        raise KzttsError(f"--placements: unknown {', '.join(unknown)} (expected {', '.join(PLACEMENTS)})")
+        raise KzttsError(f"--placements: unknown {', '.join(unknown)} (expected {', '.join(PLACEMENTS)} or "
+                         "placement files)")
+    stems = [Path(p).stem for p in b.placements if p not in PLACEMENTS]
+    if len(set(stems)) != len(stems) or set(stems) & set(PLACEMENTS):
+        raise KzttsError(f"--placements: placement files name their rows: give files of distinct names "
+                         f"({', '.join(stems)})")
     if b.texts:
         unknown = sorted(set(_names(b.texts)) - {s.name for s in SAMPLES})
         if unknown:
@@ -191,6 +211,8 @@ def check(b: LmBench) -> None:
     if b.ray is not None and b.reference is not None:
         raise KzttsError("--reference: with --ray the fp32 row's units are kept in OUT/units and reused by a rerun "
                          "with the same --out; drop --reference")
+    if b.ray is not None:
+        ray_units.check_address(b.ray)
 
 
 def _names(csv: str) -> list[str]:
@@ -338,7 +360,8 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     texts would give it (``kztts.eval.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
     such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
     text at a time. Only the reports are read: runs of different models, bundles (by digest) or code
-    (``code_version``: the rows' modules and packages) are refused. ms/token is a median and is not merged (each shard's report keeps its own)."""
+    (``code_version``: the rows' modules and packages) are refused. ms/token is a median and is not merged
+    (each shard's report keeps its own)."""
     runs = []
     for d in dirs:
         f = Path(d) / "lm_accuracy.json"
@@ -389,7 +412,9 @@ def add_arguments(ap, standalone: bool) -> None:
     g.add_argument("--lm-bundle", "--bundle", dest="lm_bundle", type=Path,
                    help="the LM's fp32 bundle (default: exported into the cache; with --target it must hold that "
                         "target's graphs and --segments)")
-    g.add_argument("--placements", default=",".join(PLACEMENTS), help="HTP rows' placements")
+    g.add_argument("--placements", default=",".join(PLACEMENTS),
+                   help="HTP rows' placements: modes, and placement files (each an fp16 row named after its file, "
+                        "e.g. a per-layer sweep)")
     g.add_argument("--htp-precisions", default=",".join(HTP_PRECISIONS),
                    help="HTP rows: fp16 (the --lm-bundle's graphs), w8a16 (a second bundle)")
     g.add_argument("--w8a16-bundle", type=Path, help="its w8a16 LM bundle (default: exported into the cache "

@@ -43,15 +43,17 @@ import math
 import os
 import platform
 import re
+import shutil
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import psutil
@@ -64,7 +66,7 @@ from kztts.bundle.manifest import bundle_digest
 from kztts.core.atomic import atomic_outputs
 from kztts.core.build_cache import code_key
 from kztts.core.errors import KzttsError
-from kztts.core.progress import Steps
+from kztts.core.progress import Steps, phase
 from kztts.core.worker_process import WorkerError, run_worker, worker_main
 from kztts.eval.lm_accuracy import SAMPLES, RowSpec, run_text
 from kztts.htp.hosts import graph_bytes
@@ -104,7 +106,7 @@ _PACKAGES = {
 
 
 # ------------------------------------------------------------------ keys
-@lru_cache(maxsize=None)
+@cache
 def code_version(bench: str) -> str:
     """The code version of ``bench``'s units ("lm" or "tts"): ``code_key`` of the modules that compute a row
     and the versions of the packages they run on (a unit of other code is another unit)."""
@@ -130,7 +132,7 @@ def _version(dist: str) -> str:
         return "-"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _digest(path: str) -> str:
     return bundle_digest(Path(path))
 
@@ -301,7 +303,8 @@ class UnitStore:
         arrays = {k: v for k, v in result.items() if isinstance(v, np.ndarray)}
         plain = {k: v for k, v in result.items() if k not in arrays}
         doc = {"key": unit.key, "name": unit.name, "identity": unit.identity, "arrays": sorted(arrays),
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "result": plain}
+               "resources": dataclasses.asdict(unit.resources), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "result": plain}
         with atomic_outputs([npz, path] if arrays else [path]) as tmps:
             if arrays:
                 with open(tmps[0], "wb") as f:
@@ -369,6 +372,7 @@ def cluster(address: str) -> Iterator[Cluster]:
         raise KzttsError("--ray: Ray is not installed (the cluster extra): pip install 'kztts[cluster]'") from None
     started = not ray.is_initialized()
     if started:
+        check_address(address)
         try:
             if address == LOCAL:
                 ray.init(num_cpus=os.cpu_count(), object_store_memory=LOCAL_OBJECT_STORE_MB * MB,
@@ -377,8 +381,11 @@ def cluster(address: str) -> Iterator[Cluster]:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            token = "" if os.environ.get("RAY_AUTH_MODE") else (
+                "; a cluster with token authentication (Ray's default) needs RAY_AUTH_MODE=token and its token here")
             raise KzttsError(f"--ray {address}: cannot start or join Ray there ({first}); start a cluster with "
-                             "`ray start --head` and give its address, or --ray alone for a local one") from None
+                             f"`ray start --head` and give its address, or --ray alone for a local one{token}"
+                             ) from None
     try:
         nodes = _nodes(ray)
         if not nodes or max(n["cpus"] for n in nodes) < 1:
@@ -387,6 +394,24 @@ def cluster(address: str) -> Iterator[Cluster]:
     finally:
         if started:
             ray.shutdown()
+
+
+def check_address(address: str) -> None:
+    """``--ray ADDRESS`` checked before any work: Ray installed, and a HOST:PORT answering (Ray itself retries
+    an address where nothing listens for many minutes)."""
+    if importlib.util.find_spec("ray") is None:
+        raise KzttsError("--ray: Ray is not installed (the cluster extra): pip install 'kztts[cluster]'")
+    if address in (LOCAL, "auto") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise KzttsError(f"--ray {address}: give the head's HOST:PORT (its GCS port, 6379 unless `ray start --head "
+                         "--port` said otherwise), auto, or nothing for a local Ray")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
+    except OSError as e:
+        raise KzttsError(f"--ray {address}: nothing answers there ({e.strerror or e}); start the head with "
+                         f"`ray start --head --port {port}`, or check the address") from None
 
 
 # ------------------------------------------------------------------ the task (runs on a node)
@@ -401,10 +426,11 @@ def node_facts() -> dict:
 def _check_node(bench: str, code: str, shared: dict[str, str]) -> str | None:
     """Why this node cannot run the unit (None: it can): other kztts code, or a shared folder missing or
     not the driver's."""
-    here = code_version(bench)
+    here = code_version.__wrapped__(bench)  # not the cache: a long-lived worker may outlive an edit of the code
     if here != code:
         return (f"node {socket.gethostname()} computes with other kztts code or package versions (code version "
-                f"{here}, the driver's {code}): install the same kztts and packages on every node")
+                f"{here}, the run's {code}): the code changed since the run started, or the node has another "
+                "install; rerun (finished units are kept), with the same kztts and packages on every node")
     for path, fp in shared.items():
         if not Path(path).exists():
             return (f"{path}: not on node {socket.gethostname()}: put bundles and checkpoints ($KZTTS_CACHE) on "
@@ -414,6 +440,17 @@ def _check_node(bench: str, code: str, shared: dict[str, str]) -> str | None:
     return None
 
 
+SCRATCH = "kztts-unit-"  # a task's scratch folder: kztts-unit-<pid>-<random> in the node's temporary folder
+
+
+def _remove_stale_scratch() -> None:
+    """Remove the scratch folders of tasks whose process is gone (a killed task never removes its own)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*-*"):
+        pid = d.name[len(SCRATCH):].partition("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def execute(call: str, payload: dict, files: dict, check: dict, needed: dict | None = None) -> dict:
     """A unit's task: check the node, write the small files next to the spec, run the unit; its result with
     ``node``. A killed row process gives ``{"killed": why}`` (the driver retries it)."""
@@ -421,7 +458,8 @@ def execute(call: str, payload: dict, files: dict, check: dict, needed: dict | N
     why = _check_node(check["bench"], check["code"], check["shared"])
     if why is not None:
         return {"error": why, "node": node}
-    with tempfile.TemporaryDirectory(prefix="kztts-unit-") as tmp:
+    _remove_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH}{os.getpid()}-") as tmp:
         local = {}
         for key, (name, data) in files.items():
             p = Path(tmp) / "files" / key / name
@@ -497,8 +535,8 @@ def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str, kn
         log.warning("%s: %d kept unit result(s) of other bundles, code versions or settings are not used",
                     store.root, len(others))
     if outcome.reused:
-        log.warning("%s: %d of %d units kept from an earlier run, %d to run", store.root, len(outcome.reused),
-                    len(units), len(units) - len(outcome.reused))
+        phase("%s: %d of %d units kept from an earlier run, %d to run", store.root, len(outcome.reused), len(units),
+              len(units) - len(outcome.reused))
     bar = Steps(len(units), desc, unit="unit")
     bar.update(len(outcome.reused))
     remote = ray.remote(execute)
@@ -554,7 +592,7 @@ def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str, kn
                     waiting.remove(u)
                     finish(u, {"error": f"not run: {by_key[u.after].label} failed"}, 0)
             if not pending:
-                continue
+                raise RuntimeError(f"units wait for units not in the run: {[u.name for u in waiting]}")
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             u, attempt = pending.pop(ref)
             killed = None
@@ -580,8 +618,8 @@ def run_units(units: Sequence[Unit], store: UnitStore, c: Cluster, desc: str, kn
     finally:
         bar.close()
         outcome.seconds = time.monotonic() - t0
-    log.warning("%s: %d units: %d kept from before, %d run, %d failed (%.0f s)", desc, len(units),
-                len(outcome.reused), len(outcome.ran), len(outcome.failed), outcome.seconds)
+    phase("%s: %d units: %d kept from before, %d run, %d failed (%.0f s)", desc, len(units), len(outcome.reused),
+          len(outcome.ran), len(outcome.failed), outcome.seconds)
     return outcome
 
 

@@ -203,6 +203,8 @@ def check(o: BenchOptions) -> Grid:
                          "not installed: pip install 'kztts[qnn]'")
     if o.quality and o.seeds < 1:
         raise KzttsError(f"--seeds {o.seeds}: --quality needs at least one seed")
+    if o.ray is not None:
+        ray_units.check_address(o.ray)
     if importlib.util.find_spec("torch") is None:
         raise KzttsError("kztts bench needs the export extra (torch, qwen-tts) for the model, the export and the "
                          "reference: pip install -e '.[export,bench]' && pip install --no-deps qwen-tts==0.1.1")
@@ -408,8 +410,8 @@ def _e2e_unit(o: BenchOptions, p: Prepared, common: dict) -> ray_units.Unit:
     """The end-to-end pair as a unit (timed: a whole node; both sides' processes at once)."""
     mb_k, how_k = ray_units.plan_memory_mb(p.base, TTS_ROLES)
     mb_r, how_r = ray_units.checkpoint_memory_mb(p.model_dir)
-    identity = {**common, "kind": "e2e", "runs": o.e2e_runs, "threads": o.threads, "bundle": ray_units.bundle_id(p.base),
-                "model": _model_id(p)}
+    identity = {**common, "kind": "e2e", "runs": o.e2e_runs, "threads": o.threads,
+                "bundle": ray_units.bundle_id(p.base), "model": _model_id(p)}
     payload = {"options": o, "model_dir": str(p.model_dir), "bundle": str(p.base)}
     return ray_units.Unit("e2e", "end-to-end text -> WAV pair", "tts", identity, "e2e", payload,
                           ray_units.Resources(mb_k + mb_r, f"kztts side: {how_k}; qwen-tts side: {how_r}",
@@ -417,7 +419,8 @@ def _e2e_unit(o: BenchOptions, p: Prepared, common: dict) -> ray_units.Unit:
                           {"xvector": p.xvector}, [str(p.base), str(p.model_dir)])
 
 
-def run_ray_units(o: BenchOptions, grid: Grid, p: Prepared, htp: dict, with_e2e: bool) -> tuple[dict, dict | None, dict]:
+def run_ray_units(o: BenchOptions, grid: Grid, p: Prepared, htp: dict,
+                  with_e2e: bool) -> tuple[dict, dict | None, dict]:
     """Every row of the grid (each round of a timed row, the HTP rows, the end-to-end pair) as Ray units:
     ``(runs, e2e, facts)``, ``runs`` as :func:`run_tasks` gives them, ``facts`` the cluster and the units."""
     threads_max = grid.threads_max or max(G.parse_threads(o.threads))

@@ -31,7 +31,7 @@ import psutil
 
 from kztts.bundle.sessions import SessionConfig
 from kztts.core.cache import portable_path
-from kztts.core.metrics import cosine_rows, median_ms
+from kztts.core.metrics import cosine_rows, median_ms, peak_rss_mb
 from kztts.generation.sampling import SamplingParams
 from kztts.htp.targets import load_target
 from kztts.lm.lm import LM, Reply
@@ -232,6 +232,9 @@ def merge_rows(runs: Sequence[Sequence[dict]], steps: int) -> list[dict]:
             raise ValueError(f"row {name!r} is missing from a run: runs to merge need the same rows")
         row = {k: v for k, v in parts[0].items() if k not in ("per_sample", "ppl_per_sample", "htp_hosts")}
         row["merged_from"] = len(parts)
+        for key in ("nodes", "units"):  # per text, from runs as Ray tasks (kztts bench --ray)
+            if any(key in p for p in parts):
+                row[key] = {t: v for p in parts for t, v in (p.get(key) or {}).items()}
         failed = next((p["error"] for p in parts if p.get("error")), None)
         if failed:
             merged.append({**row, "error": failed})
@@ -392,7 +395,7 @@ def run_text(spec: RowSpec, sample: Sample, *, threads: int, steps: int, limit: 
             ref = Reference([np.asarray(reference["ref_logits"])], [list(reference["ref_greedy"])])
         row["load_avg"] = round(psutil.getloadavg()[0], 2)
         per, secs, own = measure_texts(lm, tokens, ref, steps)
-        row.update(per_sample=per, step_s=secs[0])
+        row.update(per_sample=per, step_s=secs[0], peak_rss_mb=peak_rss_mb())  # this process: not its HTP hosts
         _row_facts(lm, row)
         if reference is None:
             row.update(ref_tokens=vars(tokens[0]), ref_greedy=own.greedy[0], ref_logits=own.logits[0])
@@ -429,6 +432,7 @@ def rows_from_texts(specs: Sequence[RowSpec], samples: Sequence[Sample], results
         secs = [x for p in parts for x in p["step_s"]]
         row["ms_per_token"] = median_ms(secs) if spec.device == "cpu" else None
         row["load_avg"] = max(p["load_avg"] for p in parts)
+        row["peak_rss_mb"] = max(p.get("peak_rss_mb", 0) for p in parts)
         if any("guard_flagged" in p for p in parts):
             row["guard_flagged"] = sum(int(p.get("guard_flagged", 0)) for p in parts)
         if parts[0].get("htp_hosts"):

@@ -165,6 +165,7 @@ class StaticTalker(ChunkedTalker):
             raise KzttsError(f"static talker context {C} exceeds the model's {config['max_positions']} positions")
         # uint8 slots start at the zero point (value 0.0), as the float caches start at 0.0
         fill = KV_UINT8_ZERO_POINT if self.kv_dtype == np.uint8 else 0
+        self._fill = fill
         L = self.num_layers
         buffers, self._shared = kv_buffers(decode_session or prefill_session, [(kv, 1, hd, C - 1)] * L + [(kv, 1, C - 1, hd)] * L,
                                            self.kv_dtype, fill)
@@ -204,6 +205,12 @@ class StaticTalker(ChunkedTalker):
                 [deq(v, s) for v, s in zip(values, self.kv_scales["value"])])
 
     def reset(self) -> None:
+        # the slots a previous utterance wrote go back to 0.0: the mask is finite (-50, fp16-safe), so a
+        # masked slot's score still enters the softmax, with a weight of exp(score - 50) that a stale key
+        # can make count (a w8a16 text's perplexity moved with the text before it)
+        for k, v in zip(self.keys, self.values):
+            k[..., :self.length] = self._fill
+            v[:, :, :self.length] = self._fill
         super().reset()
         if self.guard is not None:
             self.guard.new_utterance()
