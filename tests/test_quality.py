@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kztts.eval import dnsmos, quality
+from kztts.eval import asr, dnsmos, quality
 from kztts.runners.codec import SAMPLES_PER_FRAME
 
 SR = 24000
@@ -164,8 +164,10 @@ def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
     xv = tmp_path / "xvector.npy"
     np.save(xv, SpeakerEncoder.from_bundle(Bundle.open(base, load_graphs=False)).xvector(synthetic_voice(), SR))
     configs = [Config(weights="fp32", kv="fp32", threads=1), Config(weights="fp32", kv="fp32", threads=2)]
-    # DNSMOS cells as without the extra (scores take ~0.5 s a clip; the slow bench test has them)
+    # DNSMOS cells as without the extra (scores take ~0.5 s a clip; the slow bench test has them), and the
+    # ASR columns too (~1 s a clip; tests/test_asr.py runs the judge on this model)
     monkeypatch.setattr(dnsmos, "model_path", lambda personalized=False: None)
+    monkeypatch.setattr(asr, "available", lambda: False)
     prompts = (("english", "Hi."), ("chinese", "你好。"))  # short: each capped at MIN_MAX_FRAMES frames
     res = run_quality(configs, {("fp32", "fp32", "fp32"): base}, xv, tmp_path, seeds=2, random_weights=True,
                       prompts=prompts)
@@ -178,8 +180,12 @@ def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
     table = (tmp_path / "quality" / "quality.md").read_text()
     assert RANDOM_NOTE in table and row["name"] in table
     assert dnsmos.NOT_INSTALLED in table and row["dnsmos"] == dnsmos.NOT_INSTALLED
+    assert "| WER % | worst WER % | CER % | worst CER % |" in table and row["asr"] == asr.NOT_INSTALLED
+    assert f"| {asr.NOT_INSTALLED} | {asr.NOT_INSTALLED} | {asr.NOT_INSTALLED} | {asr.NOT_INSTALLED} | - |" in table
+    assert f"WER / CER: {asr.NOT_INSTALLED}" in table
     index = (tmp_path / "quality" / "index.md").read_text()
     assert index.count("_seed0.wav](") == index.count("_seed1.wav](") == len(prompts)
+    assert index.count(f"| {asr.NOT_INSTALLED} | - |") == 2 * len(prompts)  # the transcript column, with the note
     assert json.loads((tmp_path / "quality" / "quality.json").read_text())["rows"][0]["name"] == row["name"]
 
 
@@ -192,7 +198,8 @@ def test_attach_puts_quality_columns_in_the_main_table():
 
     cfg, h = Config(threads=1), HtpConfig("simulator")
     sampled = [{"key": ["fp32", "fp32", "frame", "fp32", "fused"], "natural_eos_rate": 0.8, "mean_silence_pct": 30.0,
-                "dnsmos": {"sig": 3.0, "bak": 3.5, "ovrl": 2.75}, "flags": []},
+                "dnsmos": {"sig": 3.0, "bak": 3.5, "ovrl": 2.75}, "flags": [],
+                "asr": {"wer_mean": 0.05, "wer_max": 0.1, "cer_mean": 0.08, "cer_max": 0.2}},
                {"key": ["htp", "simulator", "fp16"], "natural_eos_rate": 0.2, "mean_silence_pct": 55.0,
                 "dnsmos": dnsmos.NOT_INSTALLED, "flags": ["natural EOS 20% vs 80%"]}]
     rows = [{"kind": "reference", "name": "ref"}, {"kind": "kztts", **cfg.as_dict()},
@@ -204,9 +211,12 @@ def test_attach_puts_quality_columns_in_the_main_table():
     assert (rows[1]["natural_eos_rate"], rows[1]["silence_pct"], rows[1]["dnsmos_ovrl"], rows[1]["quality_flags"]) == \
         (0.8, 30.0, 2.75, "-")
     assert (rows[3]["dnsmos_ovrl"], rows[3]["quality_flags"]) == (None, "natural EOS 20% vs 80%")
+    assert (rows[1]["asr_wer_mean"], rows[1]["asr_cer_mean"]) == (0.05, 0.08) and rows[3]["asr_wer_mean"] is None
     table = report.markdown(rows, "head")
     assert "natural EOS (sampled)" not in plain and "natural EOS (sampled)" in table
-    assert "| 80% | 30.0 | 2.75 | - |" in table and "| 20% | 55.0 | - | natural EOS 20% vs 80% |" in table
+    assert "| 80% | 30.0 | 2.75 | 5.0% | 8.0% | - |" in table
+    assert "| 20% | 55.0 | - | - | - | natural EOS 20% vs 80% |" in table
+    assert "WER (ASR)" in table and "WER (ASR)" not in plain
 
 
 @pytest.mark.slow  # the simulator samples a tiny frame in tens of seconds (the cp_frame sampler on the emulated HTP)
@@ -262,9 +272,13 @@ def test_bench_quality_cli(tmp_path):
     assert data["meta"]["random_weights"] and data["meta"]["reference_row"] == names[0]
     if dnsmos.available():
         assert all(1.0 <= r["dnsmos"]["ovrl"] <= 5.0 for r in data["rows"])
+    if asr.available() and not (data["meta"]["asr"]["note"] or "").startswith("not fetched"):  # offline: a note
+        assert all(r["asr"]["wer_mean"] >= 0.0 and r["asr"]["cer_mean"] >= 0.0 for r in data["rows"])
+        assert data["meta"]["asr"]["judge_seconds_per_utterance"] > 0
     assert "random weights" in res.stdout and "| int8/kv-fp32/cp-frame/dec-fp32 |" in res.stdout
+    assert "WER / CER on random weights mean nothing" in res.stdout and "| WER % |" in res.stdout
     index = (out / "quality" / "index.md").read_text()
-    assert index.count(".wav](") == sum(r["utterances"] for r in data["rows"])
+    assert index.count(".wav](") == sum(r["utterances"] for r in data["rows"]) and "transcript (ASR)" in index
 
 
 def test_the_runaway_cap_is_three_times_the_expected_duration_at_least_three_seconds():

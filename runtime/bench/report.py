@@ -54,9 +54,12 @@ COLUMNS = [
     ("natural_eos_rate", "natural EOS (sampled)", "{:.0%}"),
     ("silence_pct", "silence % (sampled)", "{:.1f}"),
     ("dnsmos_ovrl", "DNSMOS OVRL", "{:.2f}"),
+    ("asr_wer_mean", "WER (ASR)", "{:.1%}"),
+    ("asr_cer_mean", "CER (ASR)", "{:.1%}"),
     ("quality_flags", "quality flags", "{}"),
 ]
-QUALITY_KEYS = frozenset({"natural_eos_rate", "silence_pct", "dnsmos_ovrl", "quality_flags"})
+QUALITY_KEYS = frozenset({"natural_eos_rate", "silence_pct", "dnsmos_ovrl", "asr_wer_mean", "asr_cer_mean",
+                          "quality_flags"})
 
 
 # columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there

@@ -135,10 +135,23 @@ def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
     return _finish(args, report, bounds, text)
 
 
+def cmd_validate_asr(args: argparse.Namespace) -> int:
+    from kztts.export.validate.asr import report_lines, validate_asr
+
+    if args.target or args.placement or args.texts:
+        raise KzttsError("--asr compares the bundle's CPU speech with qwen-tts's on its own texts: "
+                         "drop --target, --placement and --texts")
+    report = validate_asr(Path(args.bundle), Path(args.reference))
+    print(json.dumps(report, ensure_ascii=False) if args.json else "\n".join(report_lines(report)))
+    return 0  # a report, not a bound (kztts.export.validate.asr)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.frames < 1:
         raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
     need_export_extra()
+    if args.asr:
+        return cmd_validate_asr(args)
     if read_manifest(Path(args.bundle)).kind == KIND_LM:
         return cmd_validate_lm(args)
     from kztts.export.validate.tts import check_reference
@@ -170,4 +183,6 @@ def add_command(sub) -> None:
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
     s.add_argument("--texts", help="an LM bundle against its checkpoint: a subset of the text set by name "
                                    "(comma-separated: code, english, french, chinese; default all)")
+    s.add_argument("--asr", action="store_true", help="a TTS bundle: Whisper's WER/CER of its sampled speech and of "
+                                                      "qwen-tts's, side by side (the quality extra; a report, exit 0)")
     s.set_defaults(func=cmd_validate)
