@@ -511,6 +511,23 @@ def test_export_gguf_cli(tmp_path):
     assert LM(tmp_path / "v").bundle.manifest.data["variant"]["weights"] == "int8"
 
 
+def test_export_only_the_fused_cpu_graph(tmp_path, tiny_dir, capsys):
+    """``--cpu-graphs fused`` (what CI's real-checkpoint check exports): the fused Talker alone, generating what
+    the full bundle generates; a TTS checkpoint refuses the flag in one line."""
+    from kztts.cli.main import main
+
+    gguf, dir_bundle = _gguf_and_dir_bundles()
+    assert main(["-q", "export", "--gguf", str(gguf), "-o", str(tmp_path / "b"), "--cpu-graphs", "fused"]) == 0
+    graphs = __import__("json").loads((tmp_path / "b" / "kztts.json").read_text())["graphs"]
+    assert set(graphs) == {"talker_gqa"}
+    assert sorted(p.name for p in (tmp_path / "b" / "graphs").glob("*.onnx")) == ["talker_gqa.onnx"]
+    _same_lm(tmp_path / "b", dir_bundle)
+    capsys.readouterr()
+    assert main(["export", str(tiny_dir), "-o", str(tmp_path / "t"), "--cpu-graphs", "fused"]) == 2
+    assert "--cpu-graphs applies to LM exports" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize("weights, kv", [("int8", "fp16"), ("int4", "fp32")])
 def test_precision_variants_of_an_lm_bundle(small_target, weights, kv):
     """``--weights`` / ``--kv`` variants (kztts.export.tts.variants) of an LM bundle run and stay near fp32

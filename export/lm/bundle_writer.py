@@ -112,14 +112,27 @@ def check_lm_precision(precision: str, target, segments: bool) -> None:
                          "give kv_dtype fp32")
 
 
+CPU_GRAPH_SETS = {
+    "all": "the plain and the fused-attention Talker and its batched form (kztts serve's conversations at once)",
+    "fused": "the fused-attention Talker alone: a third of the export's time and disk; no plain-attention "
+             "fallback (KZTTS_ATTENTION=plain), and kztts serve answers one conversation at a time",
+}
+
+
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
-                     segments: bool = False) -> Path:
+                     segments: bool = False, cpu_graphs: str = "all") -> Path:
     """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
-    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer). A hybrid LM (Qwen3-Next /
+    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer). ``cpu_graphs``
+    ``"fused"`` writes the fused-attention Talker alone (``CPU_GRAPH_SETS``). A hybrid LM (Qwen3-Next /
     Qwen3.5) goes to ``kztts.export.lm.hybrid``."""
     source, out_dir = Path(source), Path(out_dir)
+    if cpu_graphs not in CPU_GRAPH_SETS:
+        raise KzttsError(f"cpu_graphs {cpu_graphs!r}: choose one of {', '.join(CPU_GRAPH_SETS)}")
     if is_hybrid_source(source):
+        if cpu_graphs != "all":
+            raise KzttsError(f"--cpu-graphs {cpu_graphs}: {source} is a hybrid LM, whose CPU graphs are one prefill "
+                             "and one decode graph (nothing to leave out); export without it")
         return export_hybrid_bundle(source, out_dir, overwrite=overwrite, target=target, precision=precision,
                                     context_binary=context_binary, segments=segments)
     check_output(out_dir, overwrite)
@@ -146,12 +159,16 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         steps.update()
         steps.phase("CPU graphs")
         model = as_tts_like(lm)
-        graphs = {"talker": export_talker(model, work, export_id)}
         fused = export_talker_gqa(model, work, export_id)
+        if fused is None and cpu_graphs == "fused":
+            raise KzttsError(f"--cpu-graphs fused: {source}'s head_dim has no fused-attention graph "
+                             "(ORT GroupQueryAttention); export without --cpu-graphs")
+        graphs = {} if cpu_graphs == "fused" else {"talker": export_talker(model, work, export_id)}
         if fused is not None:
             graphs["talker_gqa"] = fused
-            # its batched form: several conversations per run (kztts serve), each row alone in the graph
-            graphs["talker_batched"] = export_talker_batched(model, work, export_id)
+            if cpu_graphs == "all":
+                # its batched form: several conversations per run (kztts serve), each row alone in the graph
+                graphs["talker_batched"] = export_talker_batched(model, work, export_id)
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")

@@ -48,7 +48,7 @@ def export_lm(args: argparse.Namespace) -> Path:
     progress.phase("exporting the causal LM %s to %s", source, args.output)
     return export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
                           exporter=export_lm_bundle, target=args.target, precision=args.precision,
-                          context_binary=args.context_binary, segments=args.segments)
+                          context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs)
 
 
 def export_tts(args: argparse.Namespace) -> Path:
@@ -57,6 +57,9 @@ def export_tts(args: argparse.Namespace) -> Path:
     from kztts.export.tts.variants import export_variant
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
+    if args.cpu_graphs != "all":
+        raise KzttsError(f"--cpu-graphs {args.cpu_graphs}: {args.model_dir} is a Qwen3-TTS checkpoint, whose runners "
+                         "use the plain and the fused graphs both; --cpu-graphs applies to LM exports")
     progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
                    args.model_dir, args.output)
     return export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
@@ -86,6 +89,10 @@ def add_command(sub) -> None:
     s.add_argument("--segments", action="store_true",
                    help="with --target: also export the Talker as per-layer graphs, so a layer placement "
                         "(kztts calibrate, --placement) can be applied at load time")
+    s.add_argument("--cpu-graphs", choices=("all", "fused"), default="all",
+                   help="LM bundles: all (default): the plain and the fused-attention Talker and its batched form "
+                        "(kztts serve's conversations at once); fused: the fused Talker alone (a third of the "
+                        "export's time and disk; no KZTTS_ATTENTION=plain fallback, serve answers one at a time)")
     s.add_argument("--weights", choices=G.CPU_WEIGHT_PRECISIONS, default=G.CPU_WEIGHT_PRECISIONS[0],
                    help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
     s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],

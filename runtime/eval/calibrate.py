@@ -38,6 +38,7 @@ from kztts.bundle.bundle import Bundle
 from kztts.bundle.manifest import KIND_LM
 from kztts.bundle.segments import DEFAULT_THRESHOLD, FP16_MAX, HEAD_STATS, LAYER_STATS
 from kztts.core.audio import synthetic_voice
+from kztts.core.cache import portable_path
 from kztts.core.errors import ContextOverflowError, KzttsError
 from kztts.core.progress import bar, phase
 from kztts.htp.placement import PHASES, LayerPlacement, PhasePlacement, builtin
@@ -151,7 +152,7 @@ class CalibrationReport:
             phases[ph] = {"positions": self.positions.get(ph, 0), "layers": rows,
                           "head": {"max_abs": dict(zip(HEAD_STATS, map(float, head))),
                                    "flagged": self.head_flagged(ph)}}
-        return {"schema": REPORT_SCHEMA, "bundle": self.bundle, "threshold": self.threshold, "fp16_max": FP16_MAX,
+        return {"schema": REPORT_SCHEMA, "bundle": portable_path(self.bundle), "threshold": self.threshold, "fp16_max": FP16_MAX,
                 "frames": self.frames, "prompts": self.prompts, "phases": phases,
                 "flagged": {ph: self.flagged(ph) for ph in PHASES}}
 
