@@ -26,6 +26,10 @@ def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Ca
     return 0 if ok else 1
 
 
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple, set)) else [v]
+
+
 def cmd_validate_cpu(args: argparse.Namespace) -> int:
     from kztts.export.validate.tts import validate
 
@@ -53,7 +57,7 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
                              args.frames, strict=not args.lenient)
     report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
                                   strict=not args.lenient))
-    bounds = dict(BOUNDS[f"htp-{report['precision']}"])
+    bounds = dict(BOUNDS[G.htp_precision(G.least_precise(_as_list(report["precision"]))).bounds])
     if report["decoder_snr_db"] is not None:
         bounds.update(BOUNDS["htp-decoder"])
 

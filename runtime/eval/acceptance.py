@@ -29,6 +29,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # bound leaves about 4.5x the worst measured distance to 1 (0.0108 -> 0.95) and 3x the argmax
     # shortfall (0.03 -> 0.9)
     "htp-w8a16": {"talker_logits_cos_min": (">=", 0.95), "talker_argmax_match": (">=", 0.9)},
+    "htp-w4a16": {"talker_logits_cos_min": (">=", 0.95), "talker_argmax_match": (">=", 0.9)},
     # the decoder on the HTP (fp16) vs the fp32 CPU decoder, when the target places it there: measured
     # 46.9 dB on the tiny model (tests/test_htp_decoder.py); 21 dB before SnakeBeta was folded
     "htp-decoder": {"decoder_snr_db": (">=", 40.0)},
@@ -43,6 +44,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # the bounds (a third of the good rows' worst cosine distance, about twice their top-1 shortfall
     # and perplexity rise) pass the good rows and fail that one on every metric
     "lm-w8a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
+    "lm-w4a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
 }
 
 
