@@ -303,7 +303,7 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
 @pytest.fixture(scope="module")
 def w8a16_bundle(small_target):
     """The tiny Qwen3 with w8a16 static graphs of the small target (calibrated on
-    kztts.export.lm.w8a16.CALIBRATION_TEXTS), no layer graphs."""
+    kztts.export.lm.text_calibration.CALIBRATION_TEXTS), no layer graphs."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     from kztts.export.lm.tiny import cached_tiny_lm
     from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
@@ -319,7 +319,7 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     (kztts.eval.lm_accuracy.SAMPLES, not the calibration texts) against (a) the same QDQ graphs on the CPU EP:
     what the simulator and the runner add, tight (the handover: its HTP prefill's logits); (b) the bundle's fp32
     CPU graphs: what w8a16 costs. Measured (b), all-htp: cosine min 0.9965 / mean 0.9994, top-1 0.96; before
-    the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.w8a16) it was 0.846 / 0.953,
+    the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.qdq) it was 0.846 / 0.953,
     top-1 0.65: this random model, drawn wide (lm_tiny.INIT_STD), has heavy-tailed rows that the norms'
     per-tensor 16-bit grids lost."""
     import onnxruntime as ort

@@ -28,7 +28,7 @@ def outlier_checkpoint(src: str | Path, dst: str | Path, layer: int, *, channel:
     from safetensors.torch import load_file, save_file
 
     src, dst = Path(src), Path(dst)
-    shutil.copytree(src, dst, copy_function=_link_or_copy)
+    shutil.copytree(src, dst, copy_function=_link_or_copy, dirs_exist_ok=True)
     weights = dst / "model.safetensors"
     tensors = load_file(str(src / "model.safetensors"))
     prefix = f"talker.model.layers.{layer}.mlp."

@@ -50,6 +50,7 @@ from kztts.export.lm.text_calibration import quantize_lm_graphs
 from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
 from kztts.htp.targets import load_target, target_path
 from kztts.lm import chatml
+from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +166,6 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             cfg = lm_config(lm)
             plan = None
             if placement is not None:
-                from kztts.plan.resolve import resolve_placement
-
                 plan = resolve_placement(placement, int(cfg["num_layers"]))
 
             def qdq(_model, work_dir, files, tgt, prec, matmuls=None, drive=None, first_layers=None):

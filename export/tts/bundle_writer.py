@@ -26,6 +26,7 @@ from kztts.export.graphs.talker_graph import TalkerGraph
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.tts.tiny import MARKER
 from kztts.htp.targets import load_target, target_path
+from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,6 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         if target is not None:
             target_cfg = load_target(target)  # fail on a bad target before the long work
             if placement is not None:
-                from kztts.plan.resolve import resolve_placement
-
                 plan = resolve_placement(placement, int(cfg["talker_config"]["num_hidden_layers"]))
         steps = progress.Steps(6 + (target is not None), "export")
         steps.phase("loading checkpoint")

@@ -26,6 +26,7 @@ import numpy as np
 
 from kztts.bundle import graphs as G
 from kztts.bundle.onnx_wire import read_graph, tensor_arrays, with_outputs
+from kztts.bundle.segments import segment_graph_name
 from kztts.core.progress import bar
 from kztts.htp.weights import SQNR_CAP_DB, fake_quantize, matmul_keys
 
@@ -136,8 +137,6 @@ def capture_sessions(talker, bundle, max_feeds: int = DEFAULT_FEEDS, max_rows: i
     """Put a :class:`CaptureSession` in place of every layer and head graph's session of ``talker`` (an all-CPU
     ``SegmentedTalker``); returns {(phase, unit): capture}. Call :func:`finish_call` from the talker's
     ``on_unit`` hook with each call's valid rows."""
-    from kztts.bundle.segments import segment_graph_name
-
     out = {}
     for ph in ("prefill", "decode"):
         for unit in [*range(talker.num_layers), "head"]:

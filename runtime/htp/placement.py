@@ -45,6 +45,7 @@ from kztts.bundle.graphs import DEVICES
 from kztts.bundle.segments import Segment, Unit, segment_graph_name
 from kztts.core.atomic import write_text
 from kztts.core.errors import KzttsError
+from kztts.htp.weights import HEAD, PROJECTIONS
 
 SCHEMA = "kztts-placement/1"
 PHASES = ("prefill", "decode")
@@ -183,8 +184,6 @@ class LayerPlacement:
         head) the more precise of its two phases' precisions (the prefill and decode graphs hold the same
         weights), a unit on the CPU or in fp16 at the most precise quantized one (a whole-stack graph has no
         CPU layer; its activations are 16-bit with their own ranges, not fp16), then ``matmuls``."""
-        from kztts.htp.weights import HEAD, PROJECTIONS
-
         def quantized(unit: Unit) -> str:
             ps = [self.phase(ph).precision(unit) for ph in PHASES]
             ps = [p if p and G.htp_precision(p).quantized else G.most_precise_quantized() for p in ps]
