@@ -64,8 +64,8 @@ log = logging.getLogger(__name__)
 DEFAULT_FRAMES = 16
 REPORT_SCHEMA = "kztts-calibration/1"
 # Precision-plan thresholds (dB): docs/PRECISION.md, "Per-layer precision plans", gives the measurements.
-DEFAULT_SQNR_THRESHOLD = 20.0
-DEFAULT_MATMUL_SQNR_THRESHOLD = 10.0
+DEFAULT_SQNR_THRESHOLD = 10.0
+DEFAULT_MATMUL_SQNR_THRESHOLD = 13.0
 
 
 def default_prompts_file() -> Path:

@@ -464,8 +464,9 @@ def bundle_cost(bundle_dir: str | Path, target, threads: int = 0, precision: str
             prec = precision or target.precision
             if plan is not None and role == "code_predictor":
                 prec = plan.graphs.get("cp_frame", G.FLOAT_HTP_PRECISION)
-            elif plan is not None:
+            elif plan is not None:  # its other float constants as the plan's whole-stack graphs hold them
                 unit_precision = plan_unit_precision(plan, role)
+                prec = plan.bounds_precision()
             if G.htp_precision(spec.precision).quantized if spec.precision in G.HTP_PRECISION_ENTRIES else False:
                 prec = spec.precision  # a QDQ graph: its own weights, as stored
         else:
