@@ -310,3 +310,22 @@ def test_inspect_precision_and_plan_flags_refuse_bad_input(htp_bundle, small_tar
         res.stderr
     res = run("--target", str(small_target), "--precision", "w3a16")
     assert res.returncode == 2 and "invalid choice: 'w3a16'" in res.stderr
+
+
+def test_calibrate_measures_an_lm_bundle_too(small_target):
+    """An LM bundle's layer graphs (``--segments``): the same SQNR per layer and MatMul, on text prompts, and a plan
+    for its layers (no ``cp_frame``)."""
+    from kztts.eval.calibrate import calibrate
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    bundle = cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), segments=True)
+    report = calibrate(bundle, [{"text": "Hello there."}, {"text": "def f(x):\n    return x"}], frames=4)
+    L = report.num_layers
+    for ph in ("prefill", "decode"):
+        assert (report.sqnr[ph]["w8a16"] > report.sqnr[ph]["w4a16"] + 10).all(), report.sqnr[ph]
+        assert len(report.matmul_sqnr[ph]["w4a16"]) == 7 * L + 1
+    assert report.cp_sqnr is None
+    plan = report.precision_plan()
+    assert not plan.graphs and plan.quantized
+    assert parse_placement(json.loads(json.dumps(plan.to_json())), "plan.json", L).matmuls == plan.matmuls
