@@ -1,10 +1,11 @@
 """Quantization sensitivity per layer, on the CPU: what ``kztts calibrate`` records beside the fp16 magnitudes.
 
-While the calibration prompts speak through the fp32 layer graphs (``kztts.eval.calibrate``), every layer and
-head graph runs with its MatMuls' inputs as extra outputs (``kztts.bundle.onnx_wire.with_outputs``); a sample
-of each graph's calls is kept: the feeds with the fp32 outputs, and the MatMul inputs' valid rows (a prefill
-chunk's padded rows are left out). Then, one graph at a time, for every quantized HTP precision of
-``kztts.bundle.graphs`` (w8a16, w4a16: 8- and 4-bit weights):
+While the calibration prompts speak through the fp32 layer graphs (``kztts.eval.calibrate``), a sample of each
+layer and head graph's calls is kept (the feeds with the fp32 outputs, at most ``--sqnr-feeds`` per graph). Then,
+one graph at a time: the graph with its MatMuls' inputs as extra outputs (``kztts.bundle.onnx_wire.with_outputs``)
+re-runs the kept calls for those inputs' valid rows (a prefill chunk's padded rows are left out; ``cp_frame``'s
+are kept while it runs, every call), and for every quantized HTP precision of ``kztts.bundle.graphs`` (w8a16,
+w4a16: 8- and 4-bit weights):
 
 - each MatMul's output with its weight quantized as the exporter writes it (``kztts.htp.weights``) against its
   fp32 output, on the same inputs (numpy);
@@ -82,19 +83,24 @@ class GraphCapture:
 
 
 class CaptureSession:
-    """Stands in for a layer graph's CPU session while the prompts speak: runs the graph with its MatMul inputs
-    as extra outputs, hands the caller the outputs it asked for, keeps the call for ``finish``."""
+    """Stands in for a graph's CPU session while the prompts speak: hands the caller the outputs it asked for and
+    keeps the call for ``finish_call``. With ``augmented`` (a copy of the graph with its MatMul inputs as extra
+    outputs: ``cp_frame``, whose calls are kept whole) it runs that copy instead; without (the layer graphs), it
+    runs the session itself, and the MatMul inputs are recomputed from the kept calls in ``measure``, one graph at
+    a time: a second session per layer graph would hold every layer's weights twice (24 GB for a 1.5B)."""
 
-    def __init__(self, session, capture: GraphCapture, sess_options, augmented: bytes, every_row: bool = False):
+    def __init__(self, session, capture: GraphCapture, sess_options=None, augmented: bytes | None = None,
+                 every_row: bool = False):
         import onnxruntime as ort
 
         self.session, self.capture, self.every_row = session, capture, every_row
-        self._aug = ort.InferenceSession(augmented, sess_options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in session.get_outputs()]
-        self._extra = sorted(set(capture.inputs.values()))
+        self._extra = sorted(set(capture.inputs.values())) if augmented is not None else []
+        self._run = session if augmented is None else \
+            ort.InferenceSession(augmented, sess_options, providers=["CPUExecutionProvider"])
 
     def run(self, output_names, feed, *args, **kwargs):
-        out = self._aug.run(self._names + self._extra, feed)
+        out = self._run.run(self._names + self._extra, feed)
         main = dict(zip(self._names, out[:len(self._names)]))
         self.capture.pending = (feed, main, dict(zip(self._extra, out[len(self._names):])))
         if self.every_row:  # no padded rows (cp_frame): kept at once
@@ -144,8 +150,7 @@ def capture_sessions(talker, bundle, max_feeds: int = DEFAULT_FEEDS, max_rows: i
             path = Path(bundle.path) / bundle.manifest.graphs[name].file
             cap = _capture(name, path, "logits" if unit == "head" else "hidden_out",
                            0 if unit == "head" else int(unit), max_feeds, max_rows)
-            talker.sessions[name] = CaptureSession(talker.sessions[name], cap, _options(path),
-                                                   with_outputs(path, sorted(set(cap.inputs.values()))))
+            talker.sessions[name] = CaptureSession(talker.sessions[name], cap)
             out[(ph, unit)] = cap
     return out
 
@@ -159,8 +164,23 @@ def finish_call(capture: GraphCapture, valid: int | None) -> None:
     if capture.output is not None:
         capture.feeds.offer(({k: np.array(v) for k, v in feed.items()}, np.array(outputs[capture.output]), valid))
     for x, thinned in capture.rows.items():
-        a = np.asarray(extra[x], np.float32)
-        thinned.offer(a.reshape(-1, a.shape[-1])[:valid].copy())
+        if x in extra:
+            a = np.asarray(extra[x], np.float32)
+            thinned.offer(a.reshape(-1, a.shape[-1])[:valid].copy())
+
+
+def _rows_from_feeds(capture: GraphCapture) -> None:
+    """The MatMul input rows of ``capture``'s kept calls (their valid rows), from its graph with those inputs as
+    extra outputs: one such session at a time, freed on return."""
+    import onnxruntime as ort
+
+    names = sorted(capture.rows)
+    sess = ort.InferenceSession(with_outputs(capture.path, names), _options(capture.path),
+                                providers=["CPUExecutionProvider"])
+    for feed, _, valid in capture.feeds.items:
+        for x, a in zip(names, sess.run(names, feed)):
+            a = np.asarray(a, np.float32)
+            capture.rows[x].offer(a.reshape(-1, a.shape[-1])[:valid].copy())
 
 
 def _weights(capture: GraphCapture) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -183,6 +203,8 @@ def measure(capture: GraphCapture, precisions=None, chunk: int = 64) -> None:
     import onnxruntime as ort
 
     precisions = precisions or G.QUANTIZED_PRECISIONS
+    if capture.output is not None and capture.feeds.items and not any(t.items for t in capture.rows.values()):
+        _rows_from_feeds(capture)
     weights, wnames = _weights(capture)
     for p in precisions:
         entry = G.htp_precision(p)
