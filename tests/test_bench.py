@@ -131,10 +131,10 @@ def test_htp_axis_parsing():
     assert parse_targets("simulator") == (False, ["simulator"])
     with pytest.raises(KzttsError, match="nosuch"):
         parse_targets("cpu,nosuch")
-    with pytest.raises(KzttsError, match="w4a16"):
-        parse_htp_precisions("fp16,w4a16")
-    assert [c.name for c in htp_grid(["simulator"], parse_htp_precisions("fp16,w8a16"))] == [
-        "htp-sim/simulator/fp16", "htp-sim/simulator/w8a16"]
+    with pytest.raises(KzttsError, match="w3a16"):
+        parse_htp_precisions("fp16,w3a16")
+    assert [c.name for c in htp_grid(["simulator"], parse_htp_precisions("fp16,w8a16,w4a16"))] == [
+        "htp-sim/simulator/fp16", "htp-sim/simulator/w8a16", "htp-sim/simulator/w4a16"]
     assert bench_context(19, 6) == 64 and bench_context(19, 50) == 80
 
 

@@ -173,7 +173,7 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     from kztts.export.common.checkpoint import load_reference
     from kztts.export.graphs.graph_parts import graph_spec
     from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
-    from kztts.export.htp.w8a16 import CALIBRATION_PROMPTS
+    from kztts.export.htp.qdq import CALIBRATION_PROMPTS
     from kztts.export.validate.htp import htp_talker_run
     from kztts.htp.targets import load_target
     from kztts.runners.talker import Talker
@@ -184,7 +184,7 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     floats = {n: m.graphs[n].file for n in ("talker_prefill", "talker_decode")}
     model = load_reference(read_manifest(htp_bundle).data["source"]["path"]).model
     files = quantize_uint8_kv(model, bundle, floats, load_target(small_target), prompts=CALIBRATION_PROMPTS,
-                              frames=12)
+                              frames=12, precision="w8a16")
     data = dict(m.data)
     for name, rel in files.items():
         spec = graph_spec(bundle, name, rel, "static", "w8a16", m.graphs[name].extra["export_id"])

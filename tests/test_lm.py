@@ -12,6 +12,11 @@ from kztts.lm import chatml
 KINDS = ("qwen2", "qwen3")
 STEPS = 32
 W8A16_VS_QDQ_MIN = 0.995  # measured 0.99896 (all-htp), 0.99938 (handover prefill)
+# w4a16, the tiny random LM (26 positions): vs its QDQ graphs on the CPU EP cosine min 0.99938 (the simulator runs
+# int4 as the CPU EP does); vs fp32 cosine min 0.650, mean 0.889, top-1 0.308 (w8a16: 0.9965, 0.9994, 0.96: 4 bits
+# cost ~24 dB more on this wide-drawn random model, 1 - cos grows ~250x). Bounds: the w8a16 one for the first, about
+# 0.75x the measured value for the others
+W4A16_VS_QDQ_MIN, W4A16_VS_FP32_MIN, W4A16_TOP1_MIN = 0.995, 0.5, 0.2
 PROMPT = "Hello, how are you? Bonjour 你好"
 
 
@@ -303,7 +308,7 @@ def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record
 @pytest.fixture(scope="module")
 def w8a16_bundle(small_target):
     """The tiny Qwen3 with w8a16 static graphs of the small target (calibrated on
-    kztts.export.lm.w8a16.CALIBRATION_TEXTS), no layer graphs."""
+    kztts.export.lm.text_calibration.CALIBRATION_TEXTS), no layer graphs."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     from kztts.export.lm.tiny import cached_tiny_lm
     from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
@@ -319,7 +324,7 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     (kztts.eval.lm_accuracy.SAMPLES, not the calibration texts) against (a) the same QDQ graphs on the CPU EP:
     what the simulator and the runner add, tight (the handover: its HTP prefill's logits); (b) the bundle's fp32
     CPU graphs: what w8a16 costs. Measured (b), all-htp: cosine min 0.9965 / mean 0.9994, top-1 0.96; before
-    the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.w8a16) it was 0.846 / 0.953,
+    the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.qdq) it was 0.846 / 0.953,
     top-1 0.65: this random model, drawn wide (lm_tiny.INIT_STD), has heavy-tailed rows that the norms'
     per-tensor 16-bit grids lost."""
     import onnxruntime as ort
@@ -363,6 +368,60 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     assert min(vs_fp32) > 0.99 and np.mean(vs_fp32) > 0.998 and np.mean(agree) >= 0.9
 
 
+@pytest.fixture(scope="module")
+def w4a16_bundle(small_target):
+    """The tiny Qwen3 with w4a16 static graphs of the small target (int4 weights: LPBQ blocks of 64 where K
+    holds two or more, else per output column; calibrated on the text set), no layer graphs."""
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
+    return cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), precision="w4a16")
+
+
+def test_w4a16_graphs_on_the_simulator(w4a16_bundle, small_target, record_property):
+    """w4a16 QDQ static graphs on the HTP simulator (strict: every node on QNN, int4 weights included),
+    teacher-forced over two accuracy texts against the same QDQ graphs on the CPU EP (tight: what the simulator
+    adds) and against fp32 (loose: what 4-bit weights cost this random model, W4A16_* above)."""
+    import onnxruntime as ort
+
+    from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
+    from kztts.lm.lm import LM
+    from kztts.runners.talker_static import StaticTalker
+
+    m = LM(w4a16_bundle).bundle.manifest
+    assert {m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {"w4a16"}
+    for name in ("talker_prefill", "talker_decode"):
+        kinds = matmul_weight_quantization(w4a16_bundle / m.graphs[name].file)
+        assert kinds and all(k.startswith("int4") for k in kinds), kinds
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+
+    def cpu_ep(name):
+        return ort.InferenceSession(str(w4a16_bundle / m.graphs[name].file), so, providers=["CPUExecutionProvider"])
+
+    fp32 = LM(w4a16_bundle, context=64)
+    qdq = LM(w4a16_bundle, context=64, talker=StaticTalker(cpu_ep("talker_prefill"), cpu_ep("talker_decode"),
+                                                           m.talker, float(small_target_mask(small_target))))
+    htp = LM(w4a16_bundle, target=small_target, placement="all-htp", strict=True)
+    vs_qdq, vs_fp32, agree = [], [], []
+    for toks in tokenize(fp32, SAMPLES[1:3], htp.context):
+        got, _ = teacher_forced(htp, toks)
+        ref, _ = teacher_forced(fp32, toks)
+        q, _ = teacher_forced(qdq, toks)
+        vs_qdq += [_cos(a, b) for a, b in zip(got, q)]
+        vs_fp32 += [_cos(a, b) for a, b in zip(got, ref)]
+        agree += [np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)]
+    record_property("w4a16_vs_fp32_cosine_min", min(vs_fp32))
+    print(f"HTP simulator w4a16 (all-htp), {len(agree)} positions: vs the QDQ graphs on the CPU EP cosine min "
+          f"{min(vs_qdq):.6f}; vs fp32 cosine min {min(vs_fp32):.4f} mean {np.mean(vs_fp32):.4f}, top-1 "
+          f"{np.mean(agree):.3f}")
+    assert min(vs_qdq) > W4A16_VS_QDQ_MIN
+    assert min(vs_fp32) > W4A16_VS_FP32_MIN and np.mean(agree) >= W4A16_TOP1_MIN
+
+
 def matmul_weight_quantization(path) -> set[str]:
     """How the constant weights of a QDQ graph's MatMuls are quantized, e.g. {"int8 per-channel axis 1"}."""
     import onnx
@@ -376,7 +435,12 @@ def matmul_weight_quantization(path) -> set[str]:
         d = dq.get(n.input[1]) if n.op_type == "MatMul" else None
         if d is None:
             continue
-        w, scale = inits[d.input[0]], numpy_helper.to_array(inits[d.input[1]])
+        w = inits[d.input[0]]
+        if d.input[1] not in inits:  # LPBQ: the scales are a DequantizeLinear of per-block integer scales
+            block = next((a.i for a in d.attribute if a.name == "block_size"), 0)
+            kinds.add(f"{onnx.helper.tensor_dtype_to_np_dtype(w.data_type).name} LPBQ block {block}")
+            continue
+        scale = numpy_helper.to_array(inits[d.input[1]])
         zero = numpy_helper.to_array(inits[d.input[2]])
         axis = next((a.i for a in d.attribute if a.name == "axis"), 1)
         kind = onnx.helper.tensor_dtype_to_np_dtype(w.data_type).name

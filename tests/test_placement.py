@@ -82,7 +82,7 @@ def _bad(data, n=4):
 def test_placement_files_reject_unknown_layers_devices_and_keys():
     assert "p.json: talker.cpu_layers: unknown layer 4" in _bad({"talker": {"cpu_layers": [4]}})
     assert "unknown layer -1" in _bad({"talker": {"cpu_layers": [-1]}})
-    assert 'p.json: prefill.layers[2]: unknown device "gpu"' in _bad(
+    assert 'p.json: prefill.layers[2]: unknown device or precision "gpu"' in _bad(
         {"prefill": {"layers": ["htp", "cpu", "gpu", "htp"]}, "decode": {"cpu_layers": []}})
     assert "talker.head: unknown device" in _bad({"talker": {"cpu_layers": [], "head": "npu"}})
     assert "the Talker has 4 layers, the list has 3" in _bad({"talker": {"layers": ["htp"] * 3}})
@@ -124,7 +124,7 @@ def test_explicit_placement_from_a_qnn_configs_target(tmp_path):
     data["layer_placement"] = {"talker": {"layers": ["cpu", "dsp"]}}
     worse = tmp_path / "worse.json"
     worse.write_text(json.dumps(data))
-    with pytest.raises(TargetError, match=r"layer_placement.talker.layers\[1\]: unknown device \"dsp\""):
+    with pytest.raises(TargetError, match=r"layer_placement.talker.layers\[1\]: unknown device or precision \"dsp\""):
         load_target(worse)
 
 

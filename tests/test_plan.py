@@ -200,25 +200,31 @@ def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, ht
 
 
 def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch, tmp_path, small_target):
-    """What adding w4a16 touches: the registry entry makes every CLI choice, the target schema and
-    the bench axis accept it; the export refuses it until its builder exists."""
+    """What adding a precision touches: its registry entry makes every CLI choice, the target schema, the bench
+    axis and the cost on paper accept it; the export refuses it until its builder exists. Every precision
+    of the registry has a builder (w4a16 was added so)."""
     from kztts.bench.grid import parse_htp_precisions
     from kztts.cli.main import build_parser
     from kztts.export.htp import static_graphs as htp_export
     from kztts.htp.targets import load_target
 
-    monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w4a16"))
-    monkeypatch.setitem(G.HTP_PRECISION_HELP, "w4a16", "4-bit weights")
-    args = build_parser().parse_args(["export", "m", "-o", "b", "--target", "simulator", "--precision", "w4a16"])
-    assert args.precision == "w4a16"
-    assert parse_htp_precisions("fp16,w4a16") == ["fp16", "w4a16"]
+    assert set(htp_export.TALKER_PRECISION_BUILDERS) == set(G.HTP_PRECISIONS)
+    w2 = G.HtpPrecision("w2a16", "2-bit weights", ("fp32",), 2, True, 1.0, "htp-w4a16", "lm-w4a16", "tab:gray")
+    monkeypatch.setitem(G.HTP_PRECISION_ENTRIES, "w2a16", w2)
+    monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w2a16"))
+    monkeypatch.setitem(G.HTP_PRECISION_HELP, "w2a16", w2.help)
+    args = build_parser().parse_args(["export", "m", "-o", "b", "--target", "simulator", "--precision", "w2a16"])
+    assert args.precision == "w2a16"
+    assert parse_htp_precisions("fp16,w2a16") == ["fp16", "w2a16"]
     data = json.loads(small_target.read_text())
-    data["precision"] = "w4a16"
+    data["precision"] = "w2a16"
     (tmp_path / "t.json").write_text(json.dumps(data))
-    assert load_target(tmp_path / "t.json").precision == "w4a16"
+    assert load_target(tmp_path / "t.json").precision == "w2a16"
     with pytest.raises(KzttsError, match="no builder for it"):
-        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, precision="w4a16")
-    assert set(htp_export.TALKER_PRECISION_BUILDERS) == set(G.HTP_PRECISIONS) - {"w4a16"}
+        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, precision="w2a16")
+    # bytes on the device: 2 bits per weight + one fp32 scale per column
+    assert w2.matmul_weight_bytes(64, 8) == 64 * 8 / 4 + 8 * 4
+    assert G.least_precise(["fp16", "w2a16", "w8a16"]) == "w2a16"
 
 
 def test_an_older_bundle_without_a_fed_input_is_refused_before_running(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 CONTEXT, CHUNK = 64, 16
+W4A16_HTP_VS_QDQ_MIN = 0.9995  # measured 0.999865 (the same QDQ graphs on the CPU EP; vs fp32: 0.96998)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +267,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     from kztts.bundle.manifest import read_manifest, write_manifest
     from kztts.eval.replay import teacher_forced_talker as replay
     from kztts.export.graphs.graph_parts import graph_spec
-    from kztts.export.htp.w8a16 import CALIBRATION_PROMPTS, quantize_talker_graphs
+    from kztts.export.htp.qdq import CALIBRATION_PROMPTS, quantize_talker_graphs
     from kztts.export.validate.htp import htp_talker_run
     from kztts.htp.targets import load_target
     from kztts.runners.talker import Talker
@@ -277,7 +278,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     floats = {n: m.graphs[n].file for n in ("talker_prefill", "talker_decode")}
     model = reference_tts.model
     q = quantize_talker_graphs(model, bundle, floats, load_target(small_target), prompts=CALIBRATION_PROMPTS,
-                               frames=12)
+                               frames=12, precision="w8a16")
     data = dict(m.data)
     for name, rel in q.items():
         spec = graph_spec(bundle, name, rel, "static", "w8a16", m.graphs[name].extra["export_id"])
@@ -299,6 +300,68 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     print(f"\nHTP w8a16 vs CPU fp32 teacher-forced logits cosine: min {cos.min():.5f} mean {cos.mean():.6f}, "
           f"argmax match {match.mean():.3f}")
     assert cos.min() >= 0.995 and cos.mean() >= 0.9995  # measured: min 0.9991, mean 0.99988 (per-tensor weights: 0.997, 0.9998)
+
+
+def _weight_kinds(path) -> set[str]:
+    """How a QDQ graph's MatMul weights are quantized: "int4 per-channel axis 1", "int4 LPBQ block 64", ..."""
+    g = onnx.load(str(path)).graph
+    inits = {t.name: t for t in g.initializer}
+    dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    kinds = set()
+    for n in g.node:
+        d = dq.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) > 1 else None
+        if d is None:
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(inits[d.input[0]].data_type).name
+        attrs = {a.name: a.i for a in d.attribute}
+        kinds.add(f"{dtype} LPBQ block {attrs['block_size']}" if d.input[1] not in inits
+                  else f"{dtype} per-channel axis {attrs.get('axis', 1)}")
+    return kinds
+
+
+# ------------------------------------------------------------------ w4a16
+def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, tiny_dir, small_target, sequences,
+                                                                          reference_tts):
+    """``kztts export --target T --precision w4a16``: the Talker's QDQ graphs hold int4 weights (LPBQ where a
+    MatMul's K holds two blocks of 64, else per output column), the Code Predictor a QDQ ``cp_frame`` beside its
+    float one; on the simulator in strict mode every node runs on QNN, int4 included, and its logits equal the
+    same QDQ graphs run by the CPU EP (what int4 on the HTP adds) far closer than either equals fp32 (what 4-bit
+    weights cost a random tiny model)."""
+    from kztts.bundle.bundle import Bundle
+    from kztts.eval.acceptance import BOUNDS
+    from kztts.eval.replay import teacher_forced_talker as replay
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.export.validate.htp import htp_talker_run
+    from kztts.htp.qnn import graph_files, open_target_session
+    from kztts.htp.targets import load_target
+    from kztts.runners.talker import Talker
+
+    bundle = cached_target_bundle(tiny_dir, small_target, precision="w4a16")
+    b = Bundle.open(bundle, load_graphs=False)
+    g = b.manifest.graphs
+    assert g["talker_decode"].precision == g["cp_frame"].precision == "w4a16"
+    kinds = set().union(*(_weight_kinds(bundle / g[n].file) for n in ("talker_prefill", "talker_decode")))
+    assert kinds == {"int4 per-channel axis 1", "int4 LPBQ block 64"}, kinds
+    qdq_cp, float_cp = graph_files(b, "cp_frame")[0], bundle / g["cp_frame"].file
+    assert qdq_cp != float_cp and _weight_kinds(qdq_cp) <= {"int4 per-channel axis 1", "int4 LPBQ block 64"}
+    cp = open_target_session(b, "cp_frame", load_target(small_target), strict=True)  # strict: no CPU fallback
+    assert "QNNExecutionProvider" in cp.get_providers()
+    runs, info = htp_talker_run(bundle, small_target, sequences, strict=True)
+    assert all(info[n]["cpu_nodes"] == 0 and info[n]["precision"] == "w4a16 (htp)" for n in info), info
+    qdq_runs, _ = htp_talker_run(bundle, small_target, sequences, strict=True, cpu_static=True)
+    cpu = Talker(b.session("talker"), b.manifest.talker, context=CONTEXT)
+    vs_qdq, vs_fp32, match = [], [], []
+    for s, (hl, _), (ql, _) in zip(sequences, runs, qdq_runs):
+        cl, _ = replay(cpu, s["prefill"], s["decodes"])
+        vs_qdq.append(_cos(hl, ql))
+        vs_fp32.append(_cos(hl, cl))
+        match.append(hl.argmax(-1) == cl.argmax(-1))
+    vs_qdq, vs_fp32, match = map(np.concatenate, (vs_qdq, vs_fp32, match))
+    print(f"\nHTP w4a16 teacher-forced logits: vs the same QDQ graphs on the CPU EP cosine min {vs_qdq.min():.6f}; "
+          f"vs CPU fp32 min {vs_fp32.min():.5f} mean {vs_fp32.mean():.5f}, argmax match {match.mean():.3f}")
+    assert vs_qdq.min() >= W4A16_HTP_VS_QDQ_MIN
+    assert vs_fp32.min() >= BOUNDS["htp-w4a16"]["talker_logits_cos_min"][1]
+    assert 1 - vs_qdq.min() < (1 - vs_fp32.min()) / 10  # the simulator adds a tenth of what 4 bits cost, at most
 
 
 # ------------------------------------------------------------------ kztts inspect / validate --target

@@ -39,8 +39,34 @@ def test_every_htp_precision_is_bounded():
     from kztts.bundle import graphs as G
 
     for precision in G.HTP_PRECISIONS:
-        assert BOUNDS[f"htp-{precision}"], precision
+        entry = G.htp_precision(precision)
+        assert BOUNDS[f"htp-{precision}"] and BOUNDS[entry.bounds] and BOUNDS[entry.lm_bounds], precision
     assert BOUNDS["lm-w8a16"]
+
+
+def test_a_mixed_plan_is_bounded_as_its_least_precise_member(tmp_path):
+    """``validate --placement PLAN``: a plan with any 4-bit unit is judged by the w4a16 bounds; an all-w8a16 plan by
+    w8a16's; a float placement by the placement bounds. The tiny w4a16 row measured on the simulator passes its
+    bounds, and would fail w8a16's (its argmax agreement)."""
+    import argparse
+    import json
+
+    from kztts.cli.validate import _plan_bounds
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    bundle = cached_bundle(cached_tiny("proj"))
+    plans = {"mixed": {"talker": {"layers": ["w8a16", "w4a16"], "head": "cpu"}},
+             "eight": {"talker": {"layers": ["w8a16", "cpu"], "head": "w8a16"}},
+             "float": {"talker": {"layers": ["htp", "cpu"]}}}
+    got = {}
+    for name, body in plans.items():
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"schema": "kztts-placement/1", "mode": "explicit", **body}))
+        got[name] = _plan_bounds(argparse.Namespace(placement=str(f), bundle=str(bundle)), "bounds")
+    assert got == {"mixed": BOUNDS["htp-w4a16"], "eight": BOUNDS["htp-w8a16"], "float": None}
+    measured = {"talker_logits_cos_min": 0.9700263, "talker_argmax_match": 0.7352941}  # docs/PRECISION.md, w4a16
+    assert judge(dict(measured), BOUNDS["htp-w4a16"]) and not judge(dict(measured), BOUNDS["htp-w8a16"])
 
 
 def _published_lm_rows() -> dict[str, dict]:

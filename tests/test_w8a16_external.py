@@ -2,7 +2,7 @@
 
 ``kztts.export.common.onnx_export.EXTERNAL_DATA_BYTES`` is lowered to 0 so the tiny LM's graphs take the path
 the 2 GB graphs take: weights in ``<file>.data``, a lazily prepared model for ``quantize_static``,
-the MinMax ranges of ``kztts.export.htp.w8a16.minmax_ranges``, a QDQ graph with external data. The
+the MinMax ranges of ``kztts.export.htp.qdq.minmax_ranges``, a QDQ graph with external data. The
 results must equal the inline path's exactly (same code after the weights' location).
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     the external path keeps external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ
     graphs are the inline path's (same initializers, same outputs on the CPU EP)."""
     import kztts.export.common.onnx_export as onnx_export
-    from kztts.export.htp.w8a16 import quantize_graphs
+    from kztts.export.htp.qdq import quantize_graphs
 
     inline, external = tmp_path / "inline", tmp_path / "external"
     files = _static_graphs(tiny_talker, inline)
@@ -135,7 +135,7 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     feeds = {name: _feeds(_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
     out = {}
     for work in (inline, external):
-        out[work] = quantize_graphs(work, files, lambda name: iter(feeds[name]))
+        out[work] = quantize_graphs(work, files, lambda name: iter(feeds[name]), precision="w8a16")
     assert out[inline] == out[external]
     assert sorted(p.name for p in (external / "graphs").iterdir()) == sorted(
         n for rel in out[external].values() for n in (Path(rel).name, Path(rel).name + ".data"))
@@ -154,7 +154,7 @@ def test_minmax_ranges_match_ort_calibrator(tiny_talker, tmp_path):
     from onnxruntime.quantization.calibrate import create_calibrator
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from kztts.export.htp.w8a16 import _qdq_input, minmax_ranges
+    from kztts.export.htp.qdq import _qdq_input, minmax_ranges
 
     files = _static_graphs(tiny_talker, tmp_path)
     src = tmp_path / files["talker_decode"]

@@ -14,7 +14,7 @@ from kztts.export.common.qwen3_stack import head_norm
 # The attribute names the stacks give their RMSNorms (Qwen3Stack.norm, StaticLayer's, StaticAttn's): the
 # exported nodes of a norm are named "[/stack]/<name>[_<i>]/<op>" (torch.onnx's module scopes: "/stack/"
 # when the stack's own forward calls them, none when a graph runs the layers itself, as the probed
-# static graphs do), which is how the w8a16 quantizer finds them (kztts.export.htp.w8a16.rmsnorm_nodes).
+# static graphs do), which is how the w8a16 quantizer finds them (kztts.export.htp.qdq.rmsnorm_nodes).
 # NORM_SCOPE matches a node name of a norm; its group 1 is the norm ("/input_layernorm_3").
 NORM_MODULES = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "norm")
 NORM_SCOPE = re.compile(rf"^((?:/stack)?/(?:{'|'.join(NORM_MODULES)})(?:_\d+)?)/")

@@ -1,4 +1,4 @@
-"""8-bit KV I/O with fixed scales for the w8a16 static Talker graphs (target key ``kv_dtype: uint8``).
+"""8-bit KV I/O with fixed scales for the QDQ static Talker graphs (target key ``kv_dtype: uint8``).
 
 What Qualcomm's LLM exports do (AI Hub ``qai_hub_models/models/_shared/llm``: ``_set_tensors_to_output_8b_sym``
 and ``_tie_quantizers_for_kv_cache`` in ``_utils.py``, compiled with ``--quantize_io``): the past-KV
@@ -8,7 +8,7 @@ graph's 8-bit new entries into its 8-bit cache as they are.
 
 Here: one extra pass of the float static graphs over the calibration prompts measures max |K| and
 max |V| per layer (scale ``max / 127``, zero point 128, the same numbers for a layer's past input
-and new output: the tie); the graphs are quantized w8a16 as usual, then :func:`uint8_io` makes
+and new output: the tie); the graphs are quantized at their precision as usual, then :func:`uint8_io` makes
 ``past_{kind}_{l}_in`` and ``new_{kind}_{l}`` uint8 tensors: a DequantizeLinear after each past
 input and a QuantizeLinear after each new output, next to the graph's own 16-bit Q/DQ, so the
 HTP converts 8 <-> 16 bit itself and no float crosses the bus. (The quantizer's own per-tensor
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kztts.bundle import graphs as G
-from kztts.export.htp.w8a16 import calibration_feeds, quantize_talker_graphs
+from kztts.export.htp.qdq import calibration_feeds, quantize_talker_graphs
 from kztts.runners.talker_static import DECODE
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,13 @@ def read_kv_scales(path: Path, num_layers: int) -> dict:
     return out
 
 
-def quantize_uint8_kv(model, work_dir: Path, float_files: dict[str, str], target, **calibration) -> dict[str, str]:
-    """w8a16 graphs with uint8 KV I/O: ``{graph name: rel file}`` (see the module docstring)."""
+def quantize_uint8_kv(model, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
+                      matmul_precisions: dict | None = None, **calibration) -> dict[str, str]:
+    """QDQ graphs at ``precision`` with uint8 KV I/O: ``{graph name: rel file}`` (see the module docstring)."""
     scales = measure_kv_scales(model, work_dir, float_files, target, **calibration)
     log.info("8-bit KV scales: keys %s, values %s", scales["key"], scales["value"])
-    files = quantize_talker_graphs(model, work_dir, float_files, target, **calibration)
+    files = quantize_talker_graphs(model, work_dir, float_files, target, precision=precision,
+                                   matmul_precisions=matmul_precisions, **calibration)
     for rel in files.values():
         uint8_io(work_dir / rel, scales)
     return files

@@ -19,7 +19,7 @@ outputs
 
 ``kv`` is the KV I/O type (``kztts.bundle.graphs.HTP_KV_DTYPES``, manifest ``kv_dtype``, target key
 ``kv_dtype``): float16 by default for fp16 graphs (the HTP computes in fp16 anyway; a Cast at each
-end keeps the CPU EP's math in fp32), float32 for w8a16 graphs unless the target asks for uint8.
+end keeps the CPU EP's math in fp32), float32 for QDQ graphs unless the target asks for uint8.
 
 Key slots 0..C-S-1 are the host's cache (the first C-S of its C-1 slots), slots
 C-S..C-1 are the S new positions; the mask says which are valid
@@ -60,7 +60,8 @@ from kztts.export.graphs.segment_graphs import export_talker_segments
 from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
 from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
-from kztts.export.htp.w8a16 import quantize_talker_graphs
+from kztts.export.htp.qdq import quantize_cp_frame, quantize_talker_graphs
+from kztts.htp.placement import LayerPlacement
 from kztts.htp.qnn import bundle_target, create_session, qnn_available, qnn_unavailable_reason
 from kztts.htp.targets import Target, load_target
 
@@ -153,22 +154,27 @@ def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, t
                                 "htp_arch": target.soc.htp_arch, **extra})
 
 
-def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
-    """fp16: the float graphs as they are (the HTP computes them in fp16)."""
+def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target, precision: str,
+                  matmul_precisions: dict | None = None) -> dict[str, str]:
+    """A float precision (fp16): the float graphs as they are (the HTP computes them in fp16)."""
     return dict(files)
 
 
-def _w8a16_talker(model, work_dir: Path, files: dict[str, str], target: Target) -> dict[str, str]:
-    """w8a16: QDQ graphs calibrated on real prompts (``kztts.export.htp.w8a16``); with the target's
-    ``kv_dtype: uint8`` their KV I/O is 8-bit with fixed scales (``kztts.export.htp.kv_quant``)."""
-    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
-        return quantize_uint8_kv(model, work_dir, files, target)
-
-    return quantize_talker_graphs(model, work_dir, files, target)
+def _qdq_talker(model, work_dir: Path, files: dict[str, str], target: Target, precision: str,
+                matmul_precisions: dict | None = None) -> dict[str, str]:
+    """A quantized precision: QDQ graphs calibrated on real prompts (``kztts.export.htp.qdq``; ``matmul_precisions``
+    {graph: {MatMul key: precision}} from a precision plan); with the target's ``kv_dtype: uint8`` their KV I/O is
+    8-bit with fixed scales (``kztts.export.htp.kv_quant``)."""
+    if G.htp_kv_dtype(precision, target.kv_dtype) == "uint8":
+        return quantize_uint8_kv(model, work_dir, files, target, precision=precision,
+                                 matmul_precisions=matmul_precisions)
+    return quantize_talker_graphs(model, work_dir, files, target, precision=precision,
+                                  matmul_precisions=matmul_precisions)
 
 
 # One builder per ``kztts.bundle.graphs.HTP_PRECISIONS`` entry: {graph: float file} -> {graph: file to ship}.
-TALKER_PRECISION_BUILDERS = {"fp16": _float_talker, "w8a16": _w8a16_talker}
+TALKER_PRECISION_BUILDERS = {n: _qdq_talker if p.quantized else _float_talker
+                             for n, p in G.HTP_PRECISION_ENTRIES.items()}
 
 
 def _check_options(target, precision: str, context_binary: bool) -> str:
@@ -189,8 +195,9 @@ def _check_options(target, precision: str, context_binary: bool) -> str:
 
 
 def _static_talker(model, work_dir: Path, export_id: str, target, precision: str, kv: str,
-                   builders: dict | None) -> dict[str, GraphSpec]:
-    """The whole-stack Talker graphs the target places on the HTP, float then built at ``precision``."""
+                   builders: dict | None, plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
+    """The whole-stack Talker graphs the target places on the HTP, float then built at ``precision`` (a quantized
+    ``plan``: each MatMul at its ``whole_stack_precisions``)."""
     S, C = target.shapes.prefill_chunk, target.shapes.context
     common = dict(context=C, mask_value=target.attention_mask_value, target_shapes={
         "prefill_chunk": S, "context": C, "decoder_chunk": target.shapes.decoder_chunk})
@@ -205,8 +212,15 @@ def _static_talker(model, work_dir: Path, export_id: str, target, precision: str
     specs: dict[str, GraphSpec] = {}
     if not float_files:
         return specs
+    matmuls = None
+    if plan is not None and plan.quantized:
+        per_matmul = plan.whole_stack_precisions()
+        matmuls = {n: per_matmul for n in float_files}
+        common["matmul_precisions"] = {k: p for k, p in per_matmul.items() if p != precision}
+        log.info("whole-stack Talker graphs at %s, %d MatMuls at another precision (plan %s)", precision,
+                 len(common["matmul_precisions"]), plan.source or plan.mode)
     build = {**TALKER_PRECISION_BUILDERS, **(builders or {})}[precision]
-    files = build(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target)
+    files = build(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target, precision, matmuls)
     for name, (rel, seq) in float_files.items():
         if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
             common["kv_scales"] = read_kv_scales(work_dir / files[name], talker_shape(model.talker).num_layers)
@@ -217,21 +231,66 @@ def _static_talker(model, work_dir: Path, export_id: str, target, precision: str
     return specs
 
 
+def plan_precision(plan: LayerPlacement) -> str:
+    """The precision of whole-stack graphs exported with ``plan``: its least precise quantized one."""
+    return G.least_precise(p for p in plan.whole_stack_precisions().values())
+
+
+def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: LayerPlacement, target,
+                      seg_spec, builders: dict | None) -> dict[str, GraphSpec]:
+    """The QDQ layer graphs ``plan`` runs (``quantized_units``): ``talker_{phase}_layer_{l}_{precision}`` beside the
+    float ones, each calibrated on its own inputs while the float layer graphs speak (``builders`` as for the
+    whole-stack graphs: an LM calibrates on text)."""
+    from kztts.bundle.segments import segment_graph_name
+
+    drive = {n: s.file for n, s in specs.items() if s.extra.get("segment")}
+    out: dict[str, GraphSpec] = {}
+    by_precision: dict[str, dict[str, str]] = {}
+    for phase, unit, precision in plan.quantized_units():
+        by_precision.setdefault(precision, {})[segment_graph_name(phase, unit)] = (phase, unit)
+    for precision, units in by_precision.items():
+        files = {name: drive[name] for name in units}
+        matmuls = {name: plan.unit_matmuls(ph, u) for name, (ph, u) in units.items()}
+        first = {name: (u if u != "head" else 0) for name, (_, u) in units.items()}
+        build = (builders or {}).get(precision)
+        if build is not None:
+            q = build(model, work_dir, files, target, precision, matmuls, drive=drive, first_layers=first)
+        else:
+            q = quantize_talker_graphs(model, work_dir, files, target, precision=precision, matmul_precisions=matmuls,
+                                       first_layers=first, keep_float=True, drive=drive)
+        for name, (phase, unit) in units.items():
+            base = specs[name].extra
+            variant = segment_graph_name(phase, unit, precision)
+            out[variant] = seg_spec(variant, q[name], precision=precision, seq=base["seq"], context=base["context"],
+                                    phase=phase, unit=unit, stats=base["stats"], base=name,
+                                    matmul_precisions=matmuls[name])
+    return out
+
+
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
                       context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False, builders: dict | None = None) -> dict[str, GraphSpec]:
+                      talker_only: bool = False, builders: dict | None = None,
+                      plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
-    (when placed on the HTP), precision ``fp16`` (float graph, fp16 arithmetic on the
-    HTP) or ``w8a16`` (QDQ graph calibrated on real prompts). ``context_binary`` adds
+    (when placed on the HTP) at ``precision`` (``kztts.bundle.graphs.HTP_PRECISIONS``: a float graph the HTP
+    computes in fp16, or a QDQ graph calibrated on real prompts). ``context_binary`` adds
     EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
     Talker as per-layer graphs (``kztts.export.graphs.segment_graphs``; float, fp16 on the HTP) so a
     layer placement can be chosen at load time. ``talker_only``: no Code Predictor or decoder
     graphs (a causal LM, ``kztts.export.lm.bundle_writer``, is a Talker-shaped stack only). ``builders``
-    replaces entries of ``TALKER_PRECISION_BUILDERS`` (an LM calibrates w8a16 on text, not speech).
+    replaces entries of ``TALKER_PRECISION_BUILDERS`` (an LM calibrates on text, not speech).
+    ``plan``: a precision plan (``kztts.htp.placement``): with ``segments`` the QDQ variants of the layer graphs
+    it runs quantized, else whole-stack QDQ graphs with its precision per MatMul (at ``plan_precision``
+    unless ``precision`` is given); its ``graphs.cp_frame`` precision for the Code Predictor.
     """
     target = load_target(target)
+    if plan is not None and not segments and plan.quantized:
+        precision = precision or plan_precision(plan)
+        if not G.htp_precision(precision).quantized:
+            raise KzttsError(f"--precision {precision} with a quantized precision plan: whole-stack graphs with a "
+                             "precision per MatMul are QDQ graphs; drop --precision or export with --segments")
     precision = precision or target.precision
     kv = _check_options(target, precision, context_binary)
     work_dir = Path(work_dir)
@@ -239,16 +298,21 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
     if target.shapes.context - 1 > limit:
         raise KzttsError(f"{target.path}: shapes.context {target.shapes.context} exceeds the model's {limit} "
                          "positions")
-    specs = _static_talker(model, work_dir, export_id, target, precision, kv, builders)
+    whole_plan = plan if plan is not None and not segments else None
+    specs = _static_talker(model, work_dir, export_id, target, precision, kv, builders, whole_plan)
     if segments:
-        def seg_spec(name: str, rel: str, **extra) -> GraphSpec:
-            return _spec(work_dir, name, rel, "fp16", export_id, target, mask_value=target.attention_mask_value,
+        def seg_spec(name: str, rel: str, precision: str = G.FLOAT_HTP_PRECISION, **extra) -> GraphSpec:
+            return _spec(work_dir, name, rel, precision, export_id, target, mask_value=target.attention_mask_value,
                          segment=True, **extra)
 
         specs.update(export_talker_segments(model, work_dir, export_id=export_id, target=target, spec_fn=seg_spec))
+        if plan is not None and plan.quantized_units():
+            specs.update(_segment_variants(model, work_dir, specs, plan, target, seg_spec, builders))
 
     if target.on_htp("cp_frame") and not talker_only:
-        spec = export_cp_frame_htp(model, work_dir, export_id, target)
+        cp_precision = (plan.graphs.get("cp_frame") if plan is not None else None) or \
+            (precision if plan is None else G.FLOAT_HTP_PRECISION)
+        spec = export_cp_frame_htp(model, work_dir, export_id, target, cp_precision)
         if spec is not None:
             specs["cp_frame"] = spec
     if target.on_htp("decoder") and not talker_only:
@@ -262,23 +326,30 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
 def _drop_graph(work_dir: Path, specs: dict[str, GraphSpec], name: str, files: set[str]) -> None:
     """Remove graph ``name`` from the export (``talker_graphs: prefill-only``: the decode graph was
-    only needed to calibrate w8a16; ``kztts.runners.talker_prefill_only`` serves decode steps)."""
+    only needed to calibrate a QDQ graph; ``kztts.runners.talker_prefill_only`` serves decode steps)."""
     specs.pop(name, None)
     for rel in files:
         for f in (work_dir / rel, work_dir / f"{rel}.data"):
             f.unlink(missing_ok=True)
 
 
-def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec | None:
+def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target,
+                        precision: str = G.FLOAT_HTP_PRECISION) -> GraphSpec | None:
     """The Code Predictor frame graph (15 unrolled steps, in-graph sampling) for the HTP.
 
-    It is static already, so the CPU bundle's ``graphs/cp_frame.onnx`` is reused when the
-    CPU export wrote it. It stays a float graph (fp16 on the HTP) in w8a16 bundles too:
-    its in-graph sampling (TopK, CumSum, comparisons) must not be quantized."""
+    It is static already, so the CPU bundle's ``graphs/cp_frame.onnx`` is reused when the CPU export wrote
+    it, and the CPU keeps running it (fp32). At a quantized ``precision`` the HTP runs a QDQ version
+    (``extra.htp_file``, ``kztts.export.htp.qdq.quantize_cp_frame``): its stack and heads quantized, its
+    in-graph sampling (TopK, CumSum, comparisons) float (fp16 on the HTP)."""
     rel = "graphs/cp_frame.onnx"
     if not (work_dir / rel).is_file():
         export_cp_frame(model, work_dir / rel)
-    return _spec(work_dir, "cp_frame", rel, "fp16", export_id, target, cpu_precision="fp32")
+    extra = {}
+    if G.htp_precision(precision).quantized:
+        htp_rel = quantize_cp_frame(model, work_dir, rel, target, precision=precision)
+        stamp_graph(work_dir / htp_rel, "cp_frame", export_id)
+        extra["htp_file"] = htp_rel
+    return _spec(work_dir, "cp_frame", rel, precision, export_id, target, cpu_precision="fp32", **extra)
 
 
 def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec:
@@ -301,7 +372,7 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
     example = (_example_codes(frames, step.bins), torch.tensor([0], dtype=torch.int64), *step.zero_state())
     export_onnx(step, example, work_dir / rel, ins, outs, None)
     check_static(work_dir / rel)
-    return _spec(work_dir, DECODER_CHUNK, rel, "fp16", export_id, target, frames=frames,
+    return _spec(work_dir, DECODER_CHUNK, rel, G.FLOAT_HTP_PRECISION, export_id, target, frames=frames,
                  samples_per_frame=step.samples_per_frame,
                  state=[{"name": n, "shape": list(sh)} for n, sh in step.state_specs])
 
@@ -380,7 +451,8 @@ def _with_context_binaries(work_dir: Path, specs: dict[str, GraphSpec], target: 
     groups = [[n for n in (PREFILL, DECODE) if n in specs]] + [[n] for n in specs if n not in (PREFILL, DECODE)]
     ctx: dict[str, dict] = {}
     for group in filter(None, groups):
-        ctx.update(make_context_binaries(work_dir, {n: specs[n].file for n in group}, target, on_session))
+        ctx.update(make_context_binaries(work_dir, {n: specs[n].extra.get("htp_file", specs[n].file) for n in group},
+                                         target, on_session))
     out = {}
     for name, d in ctx.items():
         stamp_graph(work_dir / d["file"], name, export_id)

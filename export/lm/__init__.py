@@ -1,5 +1,5 @@
 """Qwen2/Qwen3 causal LMs -> LM bundles: loading a Hugging Face directory or GGUF (``checkpoint``,
-``gguf_meta``, ``family``), the bundle (``bundle_writer``), its w8a16 HTP graphs (``w8a16``), per-layer
+``gguf_meta``, ``family``), the bundle (``bundle_writer``), its QDQ HTP graphs' text calibration (``text_calibration``), per-layer
 magnitudes (``magnitudes``) and tiny random LMs (``tiny``); hybrid Qwen3-Next / Qwen3.5 LMs (``hybrid``, which
 ``bundle_writer`` hands them to, and their tiny random models, ``hybrid_tiny``); what every LM bundle's manifest
 holds besides its graphs (``lm_parts``).

@@ -6,9 +6,9 @@ placements and calibration serve it unchanged:
 
 - ``talker`` (plain, dynamic CPU) and ``talker_gqa`` (fused attention, when head_dim allows) with its
   batched form ``talker_batched`` (rows of several conversations, ``kztts.server.chat``);
-- with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP; fp16, or w8a16 QDQ
-  calibrated on text by ``kztts.export.lm.w8a16``), and with ``--segments`` (fp16 only) the
-  per-layer graphs with magnitude probes;
+- with ``--target``: ``talker_prefill`` / ``talker_decode`` (static HTP; fp16, or a quantized precision's QDQ
+  graphs calibrated on text by ``kztts.export.lm.text_calibration``), and with ``--segments`` (fp16) the
+  per-layer graphs with magnitude probes, plus the QDQ variants a precision plan (``--placement``) runs;
 - the LM head is the graphs' head (``logits`` [.., vocab]); the token embedding is the table
   ``embeddings/token_embedding.npy`` (bf16 when exact, else fp32), gathered on the host.
 
@@ -46,10 +46,11 @@ from kztts.export.lm.lm_parts import (
     special_ids,
     write_token_embedding,
 )
-from kztts.export.lm.w8a16 import quantize_lm_graphs
+from kztts.export.lm.text_calibration import quantize_lm_graphs
 from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
 from kztts.htp.targets import load_target, target_path
 from kztts.lm import chatml
+from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
 
@@ -92,24 +93,24 @@ def _load(source: Path):
 
 
 def check_lm_precision(precision: str, target, segments: bool) -> None:
-    """The HTP precisions an LM bundle has: fp16 (with or without the layer graphs) and w8a16 (the
-    whole-stack static graphs, calibrated on text by ``kztts.export.lm.w8a16``; fp32 KV I/O)."""
+    """The HTP precisions an LM bundle has: fp16 (with or without the layer graphs) and the quantized ones (the
+    whole-stack static graphs, calibrated on text by ``kztts.export.lm.text_calibration``; fp32 KV I/O; a
+    precision per layer: ``--segments --placement PLAN``)."""
     if precision not in G.HTP_PRECISIONS:
         raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    if precision != "w8a16":
+    if not G.htp_precision(precision).quantized:
         return
     if segments:
         raise KzttsError(
-            "--segments with --precision w8a16 is not supported for LM bundles: the layer graphs are float graphs "
-            "(fp16 on the HTP) whose magnitude probes the fp16 guard and `kztts calibrate` read, so a placement over "
-            "them would run fp16, not w8a16; quantized layer graphs would clip those probes to their calibrated "
-            "ranges (blind to the outliers they exist to catch) and run fake-quantized where the guard moves a layer "
-            "to the CPU in fp32. Export the w8a16 graphs without --segments (placements all-htp and "
-            "prefill-htp-decode-cpu), and the layer graphs in an fp16 bundle (--precision fp16 --segments)")
-    if G.htp_kv_dtype("w8a16", target.kv_dtype) == "uint8":
+            f"--segments with --precision {precision} is not supported for LM bundles: the layer graphs are float "
+            "graphs (fp16 on the HTP) whose magnitude probes the fp16 guard and `kztts calibrate` read, so a placement "
+            f"over them would run fp16, not {precision}. Export the {precision} graphs without --segments (placements "
+            "all-htp and prefill-htp-decode-cpu), or quantized layer graphs beside the float ones with a precision "
+            "plan: --precision fp16 --segments --placement PLAN (`kztts calibrate` writes one)")
+    if G.htp_kv_dtype(precision, target.kv_dtype) == "uint8":
         raise KzttsError(f"{target.path}: kv_dtype uint8 (8-bit KV with fixed scales) is measured on TTS prompts "
-                         "only (kztts.export.htp.kv_quant); an LM bundle's w8a16 graphs keep fp32 KV: drop the key or "
-                         "give kv_dtype fp32")
+                         f"only (kztts.export.htp.kv_quant); an LM bundle's {precision} graphs keep fp32 KV: drop the "
+                         "key or give kv_dtype fp32")
 
 
 CPU_GRAPH_SETS = {
@@ -121,11 +122,12 @@ CPU_GRAPH_SETS = {
 
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
-                     segments: bool = False, cpu_graphs: str = "all") -> Path:
+                     segments: bool = False, placement: str | None = None, cpu_graphs: str = "all") -> Path:
     """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
-    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer). ``cpu_graphs``
-    ``"fused"`` writes the fused-attention Talker alone (``CPU_GRAPH_SETS``). A hybrid LM (Qwen3-Next /
-    Qwen3.5) goes to ``kztts.export.lm.hybrid``."""
+    the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer; ``placement``: a precision
+    plan, ``kztts.export.htp.static_graphs.export_htp_graphs``). ``cpu_graphs`` ``"fused"`` writes the
+    fused-attention Talker alone (``CPU_GRAPH_SETS``). A hybrid LM (Qwen3-Next / Qwen3.5) goes to
+    ``kztts.export.lm.hybrid``."""
     source, out_dir = Path(source), Path(out_dir)
     if cpu_graphs not in CPU_GRAPH_SETS:
         raise KzttsError(f"cpu_graphs {cpu_graphs!r}: choose one of {', '.join(CPU_GRAPH_SETS)}")
@@ -133,16 +135,22 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         if cpu_graphs != "all":
             raise KzttsError(f"--cpu-graphs {cpu_graphs}: {source} is a hybrid LM, whose CPU graphs are one prefill "
                              "and one decode graph (nothing to leave out); export without it")
+        if placement is not None:
+            raise KzttsError("--placement: a hybrid LM (qwen3_next) has no precision plans (no layer graphs, one "
+                             "precision per static graph)")
         return export_hybrid_bundle(source, out_dir, overwrite=overwrite, target=target, precision=precision,
                                     context_binary=context_binary, segments=segments)
     check_output(out_dir, overwrite)
     if segments and target is None:
         raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
+    if placement is not None and target is None:
+        raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
     target_cfg = None
     if target is not None:
         target_cfg = load_target(target)
-        precision = precision or target_cfg.precision
-        check_lm_precision(precision, target_cfg, segments)
+        if placement is None or segments:  # a whole-stack plan picks its precision (plan_precision)
+            precision = precision or target_cfg.precision
+            check_lm_precision(precision, target_cfg, segments)
     with exclusive_output(out_dir), staged_dir(out_dir) as work:
         check_output(out_dir, overwrite)
         steps = progress.Steps(4 + (target is not None), "export")
@@ -173,17 +181,21 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")
             cfg = lm_config(lm)
+            plan = None
+            if placement is not None:
+                plan = resolve_placement(placement, int(cfg["num_layers"]))
 
-            def w8a16(_model, work_dir, files, tgt):
+            def qdq(_model, work_dir, files, tgt, prec, matmuls=None, drive=None, first_layers=None):
                 # the float graphs are written: from here the LM is read from them (calibration) and only
                 # its config from torch, so its weights go (6.2 GB at 1.5B in fp32, not held beside the
                 # calibration sessions and the quantizer's ModelProto); "meta" keeps their shapes
                 lm.to("meta")
-                return quantize_lm_graphs(cfg, work_dir, files, tgt)
+                return quantize_lm_graphs(cfg, work_dir, files, tgt, precision=prec, matmul_precisions=matmuls,
+                                          first_layers=first_layers, drive=drive)
 
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,
                                             context_binary=context_binary, segments=segments, talker_only=True,
-                                            builders={"w8a16": w8a16}))
+                                            builders={p: qdq for p in G.QUANTIZED_PRECISIONS}, plan=plan))
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
         if unknown:
@@ -205,17 +217,20 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
 
 
 def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments: bool = False,
-                     precision: str | None = None) -> Path:
+                     precision: str | None = None, placement: str | Path | None = None) -> Path:
     """``model_dir`` exported once into the cache (tests, demos), keyed by the checkpoint path, the
-    exporter code, the target file and the HTP precision."""
+    exporter code, the target file, the HTP precision and the precision plan (its file's bytes)."""
     model_dir = Path(model_dir).resolve()
     extra = str(model_dir).encode()
     tfile = None
     if target is not None:
         tfile = target_path(target)
         extra += tfile.read_bytes() + (b"|segments" if segments else b"") + (f"|{precision}".encode() if precision else b"")
+        if placement is not None:
+            extra += b"|plan" + (Path(placement).read_bytes() if Path(placement).is_file() else str(placement).encode())
     key = code_key(*sorted(Path(__file__).parent.glob("*.py")), chatml, extra=extra, length=10)
     out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{key}"
     return build_once(out, lambda work: export_lm_bundle(model_dir, work, overwrite=True,
                                                          target=str(tfile) if tfile else None, segments=segments,
-                                                         precision=precision))
+                                                         precision=precision,
+                                                         placement=str(placement) if placement else None))

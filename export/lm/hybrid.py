@@ -56,16 +56,16 @@ def is_hybrid_source(source: str | Path) -> bool:
 
 
 def check_hybrid_options(target: Target | None, precision: str | None, segments: bool) -> str | None:
-    """The HTP precision of a hybrid export (fp16); w8a16 is refused in one line."""
+    """The HTP precision of a hybrid export (fp16); a quantized one is refused in one line."""
     if target is None:
         return None
     precision = precision or target.precision
     if precision not in G.HTP_PRECISIONS:
         raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    if precision != "fp16":
+    if G.htp_precision(precision).quantized:
         raise KzttsError(f"--precision {precision} is not available for hybrid LMs (qwen3_next): their static graphs "
-                         "are fp16 (the w8a16 calibration drives the Talker-shaped LM graphs only); export with "
-                         "--precision fp16")
+                         "are fp16 (the QDQ calibration drives the Talker-shaped LM graphs only); export with "
+                         f"--precision {G.FLOAT_HTP_PRECISION}")
     if segments:
         log.warning("hybrid LMs have no per-layer graphs: exporting the whole-stack static graphs, whose probes "
                     "cover every layer (the fp16 guard and kztts calibrate read them)")

@@ -26,6 +26,7 @@ from kztts.export.graphs.talker_graph import TalkerGraph
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.tts.tiny import MARKER
 from kztts.htp.targets import load_target, target_path
+from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,10 @@ def check_output(out_dir: Path, overwrite: bool) -> None:
 
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
-                  context_binary: bool = False, segments: bool = False) -> Path:
+                  context_binary: bool = False, segments: bool = False, placement: str | None = None) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
-    when given (and its per-layer Talker segments with ``segments``); written to a temp
+    when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan,
+    ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a temp
     dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
@@ -90,8 +92,13 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
         if segments and target is None:
             raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
+        if placement is not None and target is None:
+            raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
+        plan = None
         if target is not None:
             target_cfg = load_target(target)  # fail on a bad target before the long work
+            if placement is not None:
+                plan = resolve_placement(placement, int(cfg["talker_config"]["num_hidden_layers"]))
         steps = progress.Steps(6 + (target is not None), "export")
         steps.phase("loading checkpoint")
         tts = load_reference(model_dir)
@@ -119,7 +126,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             steps.phase(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
                                             precision=precision, context_binary=context_binary,
-                                            segments=segments))
+                                            segments=segments, plan=plan))
             steps.update()
         steps.phase("manifest")
         manifest = {
@@ -173,14 +180,18 @@ def cached_bundle(model_dir: str | Path) -> Path:
 
 
 def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision: str | None = None,
-                         context_binary: bool = False, segments: bool = False, tag: str = "") -> Path:
+                         context_binary: bool = False, segments: bool = False, tag: str = "",
+                         placement: str | Path | None = None) -> Path:
     """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
-    checkpoint, the exporter code, the target file and the options."""
+    checkpoint, the exporter code, the target file and the options (a precision plan by its file's bytes)."""
     model_dir = Path(model_dir)
     tfile = target_path(target)
     opts = f"{precision}|{context_binary}|{tag}" + ("|segments" if segments else "")
+    if placement is not None:
+        opts += "|plan" + (Path(placement).read_text() if Path(placement).is_file() else str(placement))
     h = code_key(tfile, extra=opts.encode(), length=8)
     out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{tfile.stem}-{h}"
     return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True, target=str(tfile),
                                                       precision=precision, context_binary=context_binary,
-                                                      segments=segments))
+                                                      segments=segments,
+                                                      placement=str(placement) if placement else None))

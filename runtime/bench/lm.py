@@ -8,10 +8,11 @@ multilingual text set, plus 32 greedy tokens per prompt):
   median ms per decode step at ``--threads`` and the load average beside it;
 - with ``--target``: the HTP simulator in fp16 under all-htp (the static graphs),
   guarded (``kztts calibrate``'s placement, run on the layer graphs with the fp16 guard on) and
-  prefill-htp-decode-cpu (KV handover); in w8a16 (a second bundle: the static graphs quantized,
-  calibrated on text by ``kztts.export.lm.w8a16``) under all-htp and prefill-htp-decode-cpu.
-  A w8a16 guarded row does not exist: the layer graphs are fp16 only (the exporter refuses
-  ``--segments`` with w8a16; its message is quoted in the report). HTP rows are never timed (the
+  prefill-htp-decode-cpu (KV handover); in each quantized precision (w8a16, w4a16: a bundle each, the static
+  graphs quantized, calibrated on text by ``kztts.export.lm.text_calibration``) under all-htp and
+  prefill-htp-decode-cpu. A quantized guarded row does not exist: the layer graphs are fp16 (the exporter
+  refuses ``--segments`` with a quantized precision; its message is quoted in the report); a precision plan
+  given as a placement file runs on the layer graphs with their QDQ variants. HTP rows are never timed (the
   simulator is not a device). A bundle with ``--segments`` layer graphs but no whole-stack static
   graphs (a 1.5B's, ``benchmarks/lm_precision/simulator_lm512.json``) runs the fp16 rows on its layer graphs,
   with the guard counting flagged HTP calls (``guard_flagged``) rather than failing the row; QNN
@@ -42,6 +43,7 @@ from pathlib import Path
 import psutil
 
 from kztts.bench import ray_units
+from kztts.bundle import graphs as G
 from kztts.bundle.manifest import bundle_digest, read_manifest
 from kztts.bundle.segments import segment_graph_name
 from kztts.core.cache import portable_command, portable_path
@@ -64,22 +66,22 @@ from kztts.htp.targets import load_target
 log = logging.getLogger(__name__)
 
 PLACEMENTS = ("all-htp", "guarded", "prefill-htp-decode-cpu")
-HTP_PRECISIONS = ("fp16", "w8a16")
+HTP_PRECISIONS = G.HTP_PRECISIONS  # float rows from the bundle, a quantized precision's from a bundle of its own
 INT4_CAVEAT = ("The checkpoint is a GGUF whose weights already lie on a 4-bit grid (Q4_K_M): re-quantizing them "
                "to int4 (blocks of 128) flatters int4; on a full-precision checkpoint int4 would lose more.")
 
 
-def w8a16_guarded_refusal(source: Path, target: str) -> str:
-    """The exporter's own message for w8a16 layer graphs (refused before anything loads): why there is
-    no w8a16 guarded row."""
+def quantized_guarded_refusal(source: Path, target: str, precision: str) -> str:
+    """The exporter's own message for layer graphs at quantized ``precision`` (refused before anything loads):
+    why there is no guarded row at that precision."""
     from kztts.export.lm.bundle_writer import export_lm_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            export_lm_bundle(source, Path(tmp) / "b", target=target, precision="w8a16", segments=True)
+            export_lm_bundle(source, Path(tmp) / "b", target=target, precision=precision, segments=True)
         except KzttsError as e:
             return str(e)
-    return "accepted (unexpected: add a w8a16 guarded row)"
+    return f"accepted (unexpected: add a {precision} guarded row)"
 
 
 def guarded_placement(bundle: Path, out: Path, prompts: Path | None = None) -> Path:
@@ -104,31 +106,33 @@ def layer_graphs_only(bundle: Path) -> bool:
 
 def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
               calibrate_prompts: Path | None = None, precisions: tuple[str, ...] = ("fp16",),
-              w8a16_bundle: Path | None = None, guarded: Path | None = None) -> list:
-    """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: fp16 rows of ``bundle``,
-    w8a16 rows of ``w8a16_bundle`` (no guarded row: its layer graphs would be fp16). ``guarded``: the
-    guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a file (a
-    ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP) is an fp16 row of its own, named
-    after the file and run as the guarded row is (no w8a16 row: the layer graphs are fp16)."""
+              quantized_bundles: dict[str, Path] | None = None, guarded: Path | None = None) -> list:
+    """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: float (fp16) rows of ``bundle``,
+    a quantized precision's rows of ``quantized_bundles[precision]`` (no guarded row: its layer graphs would be
+    fp16). ``guarded``: the guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a
+    file (a ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP, or a precision plan) is a
+    row of its own on ``bundle``, named after the file and run as the guarded row is."""
     from kztts.export.tts.variants import cached_variant
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
     layers = target is not None and layer_graphs_only(bundle)
     for prec in precisions if target else ():
         for p in placements:
-            if p not in PLACEMENTS:  # a placement file (a layer sweep): run as the guarded row is, on the layer graphs
-                if prec == "fp16":
-                    specs.append(RowSpec(f"htp-sim fp16 {Path(p).stem}", bundle, target=target, check_saturation=True,
+            quantized = G.htp_precision(prec).quantized
+            if p not in PLACEMENTS:  # a placement file (a layer sweep, a plan): as the guarded row, on the layer graphs
+                if not quantized:
+                    specs.append(RowSpec(f"htp-sim {prec} {Path(p).stem}", bundle, target=target, check_saturation=True,
                                          guard_counts=layers, placement=str(Path(p).resolve())))
-            elif prec == "w8a16":
+            elif quantized:
                 if p != "guarded":
-                    specs.append(RowSpec(f"htp-sim w8a16 {p}", w8a16_bundle, target=target, placement=p))
+                    specs.append(RowSpec(f"htp-sim {prec} {p}", (quantized_bundles or {})[prec], target=target,
+                                         placement=p))
             elif p == "guarded":
                 placement = guarded or guarded_placement(bundle, out, calibrate_prompts)
-                specs.append(RowSpec("htp-sim fp16 guarded", bundle, target=target, check_saturation=True,
+                specs.append(RowSpec(f"htp-sim {prec} guarded", bundle, target=target, check_saturation=True,
                                      guard_counts=layers, placement=str(placement)))
             else:
-                specs.append(RowSpec(f"htp-sim fp16 {p}", bundle, target=target, placement=p,
+                specs.append(RowSpec(f"htp-sim {prec} {p}", bundle, target=target, placement=p,
                                      check_saturation=layers, guard_counts=layers))
     return specs
 
@@ -142,7 +146,7 @@ def model_facts(manifest: dict) -> dict:
 
 
 def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: str | None, steps: int,
-                    w8a16: str | None, command: str) -> str:
+                    no_guarded: dict | None, command: str) -> str:
     subset = f" (texts: {texts})" if texts else ""
     lines = [f"LM `{model.get('model_type')}` from `{model.get('source')}` "
              f"(sha256 {str(model.get('sha256') or '')[:12]}...), {threads} threads, "
@@ -156,10 +160,10 @@ def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: st
               "whose tokens are all equal.",
               "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
               "of one run, not absolute figures."]
-    if w8a16 is not None:
-        lines.append(f"- HTP w8a16: static graphs calibrated on `kztts.export.lm.w8a16.CALIBRATION_TEXTS` "
-                     f"(disjoint from the measured texts); no guarded row, the exporter refuses w8a16 layer graphs: "
-                     f"\"{w8a16}\"")
+    for prec, why in (no_guarded or {}).items():
+        lines.append(f"- HTP {prec}: static graphs calibrated on `kztts.export.lm.text_calibration.CALIBRATION_TEXTS` "
+                     f"(disjoint from the measured texts); no guarded row, the exporter refuses {prec} layer graphs: "
+                     f"\"{why}\"")
     lines += ["", "Command:", "", f"    {command}"]
     return "\n".join(lines) + "\n"
 
@@ -176,7 +180,7 @@ class LmBench:
     target: str | None = None
     placements: tuple[str, ...] = PLACEMENTS
     precisions: tuple[str, ...] = HTP_PRECISIONS
-    w8a16_bundle: Path | None = None
+    quantized_bundles: dict | None = None  # {quantized precision: its LM bundle} (default: exported into the cache)
     calibrate_prompts: Path | None = None
     guarded_placement: Path | None = None
     texts: str | None = None
@@ -228,24 +232,24 @@ def run(b: LmBench) -> list[dict]:
     b.out.mkdir(parents=True, exist_ok=True)
     bundle = b.bundle or cached_lm_bundle(b.source, target=b.target, segments=b.target is not None)
     manifest = read_manifest(bundle).data
-    w8a16, w8a16_bundle = None, None
-    if b.target and "w8a16" in b.precisions:
-        w8a16 = w8a16_guarded_refusal(b.source, b.target)
-        w8a16_bundle = b.w8a16_bundle or cached_lm_bundle(b.source, target=b.target, precision="w8a16")
+    no_guarded, qbundles = {}, {}
+    for prec in (p for p in b.precisions if b.target and G.htp_precision(p).quantized):
+        no_guarded[prec] = quantized_guarded_refusal(b.source, b.target, prec)
+        qbundles[prec] = (b.quantized_bundles or {}).get(prec) or cached_lm_bundle(b.source, target=b.target,
+                                                                                   precision=prec)
     specs = row_specs(bundle, list(b.weights), b.target, list(b.placements), b.out, b.calibrate_prompts,
-                      precisions=tuple(b.precisions), w8a16_bundle=w8a16_bundle, guarded=b.guarded_placement)
+                      precisions=tuple(b.precisions), quantized_bundles=qbundles, guarded=b.guarded_placement)
     done: list[dict] = []
     model = model_facts(manifest)
     bundles = {"bundle": {"name": Path(bundle).name, "digest": bundle_digest(bundle)},
-               "w8a16_bundle": None if w8a16_bundle is None else
-               {"name": Path(w8a16_bundle).name, "digest": bundle_digest(w8a16_bundle)}}
+               "quantized_bundles": {p: {"name": Path(q).name, "digest": bundle_digest(q)} for p, q in qbundles.items()}}
     command = portable_command(b.command)
     extra: dict = {}
 
     def write_json(complete: bool) -> None:
         (b.out / "lm_accuracy.json").write_text(json.dumps(
             {"model": model, **bundles, "code_version": ray_units.code_version("lm"), "threads": b.threads,
-             "texts": [s.name for s in samples], "greedy_steps": steps, "w8a16_no_guarded_row": w8a16,
+             "texts": [s.name for s in samples], "greedy_steps": steps, "no_guarded_row": no_guarded,
              "load_avg_end": psutil.getloadavg(), "command": command, "complete": complete, "rows": done, **extra},
             indent=1, default=str), encoding="utf-8")
 
@@ -261,7 +265,7 @@ def run(b: LmBench) -> list[dict]:
         rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
                         on_row=on_row, reference_file=b.reference)
     write_json(complete=True)
-    md = report_markdown(rows, model, b.threads, b.texts, steps, w8a16, command)
+    md = report_markdown(rows, model, b.threads, b.texts, steps, no_guarded, command)
     (b.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
@@ -358,7 +362,7 @@ def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
 def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
     texts would give it (``kztts.eval.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
-    such as the simulator's w8a16 all-htp at 1.5B (about a minute per decode step), can so be run one
+    such as the simulator's quantized all-htp at 1.5B (about a minute per decode step), can so be run one
     text at a time. Only the reports are read: runs of different models, bundles (by digest) or code
     (``code_version``: the rows' modules and packages) are refused. ms/token is a median and is not merged
     (each shard's report keeps its own)."""
@@ -375,7 +379,9 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
                          "carried their model and bundle digests); rerun it")
     steps = _agreed(runs, dirs, "greedy_steps")
     model = _agreed(runs, dirs, "model")
-    digests = {k: _agreed(runs, dirs, k, lambda v: v["digest"]) for k in ("bundle", "w8a16_bundle")}
+    digests = {"bundle": _agreed(runs, dirs, "bundle", lambda v: v["digest"]),
+               "quantized_bundles": _agreed(runs, dirs, "quantized_bundles",
+                                            lambda v: {p: q["digest"] for p, q in v.items()})}
     code = _agreed(runs, dirs, "code_version")
     threads = _agreed(runs, dirs, "threads")
     unfinished = [str(d) for d, r in zip(dirs, runs) if not r.get("complete")]
@@ -389,13 +395,13 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     command = portable_command(command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_accuracy.json").write_text(json.dumps(
-        {"model": model, "bundle": {"digest": digests["bundle"]}, "w8a16_bundle": {"digest": digests["w8a16_bundle"]},
+        {"model": model, "bundle": {"digest": digests["bundle"]}, "quantized_bundles": digests["quantized_bundles"],
          "code_version": code, "threads": threads, "texts": texts, "greedy_steps": steps,
-         "w8a16_no_guarded_row": runs[0].get("w8a16_no_guarded_row"),
+         "no_guarded_row": runs[0].get("no_guarded_row"),
          "merged_from": [portable_path(Path(d).resolve()) for d in dirs], "command": command, "complete": True,
          "rows": rows}, indent=1), encoding="utf-8")
     md = report_markdown(rows, model if model != UNKNOWN else {}, threads, ",".join(texts), steps,
-                         runs[0].get("w8a16_no_guarded_row"), command)
+                         runs[0].get("no_guarded_row"), command)
     (out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
@@ -416,9 +422,11 @@ def add_arguments(ap, standalone: bool) -> None:
                    help="HTP rows' placements: modes, and placement files (each an fp16 row named after its file, "
                         "e.g. a per-layer sweep)")
     g.add_argument("--htp-precisions", default=",".join(HTP_PRECISIONS),
-                   help="HTP rows: fp16 (the --lm-bundle's graphs), w8a16 (a second bundle)")
-    g.add_argument("--w8a16-bundle", type=Path, help="its w8a16 LM bundle (default: exported into the cache "
-                                                      "with --target --precision w8a16)")
+                   help=f"HTP rows: {G.FLOAT_HTP_PRECISION} (the --lm-bundle's graphs), "
+                        f"{', '.join(G.QUANTIZED_PRECISIONS)} (a bundle each)")
+    g.add_argument("--quantized-bundle", action="append", default=[], metavar="PRECISION=BUNDLE",
+                   help="the LM bundle of a quantized precision's rows (repeatable; default: exported into the cache "
+                        "with --target --precision PRECISION)")
     g.add_argument("--calibrate-prompts", type=Path, help="kztts calibrate's prompts for the guarded row "
                                                            "(default: the text set's prompts)")
     g.add_argument("--guarded-placement", type=Path, help="the guarded row's placement file (a `kztts calibrate` "
@@ -446,11 +454,24 @@ def add_ray_argument(ap) -> None:
                          "'kztts[cluster]')")
 
 
+def _quantized_bundles(items: list[str]) -> dict[str, Path]:
+    """``--quantized-bundle PRECISION=BUNDLE`` flags as {precision: bundle}; a bad one is refused naming it."""
+    out = {}
+    for item in items:
+        prec, sep, path = item.partition("=")
+        if not sep or prec not in G.QUANTIZED_PRECISIONS or not path:
+            raise KzttsError(f"--quantized-bundle {item}: expected PRECISION=BUNDLE with PRECISION one of "
+                             f"{', '.join(G.QUANTIZED_PRECISIONS)}")
+        out[prec] = Path(path)
+    return out
+
+
 def from_args(args, source: Path, *, target: str | None, threads: int, out: Path, command: str) -> LmBench:
     """An :class:`LmBench` from parsed :func:`add_arguments` flags."""
     return LmBench(source=Path(source), out=Path(out), command=command, bundle=args.lm_bundle,
                    weights=tuple(_names(args.weights)), target=target, placements=tuple(_names(args.placements)),
-                   precisions=tuple(_names(args.htp_precisions)), w8a16_bundle=args.w8a16_bundle,
+                   precisions=tuple(_names(args.htp_precisions)),
+                   quantized_bundles=_quantized_bundles(args.quantized_bundle),
                    calibrate_prompts=args.calibrate_prompts, guarded_placement=args.guarded_placement,
                    texts=args.texts, greedy_steps=args.greedy_steps, reference=args.reference, threads=threads,
                    context=args.lm_context, ray=getattr(args, "ray", None))

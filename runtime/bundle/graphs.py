@@ -14,18 +14,72 @@ from kztts.core.errors import BundleError
 CPU_WEIGHT_PRECISIONS = ("fp32", "int8", "int4")  # MatMul weights of the CPU graphs (variants)
 KV_PRECISIONS = ("fp32", "fp16")  # the host KV cache of the CPU graphs
 DECODER_PRECISIONS = ("fp32", "int8")  # the speech decoder's MatMuls
-HTP_PRECISIONS = ("fp16", "w8a16")  # static graphs on the HTP: float (fp16 math) or QDQ
-# The static Talker graphs' KV inputs/outputs per HTP precision (first = default). fp16 graphs take
-# and return float16 (the HTP computes in fp16 anyway: half the host memory and bytes per step);
-# w8a16 graphs fp32, or uint8 with one fixed symmetric scale per layer and kind shared by the past
-# input and the new output (as Qualcomm's LLM exports tie their KV quantizers). Target key `kv_dtype`.
-HTP_KV_DTYPES = {"fp16": ("fp16", "fp32"), "w8a16": ("fp32", "uint8")}
+
+
+@dataclass(frozen=True)
+class HtpPrecision:
+    """One precision of the static HTP graphs: everything the exporter, the cost on paper, ``kztts validate``
+    and the bench ask of it, so a new precision is one entry here (and no branch elsewhere).
+
+    ``quantized``: a QDQ graph (16-bit activations, MinMax ranges calibrated on real prompts,
+    ``kztts.export.htp.qdq``), else a float graph the HTP computes in fp16. MatMul weights: ``weight_bits``
+    per element (16: fp16), scales per output column (``granularity`` "channel"), or LPBQ (``"block"``:
+    one integer scale of ``block_scale_bits`` per ``block_size`` rows of K, times a float scale per
+    output column; a weight whose K the block does not divide into two or more blocks gets per-column
+    scales). ``other_float_bytes``: any other float constant of the graph on the device (norm weights,
+    tables, biases). ``kv_dtypes``: the static Talker's KV I/O types, first the default (target key
+    ``kv_dtype``). ``bounds`` / ``lm_bounds``: the ``kztts.eval.acceptance.BOUNDS`` tables of
+    ``validate --target`` on a TTS / an LM bundle."""
+
+    name: str
+    help: str
+    kv_dtypes: tuple[str, ...]
+    weight_bits: int
+    quantized: bool
+    other_float_bytes: float
+    bounds: str
+    lm_bounds: str
+    colour: str
+    granularity: str = "channel"
+    block_size: int = 0
+    block_scale_bits: int = 0
+
+    def blocked(self, k: int) -> bool:
+        """Whether a MatMul weight with ``k`` input rows gets LPBQ block scales (two or more whole blocks)."""
+        return self.granularity == "block" and self.block_size > 0 and k % self.block_size == 0 \
+            and k >= 2 * self.block_size
+
+    def matmul_weight_bytes(self, k: int, n: int) -> float:
+        """Bytes a [k, n] MatMul weight holds on the device, its scales included (fp32 per column; LPBQ
+        also ``block_scale_bits`` per block)."""
+        if not self.quantized:
+            return k * n * self.weight_bits / 8
+        scales = n * 4 + (k // self.block_size * n * self.block_scale_bits / 8 if self.blocked(k) else 0)
+        return k * n * self.weight_bits / 8 + scales
+
+
+HTP_PRECISION_ENTRIES: dict[str, HtpPrecision] = {p.name: p for p in (
+    HtpPrecision("fp16", "float graphs, fp16 arithmetic on the HTP", ("fp16", "fp32"), 16, False, 2.0,
+                 "htp-fp16", "lm-placement", "tab:purple", granularity="tensor"),
+    # QDQ graphs: fp32 KV I/O, or uint8 with one fixed symmetric scale per layer and kind shared by the past
+    # input and the new output (as Qualcomm's LLM exports tie their KV quantizers)
+    HtpPrecision("w8a16", "QDQ: 8-bit weights per output channel, 16-bit activations, calibrated on real prompts",
+                 ("fp32", "uint8"), 8, True, 1.0, "htp-w8a16", "lm-w8a16", "tab:red"),
+    # LPBQ blocks of 64 (Qualcomm AI Hub's w4a16 LLM exports use block quantization; QNN HTP takes it for
+    # MatMul from v73 on, measured on the simulator: kztts.export.htp.qdq)
+    HtpPrecision("w4a16", "QDQ: 4-bit weights (LPBQ: blocks of 64 with 4-bit scales, else per output channel), "
+                 "16-bit activations, calibrated on real prompts", ("fp32", "uint8"), 4, True, 1.0, "htp-w4a16",
+                 "lm-w4a16", "tab:brown", granularity="block", block_size=64, block_scale_bits=4),
+)}
+HTP_PRECISIONS = tuple(HTP_PRECISION_ENTRIES)  # most precise first
+FLOAT_HTP_PRECISION = next(n for n, p in HTP_PRECISION_ENTRIES.items() if not p.quantized)  # float graphs' (fp16)
+QUANTIZED_PRECISIONS = tuple(n for n, p in HTP_PRECISION_ENTRIES.items() if p.quantized)
+HTP_KV_DTYPES = {n: p.kv_dtypes for n, p in HTP_PRECISION_ENTRIES.items()}
+HTP_PRECISION_HELP = {n: p.help for n, p in HTP_PRECISION_ENTRIES.items()}
+# A unit of a precision plan (kztts.htp.placement) on the CPU: the fp32 graphs.
+CPU_PRECISION = "fp32"
 KV_NUMPY = {"fp32": "float32", "fp16": "float16", "uint8": "uint8"}  # numpy names of the KV dtypes
 KV_UINT8_ZERO_POINT = 128  # symmetric 8-bit KV: value = (q - 128) * scale
-HTP_PRECISION_HELP = {
-    "fp16": "float graphs, fp16 arithmetic on the HTP",
-    "w8a16": "QDQ: 8-bit weights, 16-bit activations, calibrated on real prompts",
-}
 ATTENTIONS = env.ATTENTIONS  # CPU attention: ORT GroupQueryAttention graphs, or plain ONNX ops
 CP_MODES = ("frame", "step")  # Code Predictor: one graph per frame, or one run per codebook
 DEVICES = ("cpu", "htp")
@@ -36,8 +90,30 @@ DECODER_SEGMENT = 300
 DECODER_LEFT_CONTEXT = 25
 
 # A plot colour per weight precision (bench Pareto plot), so a new precision is one entry here.
-PRECISION_COLOURS = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:green", "fp16": "tab:purple",
-                     "w8a16": "tab:red"}
+PRECISION_COLOURS = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:green",
+                     **{n: p.colour for n, p in HTP_PRECISION_ENTRIES.items()}}
+
+
+def htp_precision(name: str) -> HtpPrecision:
+    """The registry entry of HTP precision ``name``; ValueError naming the known ones."""
+    try:
+        return HTP_PRECISION_ENTRIES[name]
+    except KeyError:
+        raise ValueError(f"unknown HTP precision {name!r} (known: {', '.join(HTP_PRECISIONS)})") from None
+
+
+def least_precise(names) -> str:
+    """Of HTP precision ``names``, the one that loses most (the last in ``HTP_PRECISIONS``); the bounds of a
+    mixed plan are its least precise member's."""
+    names = [n for n in names if n in HTP_PRECISION_ENTRIES]
+    if not names:
+        raise ValueError("no HTP precision given")
+    return max(names, key=HTP_PRECISIONS.index)
+
+
+def most_precise_quantized() -> str:
+    """The quantized precision that loses least (a plan's CPU or fp16 layer inside a whole-stack QDQ graph)."""
+    return QUANTIZED_PRECISIONS[0]
 
 
 # ------------------------------------------------------------------ KV naming schemes

@@ -14,6 +14,8 @@ import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kztts.core.errors import BundleError
 
 # TensorProto.DataType -> (name, bits per element)
@@ -27,7 +29,7 @@ DTYPES: dict[int, tuple[str, int]] = {
 # field numbers of onnx.proto3 (ModelProto.graph, GraphProto.node/initializer, NodeProto.op_type/attribute,
 # AttributeProto.t/g/tensors/graphs, TensorProto.dims/data_type/name/raw_data/external_data/data_location)
 _MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INIT = 1, 5
+_GRAPH_NODE, _GRAPH_INIT, _GRAPH_OUTPUT = 1, 5, 12
 _NODE_IN, _NODE_OUT, _NODE_NAME, _NODE_OP, _NODE_ATTR = 1, 2, 3, 4, 5
 _ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS = 5, 6, 10, 11
 _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
@@ -110,11 +112,13 @@ def _packed_varints(buf, span: tuple[int, int]) -> list[int]:
 
 
 class _Reader:
-    def __init__(self, path: Path, buf) -> None:
+    def __init__(self, path: Path, buf, wanted: set[str] | None = None) -> None:
         self.path, self.buf = path, buf
         self.tensors: list[ConstTensor] = []
         self.nodes: list[Node] = []
         self.depth = 0
+        self.wanted = wanted or set()  # initializers whose values ``tensor_arrays`` decodes
+        self.arrays: dict[str, np.ndarray] = {}
 
     def text(self, span: tuple[int, int]) -> str:
         return bytes(self.buf[span[0]:span[1]]).decode("utf-8", "replace")
@@ -187,6 +191,28 @@ class _Reader:
             for s in typed:
                 h.update(self.buf[s[0]:s[1]])
         self.tensors.append(ConstTensor(output or name, kind, tuple(dims), (elements * bits + 7) // 8, h.hexdigest()))
+        if (output or name) in self.wanted:
+            self.arrays[output or name] = self._array(kind, dims, data, external, location, typed, name)
+
+    def _array(self, kind: str, dims: list[int], data, external: dict[str, str], location: int, typed, name: str):
+        if kind not in _NUMPY:
+            raise BundleError(f"{self.path}: tensor {name!r} is {kind}, which kztts does not read as an array")
+        dt = np.dtype(_NUMPY[kind])
+        if location == 1 or external:
+            f = self.path.parent / external.get("location", "")
+            offset = int(external.get("offset", 0) or 0)
+            count = int(np.prod(dims, dtype=np.int64))
+            try:
+                a = np.fromfile(f, dtype=dt.newbyteorder("<"), count=count, offset=offset)
+            except OSError as exc:
+                raise BundleError(f"{self.path}: external data of tensor {name!r} unreadable ({exc})") from exc
+        elif data is not None:
+            a = np.frombuffer(bytes(self.buf[data[0]:data[1]]), dtype=dt.newbyteorder("<"))
+        elif kind == "float32" and typed:  # float_data: packed little-endian floats
+            a = np.concatenate([np.frombuffer(bytes(self.buf[s[0]:s[1]]), dtype="<f4") for s in typed])
+        else:
+            raise BundleError(f"{self.path}: tensor {name!r} stores its values in a form kztts does not read")
+        return a.astype(dt).reshape(dims)
 
     def _hash_external(self, h, external: dict[str, str], name: str) -> None:
         f = self.path.parent / external.get("location", "")
@@ -198,6 +224,57 @@ class _Reader:
         except OSError as exc:
             raise BundleError(f"{self.path}: external data of tensor {name!r} unreadable ({exc}); "
                               "re-export the bundle") from exc
+
+
+_NUMPY = {"float32": "float32", "float16": "float16", "float64": "float64", "int8": "int8", "uint8": "uint8",
+          "int16": "int16", "uint16": "uint16", "int32": "int32", "int64": "int64"}
+
+
+def tensor_arrays(path: str | Path, names) -> dict[str, np.ndarray]:
+    """The values of the initializers ``names`` of the ONNX file ``path`` (inline or external data), as numpy
+    arrays; names the file does not hold are left out."""
+    path = Path(path)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        r = _Reader(path, buf, set(names))
+        for field, wire, v in _fields(buf, 0, len(buf)):
+            if field == _MODEL_GRAPH and wire == 2:
+                r.graph(v)
+        return r.arrays
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _encode_varint(field << 3 | wire)
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def with_outputs(path: str | Path, names) -> bytes:
+    """The ONNX file ``path`` as bytes that also return the intermediate tensors ``names`` as graph outputs
+    (untyped: ONNX Runtime infers them), edited at the protobuf level: the runtime reads a graph's activations
+    without the ``onnx`` package. A graph with external data needs its folder given to the session
+    (``session.model_external_initializers_file_folder_path``)."""
+    extra = b""
+    for n in names:
+        vi = _key(1, 2) + _encode_varint(len(n.encode())) + n.encode()  # ValueInfoProto.name
+        extra += _key(_GRAPH_OUTPUT, 2) + _encode_varint(len(vi)) + vi
+    buf = Path(path).read_bytes()
+    out, last = bytearray(), 0
+    for field, wire, v in _fields(buf, 0, len(buf)):
+        if field == _MODEL_GRAPH and wire == 2:
+            start, end = v
+            key_start = start - len(_encode_varint(end - start)) - len(_key(_MODEL_GRAPH, 2))
+            out += buf[last:key_start] + _key(_MODEL_GRAPH, 2) + _encode_varint(end - start + len(extra))
+            out += buf[start:end] + extra
+            last = end
+    out += buf[last:]
+    return bytes(out)
 
 
 def read_graph(path: str | Path) -> OnnxGraph:

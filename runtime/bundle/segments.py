@@ -21,9 +21,11 @@ FP16_MAX = 65504.0
 DEFAULT_THRESHOLD = FP16_MAX / 8
 
 
-def segment_graph_name(phase: str, unit: Unit) -> str:
-    """``talker_prefill_layer_3``, ``talker_decode_head``, ..."""
-    return f"talker_{phase}_head" if unit == "head" else f"talker_{phase}_layer_{int(unit)}"
+def segment_graph_name(phase: str, unit: Unit, precision: str | None = None) -> str:
+    """``talker_prefill_layer_3``, ``talker_decode_head``, ...; with a quantized ``precision`` the unit's QDQ
+    variant (``talker_prefill_layer_3_w4a16``, exported with ``--segments --placement``)."""
+    name = f"talker_{phase}_head" if unit == "head" else f"talker_{phase}_layer_{int(unit)}"
+    return f"{name}_{precision}" if precision else name
 
 
 @dataclass(frozen=True)

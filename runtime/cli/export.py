@@ -48,7 +48,8 @@ def export_lm(args: argparse.Namespace) -> Path:
     progress.phase("exporting the causal LM %s to %s", source, args.output)
     return export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
                           exporter=export_lm_bundle, target=args.target, precision=args.precision,
-                          context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs)
+                          context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs,
+                          placement=args.placement)
 
 
 def export_tts(args: argparse.Namespace) -> Path:
@@ -64,7 +65,8 @@ def export_tts(args: argparse.Namespace) -> Path:
                    args.model_dir, args.output)
     return export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
                           decoder=args.decoder, overwrite=args.overwrite, target=args.target,
-                          precision=args.precision, context_binary=args.context_binary, segments=args.segments)
+                          precision=args.precision, context_binary=args.context_binary, segments=args.segments,
+                          placement=args.placement)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -93,6 +95,9 @@ def add_command(sub) -> None:
                    help="LM bundles: all (default): the plain and the fused-attention Talker and its batched form "
                         "(kztts serve's conversations at once); fused: the fused Talker alone (a third of the "
                         "export's time and disk; no KZTTS_ATTENTION=plain fallback, serve answers one at a time)")
+    s.add_argument("--placement", metavar="PLAN",
+                   help="with --target: a precision plan (`kztts calibrate` writes one): with --segments the QDQ "
+                        "layer graphs it runs, else whole-stack QDQ graphs with its precision per MatMul")
     s.add_argument("--weights", choices=G.CPU_WEIGHT_PRECISIONS, default=G.CPU_WEIGHT_PRECISIONS[0],
                    help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
     s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],

@@ -11,6 +11,7 @@ from kztts.bundle.bundle import Bundle
 from kztts.bundle.graphs import CP_MODES
 from kztts.bundle.manifest import random_weights_label
 from kztts.bundle.sessions import _session_options
+from kztts.core.errors import KzttsError
 from kztts.htp.cost import bundle_cost, format_cost
 from kztts.htp.qnn import (
     EP_NAME,
@@ -24,7 +25,7 @@ from kztts.htp.qnn import (
 )
 from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import load_target
-from kztts.plan.resolve import resolve_plan
+from kztts.plan.resolve import resolve_placement, resolve_plan
 
 
 def _graph_bytes(path: Path) -> int:
@@ -48,15 +49,19 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
 
 
-def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False) -> dict:
+def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False,
+                   precision: str | None = None, placement: str | None = None) -> dict:
     """Open every graph as ``synth --target`` would and report its node placement.
 
     Static graphs open on the target's HTP (``target`` None: the one the bundle was
-    exported for); dynamic graphs run on the CPU EP by design (symbolic shapes)."""
+    exported for); dynamic graphs run on the CPU EP by design (symbolic shapes). The cost on paper counts the
+    HTP graphs at ``precision`` or as precision plan ``placement`` (a file) has them."""
     import onnxruntime as ort
 
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     graphs = bundle.manifest.graphs
+    # a plan refused in one line before any graph opens (a file for another layer count, a bad key)
+    plan = resolve_placement(placement, int(bundle.manifest.talker["num_layers"])) if placement else None
     # a plain export's static graphs (cp_frame) run on the CPU: no target, the CPU plan
     exported_for_target = any(g.extra.get("target") for g in graphs.values())
     tcfg = None
@@ -90,7 +95,8 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
             "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
             "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
             "random_weights": bundle.manifest.random_weights, "graphs": rows,
-            "cost": bundle_cost(bundle_dir, tcfg, bundle.session_config.threads) if tcfg else None}
+            "cost": bundle_cost(bundle_dir, tcfg, bundle.session_config.threads, precision=precision,
+                                plan=plan) if tcfg else None}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -105,7 +111,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.plan:
         return cmd_plan(args)
-    report = inspect_bundle(Path(args.bundle), args.target, args.strict)
+    if (args.precision or args.placement) and not args.target:
+        raise KzttsError("--precision and --placement count the cost on paper of a target: give --target T "
+                         "(or --plan for the execution plan)")
+    report = inspect_bundle(Path(args.bundle), args.target, args.strict, args.precision, args.placement)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -143,7 +152,11 @@ def add_command(sub) -> None:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plan", action="store_true",
                    help="print the execution plan of `kztts synth` with these options instead (no graph is opened)")
-    s.add_argument("--placement", help="with --plan: a Talker layer placement (as for synth)")
+    s.add_argument("--placement", help="with --plan: a Talker layer placement (as for synth); with --target: a "
+                                       "precision plan (`kztts calibrate --plan`) the cost on paper counts")
+    s.add_argument("--precision", choices=G.HTP_PRECISIONS,
+                   help="with --target: count the HTP graphs' weights at this precision on paper (default: the "
+                        "target's; a QDQ graph counts as stored)")
     s.add_argument("--cp-mode", choices=CP_MODES, default="frame", help="with --plan: Code Predictor mode")
     s.set_defaults(func=cmd_inspect)
 

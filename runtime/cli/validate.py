@@ -12,6 +12,7 @@ from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
+from kztts.plan.resolve import resolve_placement
 
 
 def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Callable[[], None]) -> int:
@@ -24,6 +25,21 @@ def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Ca
         print_text()
         print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple, set)) else [v]
+
+
+def _plan_bounds(args: argparse.Namespace, kind: str) -> dict | None:
+    """The bounds of a quantized precision plan given as ``--placement`` (a mixed plan: its least precise
+    member's, ``HtpPrecision.bounds`` / ``lm_bounds``), or None for a float placement."""
+    if not args.placement:
+        return None
+    plan = resolve_placement(args.placement, int(read_manifest(Path(args.bundle)).talker["num_layers"]))
+    if not plan.quantized:
+        return None
+    return BOUNDS[getattr(G.htp_precision(plan.bounds_precision()), kind)]
 
 
 def cmd_validate_cpu(args: argparse.Namespace) -> int:
@@ -53,7 +69,7 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
                              args.frames, strict=not args.lenient)
     report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
                                   strict=not args.lenient))
-    bounds = dict(BOUNDS[f"htp-{report['precision']}"])
+    bounds = dict(BOUNDS[G.htp_precision(G.least_precise(_as_list(report["precision"]))).bounds])
     if report["decoder_snr_db"] is not None:
         bounds.update(BOUNDS["htp-decoder"])
 
@@ -72,7 +88,7 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
 
     report = validate_placement(Path(args.bundle), Path(args.reference), args.placement, args.target,
                                 frames=args.frames, strict=not args.lenient)
-    bounds = BOUNDS["placement"]
+    bounds = _plan_bounds(args, "bounds") or BOUNDS["placement"]
 
     def text() -> None:
         print(f"placement {report['placement']['describe']}  [runner {report['runner']}, target {report['target']}]")
@@ -94,7 +110,7 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
 
     if args.precision:
         raise KzttsError(f"--precision {args.precision}: an LM bundle holds one HTP precision (its export's "
-                         "--precision); validate the w8a16 bundle itself")
+                         "--precision); validate the quantized bundle itself")
     check_lm_reference(Path(args.bundle), Path(args.reference))
     if args.target or args.placement:
         return cmd_validate_lm_placement(args)
@@ -118,7 +134,11 @@ def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
     report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
                                    steps=args.frames, strict=not args.lenient)
     static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
-    bounds = BOUNDS["lm-w8a16"] if "w8a16" in static and args.target else BOUNDS["lm-placement"]
+    quantized = [p for p in static if p in G.QUANTIZED_PRECISIONS]
+    # a mixed plan is bounded as its lossiest member; float graphs (fp16) under the placement bounds
+    bounds = _plan_bounds(args, "lm_bounds") or (
+        BOUNDS[G.htp_precision(G.least_precise(quantized)).lm_bounds] if quantized and args.target
+        else BOUNDS["lm-placement"])
 
     def text() -> None:
         print(f"placement {report['placement'] or '(the target placement keys)'} on {report['target'] or 'cpu'}  "

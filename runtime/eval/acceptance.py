@@ -2,11 +2,11 @@
 
 One table per check: ``cpu`` (a bundle against qwen-tts, ``kztts validate``), ``htp-<precision>``
 (the static graphs on the HTP against the CPU fp32 graphs, ``--target``), ``placement`` (a Talker layer
-placement against the all-CPU fp32 Talker, ``--placement``); ``lm``: an LM bundle against transformers;
-``lm-placement`` / ``lm-w8a16``: an LM bundle on a target or under a placement against its fp32 CPU
-graphs. A bound is ``(op, value)`` with op ``<=`` or ``>=``. Every bound sits below (or above) the worst
-row measured good, by a stated margin, and beyond what a known-bad build gave (docs/PRECISION.md,
-"Acceptance bounds").
+placement against the all-CPU fp32 Talker, ``--placement``; a quantized precision plan there: its least precise
+member's ``htp-<precision>``); ``lm``: an LM bundle against transformers; ``lm-placement`` / ``lm-<precision>``
+(w8a16, w4a16): an LM bundle on a target or under a placement against its fp32 CPU graphs. A bound is
+``(op, value)`` with op ``<=`` or ``>=``. Every bound sits below (or above) the worst row measured good, by a
+stated margin, and beyond what a known-bad build gave (docs/PRECISION.md, "Acceptance bounds").
 """
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # bound leaves about 4.5x the worst measured distance to 1 (0.0108 -> 0.95) and 3x the argmax
     # shortfall (0.03 -> 0.9)
     "htp-w8a16": {"talker_logits_cos_min": (">=", 0.95), "talker_argmax_match": (">=", 0.9)},
+    # w4a16 Talker graphs (int4 per column / LPBQ, float norms) on the simulator, the tiny proj model (16 frames,
+    # four prompt modes): cosine min 0.9700, argmax 0.735 (random Gaussian weights at 4 bits: ~19 dB per MatMul
+    # and near-tie logits). The bound leaves about 3.3x the measured distance to 1 (0.030 -> 0.1) and 1.5x the
+    # argmax shortfall (0.265 -> 0.4). A mixed precision plan is bounded as its least precise member
+    "htp-w4a16": {"talker_logits_cos_min": (">=", 0.90), "talker_argmax_match": (">=", 0.6)},
     # the decoder on the HTP (fp16) vs the fp32 CPU decoder, when the target places it there: measured
     # 46.9 dB on the tiny model (tests/test_htp_decoder.py); 21 dB before SnakeBeta was folded
     "htp-decoder": {"decoder_snr_db": (">=", 40.0)},
@@ -43,6 +48,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # the bounds (a third of the good rows' worst cosine distance, about twice their top-1 shortfall
     # and perplexity rise) pass the good rows and fail that one on every metric
     "lm-w8a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
+    "lm-w4a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
 }
 
 

@@ -6,9 +6,9 @@ HTP and the bundle has it for the target's shapes, else the CPU graph at the tar
 counts, per call:
 
 - weights held: every initializer and ``Constant`` tensor (``kztts.bundle.onnx_wire``), as stored in the file
-  and as held on the graph's device (float32 constants of a graph on the HTP count at 2 bytes for
-  fp16, 1 byte for w8a16); "after sharing" counts a tensor held by an earlier graph on the same
-  device once (the Talker's prefill and decode graphs carry the same weights);
+  and as held on the graph's device (float32 constants of a graph on the HTP count at the HTP precision's
+  ``other_float_bytes``, ``kztts.bundle.graphs.HTP_PRECISION_ENTRIES``; a QDQ graph's integer weights as
+  stored); "after sharing" counts a tensor held by an earlier graph on the same device once (the Talker's prefill and decode graphs carry the same weights);
 - weights read per call: each use of a constant by a node (through ``Identity`` aliases) reads it
   once, so ``cp_frame``'s 15 unrolled steps read the Code Predictor's layers 15 times (they do not fit
   in on-chip memory); a table only gathered from (``Gather`` data) reads just the rows gathered;
@@ -46,7 +46,9 @@ from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.bundle.onnx_wire import read_graph
 from kztts.core.errors import BundleError
+from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import load_target
+from kztts.htp.weights import HEAD, matmul_weights
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ KV_OUTPUTS = ("new_", "present_")
 STATE_KINDS = G.HYBRID_STATE_KINDS  # a hybrid LM's DeltaNet states, inside the KV names
 LABEL = "paper estimate"
 FRAME_RATE = 12.5  # codec frames per second (1920 samples at 24 kHz) when the bundle does not say
-_DEVICE_FLOAT_BYTES = {"fp16": 2, "w8a16": 1}  # a float32 constant on the HTP, by HTP precision
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
               "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
 
@@ -302,18 +303,44 @@ def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, in
 
 
 def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
-               note: str = "", threads: int = 0) -> tuple[GraphCost, list]:
-    """The counts of one graph (and its constant tensors, for the sharing pass)."""
+               note: str = "", threads: int = 0, unit_precision=None) -> tuple[GraphCost, list]:
+    """The counts of one graph (and its constant tensors, for the sharing pass). On the HTP a float graph's
+    float32 MatMul weights [K, N] count at their HTP precision's ``matmul_weight_bytes`` (int8 / int4 codes and
+    their scales at a quantized one): ``unit_precision(key)`` gives a MatMul's (key of
+    ``kztts.htp.weights.matmul_keys``: ``"3.down_proj"``, ``"head"``), ``precision`` the others', ``"cpu"`` a
+    layer a precision plan keeps on the CPU (fp32, 4 bytes); every other float32 constant at ``precision``'s
+    ``other_float_bytes``. A QDQ graph's weights count as stored."""
     path = Path(bundle_path) / spec.file
     graph = read_graph(path)
     tensors = graph.tensors
     macs, ins, outs, written, gathered = profile_graph(path, dims, threads)
-    float_bytes = _DEVICE_FLOAT_BYTES.get(precision, 4) if device == "htp" else 4
+    entry = G.HTP_PRECISION_ENTRIES.get(precision) if device == "htp" else None
+    float_bytes = entry.other_float_bytes if entry is not None else 4
+    matmul = {}  # float32 MatMul weight name -> the precision it is held at on the HTP
+    if entry is not None:
+        consts = {t.name: t for t in tensors}
+        keys = matmul_weights(graph.nodes, set(consts))
+        alias = {n.outputs[0]: n.inputs[0] for n in graph.nodes if n.op == "Identity" and n.inputs and n.outputs}
+        for n in graph.nodes:
+            if n.op == "MatMul" and len(n.inputs) > 1:
+                w = n.inputs[1]
+                while w in alias:
+                    w = alias[w]
+                t = consts.get(w)
+                if t is not None and t.dtype == "float32" and len(t.shape) == 2:
+                    key = keys.get(w)
+                    matmul[w] = (unit_precision(key) if unit_precision and key else None) or precision
 
     def device_bytes(t) -> int:
-        return t.elements * float_bytes if t.dtype == "float32" else t.nbytes
+        if t.name in matmul:
+            p = matmul[t.name]
+            return t.elements * 4 if p == "cpu" else int(G.htp_precision(p).matmul_weight_bytes(*t.shape))
+        return int(t.elements * float_bytes) if t.dtype == "float32" else t.nbytes
 
-    c = GraphCost(role, spec.name, device, precision, calls, dict(dims), note=note)
+    order = (*G.HTP_PRECISIONS, "cpu")
+    held = sorted(set(matmul.values()), key=order.index)
+    shown = "+".join(held) if len(held) > 1 else precision
+    c = GraphCost(role, spec.name, device, shown, calls, dict(dims), note=note)
     c.weight_bytes = sum(t.nbytes for t in tensors)
     c.device_weight_bytes = sum(device_bytes(t) for t in tensors)
     c.weight_read_bytes, c.gather_table_bytes = weight_reads(graph, device_bytes, gathered)
@@ -330,7 +357,25 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     c.activation_bytes = written
     c.macs = sum(macs.values())
     c.macs_by_op = dict(macs)
-    return c, [(t.digest, device_bytes(t)) for t in tensors]
+    return c, [(t.digest + f"@{device_bytes(t)}", device_bytes(t)) for t in tensors]
+
+
+def plan_unit_precision(plan: LayerPlacement, role: str):
+    """A precision plan's ``unit_precision`` for ``graph_cost``: the Talker's (LM's) prefill and decode graphs per
+    layer and head of that phase (``cpu``, or the unit's HTP precision; a float unit fp16), then the plan's
+    ``matmuls``; None for another role."""
+    if not role.startswith("talker"):
+        return None
+    pp = plan.phase("prefill" if role == "talker_prefill" else "decode")
+
+    def unit_precision(key: str) -> str:
+        if key in plan.matmuls:
+            return plan.matmuls[key]
+        unit = "head" if key == HEAD else int(key.split(".", 1)[0])
+        device = pp.head if unit == "head" else pp.layers[unit] if unit < len(pp.layers) else "htp"
+        return "cpu" if device == "cpu" else pp.precision(unit) or G.FLOAT_HTP_PRECISION
+
+    return unit_precision
 
 
 # ------------------------------------------------------------------ the frame
@@ -399,19 +444,36 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
     return est
 
 
-def bundle_cost(bundle_dir: str | Path, target, threads: int = 0) -> dict:
-    """Per-graph counts of a bundle at ``target`` (name, file or ``Target``) and the frame's paper estimate."""
+def bundle_cost(bundle_dir: str | Path, target, threads: int = 0, precision: str | None = None,
+                plan: LayerPlacement | None = None) -> dict:
+    """Per-graph counts of a bundle at ``target`` (name, file or ``Target``) and the frame's paper estimate. The
+    HTP graphs count at ``precision`` (default: the target's), or as precision plan ``plan`` has them (each
+    Talker layer and head at its precision or on the CPU, ``cp_frame`` at its ``graphs`` entry): on paper,
+    whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored)."""
     target = load_target(target)
+    if precision is not None:
+        G.htp_precision(precision)  # ValueError naming the known ones
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
     rows: list[GraphCost] = []
     seen: dict[str, set[str]] = {}  # device -> digests of the constants already held there
     for role, graph, device, dims, calls, note in frame_graphs(manifest, target):
         spec = manifest.graphs[graph]
-        precision = target.precision if device == "htp" else spec.extra.get("cpu_precision", spec.precision)
-        if device == "cpu" and precision in _DEVICE_FLOAT_BYTES:
-            precision = "fp32"
-        row, consts = graph_cost(bundle_dir, spec, role, device, precision, dims, calls, note, threads)
+        unit_precision = None
+        if device == "htp":
+            prec = precision or target.precision
+            if plan is not None and role == "code_predictor":
+                prec = plan.graphs.get("cp_frame", G.FLOAT_HTP_PRECISION)
+            elif plan is not None:  # its other float constants as the plan's whole-stack graphs hold them
+                unit_precision = plan_unit_precision(plan, role)
+                prec = plan.bounds_precision()
+            if G.htp_precision(spec.precision).quantized if spec.precision in G.HTP_PRECISION_ENTRIES else False:
+                prec = spec.precision  # a QDQ graph: its own weights, as stored
+        else:
+            prec = spec.extra.get("cpu_precision", spec.precision)
+            if prec in G.HTP_PRECISION_ENTRIES:
+                prec = "fp32"
+        row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision)
         held = seen.setdefault(device, set())
         row.shared_weight_bytes = sum(b for d, b in consts if d in held)
         held.update(d for d, _ in consts)
@@ -420,6 +482,7 @@ def bundle_cost(bundle_dir: str | Path, target, threads: int = 0) -> dict:
     unit = "token" if manifest.kind == KIND_LM else "frame"
     return {
         "label": LABEL, "target": target.name, "soc": target.soc.name, "runs_on": target.runs_on,
+        "precision": precision or target.precision, "plan": None if plan is None else plan.describe(),
         "shapes": {"context": target.shapes.context, "prefill_chunk": target.shapes.prefill_chunk,
                    "decoder_chunk": target.shapes.decoder_chunk},
         "counted_ops": list(MAC_OPS),
@@ -447,7 +510,8 @@ def format_cost(report: dict) -> str:
     gw = max([16] + [len(r["graph"]) + 1 for r in report["graphs"]])
     lines = [f"cost per call at {report['target']} (context {report['shapes']['context']}, prefill chunk "
              f"{report['shapes']['prefill_chunk']}, decoder chunk {report['shapes']['decoder_chunk']}); MB = 1e6 "
-             f"bytes; MACs of {', '.join(report['counted_ops'])}",
+             f"bytes; MACs of {', '.join(report['counted_ops'])}; HTP "
+             + (f"precision plan {report['plan']}" if report.get("plan") else f"precision {report.get('precision')}"),
              f"{'role':<16}{'graph':<{gw}}{'device':<7}{'calls/' + u:>12}{'weights MB':>12}{'unshared':>10}"
              f"{'read/call':>11}{'KV read':>10}{'KV write':>10}{'host<->NPU':>12}{'activ. MB':>11}{'GMACs':>10}"]
     for r in report["graphs"]:
@@ -455,7 +519,7 @@ def format_cost(report: dict) -> str:
                      f"{_mb(r['device_weight_bytes']):>12}{_mb(r['unique_weight_bytes']):>10}"
                      f"{_mb(r['weight_read_bytes']):>11}"
                      f"{_mb(r['kv_read_bytes']):>10}{_mb(r['kv_write_bytes']):>10}{_mb(r['host_npu_bytes']):>12}"
-                     f"{_mb(r['activation_bytes']):>11}{r['macs'] / 1e9:>10.3f}"
+                     f"{_mb(r['activation_bytes']):>11}{r['macs'] / 1e9:>10.3f}  {r['precision']}"
                      + (f"  ({r['note']})" if r["note"] else ""))
         if r.get("state_read_bytes"):
             lines.append(f"{'':<16}{'':<{gw}}of the KV: DeltaNet states {_mb(r['state_read_bytes'])} MB read, "

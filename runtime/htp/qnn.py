@@ -31,6 +31,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from kztts.bundle import graphs as G
 from kztts.bundle.sessions import SessionConfig, _check_io, _check_stamp, _session_options
 from kztts.core import env
 from kztts.core.errors import BundleError, KzttsError
@@ -253,14 +254,16 @@ def _cpu_nodes_of(path: Path, target: Target, config: SessionConfig | None) -> l
 
 # ------------------------------------------------------------------ bundles
 def graph_files(bundle, graph_name: str) -> tuple[Path, Path]:
-    """(file for the QNN EP, file for the CPU EP) of a bundle graph: a context-binary graph
-    (``extra.context_file``) runs its EPContext model on QNN and its source graph on CPU."""
+    """(file for the QNN EP, its source graph: what the CPU EP runs in its place) of a bundle graph: a
+    context-binary graph (``extra.context_file``) runs its EPContext model on QNN; a graph with an HTP form of
+    its own (``extra.htp_file``: a QDQ ``cp_frame`` beside the float one the CPU plan runs) has that as its
+    source."""
     try:
         spec = bundle.manifest.graphs[graph_name]
     except KeyError:
         raise BundleError(f"{bundle.manifest.path}: the bundle has no graph {graph_name!r} "
                           f"(it has {sorted(bundle.manifest.graphs)})") from None
-    plain = Path(bundle.path) / spec.file
+    plain = Path(bundle.path) / spec.extra.get("htp_file", spec.file)
     ctx = spec.extra.get("context_file")
     return (Path(bundle.path) / ctx if ctx else plain), plain
 
@@ -322,11 +325,11 @@ def session_precision(graph_precision: str, sess: ort.InferenceSession) -> str:
     """The arithmetic in force: QNN runs float graphs in fp16 (soc_model is always set), QDQ
     graphs in their quantized types; the CPU EP runs float graphs in fp32."""
     on_qnn = EP_NAME in sess.get_providers() and bool(assignment(sess).get(EP_NAME))
+    entry = G.HTP_PRECISION_ENTRIES.get(graph_precision)
+    quantized = entry is not None and entry.quantized
     if not on_qnn:
-        return "fp32 (cpu)" if graph_precision in ("fp32", "fp16") else f"{graph_precision} (cpu, simulated QDQ)"
-    if graph_precision in ("fp32", "fp16"):
-        return "fp16 (htp)"
-    return f"{graph_precision} (htp)"
+        return f"{graph_precision} (cpu, simulated QDQ)" if quantized else "fp32 (cpu)"
+    return f"{graph_precision} (htp)" if quantized else f"{G.FLOAT_HTP_PRECISION} (htp)"
 
 
 @dataclass

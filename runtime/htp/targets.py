@@ -15,7 +15,7 @@ File layout (all keys required unless marked optional)::
       "description": "...",
       "runs_on": "device" | "simulator",
       "soc": {"name": "SM8650", "marketing_name": "...", "soc_model": 57, "htp_arch": 75},
-      "precision": "fp16" | "w8a16",
+      "precision": "fp16" | "w8a16" | "w4a16" (kztts.bundle.graphs.HTP_PRECISIONS),
       "provider_options": {"htp_performance_mode": "burst", ...},   # see PROVIDER_OPTIONS
       "shapes": {"prefill_chunk": 128, "context": 4096, "decoder_chunk": 25},
       "attention_mask_value": -50.0,

@@ -128,9 +128,9 @@ class ExecutionPlan:
             sessions = {}
             for ph in ("prefill", "decode"):
                 for seg in self.placement.segments(ph):
-                    for u in seg.units:
-                        name = segment_graph_name(ph, u)
-                        sessions[name] = self.session(name, seg.device)
+                    for u in seg.units:  # a unit at a quantized precision runs its QDQ layer graph
+                        sessions[segment_graph_name(ph, u)] = self.session(self.placement.unit_graph(ph, u),
+                                                                           seg.device)
             first = segment_graph_name("prefill", 0)
             guard = None
             if self.check_saturation and "htp" in self.placement.devices:

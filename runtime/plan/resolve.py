@@ -97,7 +97,9 @@ class _Resolver:
         variant = self.m.data.get("variant") or {}
         p = spec.precision
         if device == "htp":
-            return "fp16 (htp)" if p in ("fp32", "fp16") else f"{p} (htp)"
+            entry = G.HTP_PRECISION_ENTRIES.get(p)
+            return f"{p} (htp)" if entry is not None and entry.quantized else f"{G.FLOAT_HTP_PRECISION} (htp)"
+        p = spec.extra.get("cpu_precision", p)
         if p in ("fp32", "fp16") and variant:
             role = G.GRAPHS.get(graph, G.GRAPHS["talker"]).role
             weights = variant.get("decoder") if role == "decoder" else variant.get("weights")
@@ -159,7 +161,16 @@ class _Resolver:
                 if self.htp_refusal:
                     why = f"{why}, fallback: {self.htp_refusal}"
                     pl = self.placement = builtin("all-cpu", pl.num_layers)
-            pre, dec = pl.uniform("prefill"), pl.uniform("decode")
+            if pl.quantized and not self.has(segment_graph_name("prefill", 0)) and self.has("talker_prefill") \
+                    and not self.segments:
+                self._check_whole_stack_plan(pl)
+                why = f"{why}: whole-stack graphs exported with its precisions"
+                pl = builtin("all-htp", pl.num_layers)
+                pre = dec = "htp"
+            else:
+                pre, dec = pl.uniform("prefill"), pl.uniform("decode")
+                if pl.quantized_units():  # a precision per unit: the QDQ layer graphs, whatever the devices
+                    pre = dec = None
             if pre == dec == "cpu" and not self.segments:
                 return "cpu", self.step("talker_prefill", [cpu_graph], "cpu", f"{why}: all on the CPU"), \
                     self.step("talker_decode", [cpu_graph], "cpu", f"{why}: all on the CPU")
@@ -179,11 +190,17 @@ class _Resolver:
             steps = []
             for ph in ("prefill", "decode"):
                 segs = pl.segments(ph)
-                names = [segment_graph_name(ph, u) for s in segs for u in s.units]
+                names = [pl.unit_graph(ph, u) for s in segs for u in s.units]
+                for n in names:
+                    G.require(self.m, n, feature=f"a per-layer precision plan ({why})",
+                              how=G.SEGMENT_EXPORT + f" --placement {pl.source or 'PLAN'}")
                 devs = sorted({s.device for s in segs})
                 desc = "; ".join(f"{s.label} on {s.device}" for s in segs)
-                steps.append(Step(f"talker_{ph}", tuple(names), "+".join(devs),
-                                  "fp32 (cpu) / fp16 (htp)" if len(devs) > 1 else self.precision(names[0], devs[0]),
+                htp = sorted({pl.phase(ph).precision(u) or G.FLOAT_HTP_PRECISION for s in segs if s.device == "htp"
+                              for u in s.units}, key=G.HTP_PRECISIONS.index)
+                prec = " / ".join(([f"{G.CPU_PRECISION} (cpu)"] if "cpu" in devs else [])
+                                  + ([f"{'+'.join(htp)} (htp)"] if htp else []))
+                steps.append(Step(f"talker_{ph}", tuple(names), "+".join(devs), prec,
                                   self.cfg_threads(names[0]), f"{why}: {desc}"))
             return "segments", steps[0], steps[1]
         pre, dec = self.target_says("talker_prefill"), self.target_says("talker_decode")
@@ -209,6 +226,19 @@ class _Resolver:
             return "static", p, d
         G.require(self.m, self.decode_graph(), feature="the HTP prefill's prompt tail (handover to CPU decode)")
         return "handover", p, d
+
+    def _check_whole_stack_plan(self, pl: LayerPlacement) -> None:
+        """A quantized plan on a bundle without layer graphs runs its whole-stack graphs when they were exported
+        with the plan's precisions (``kztts export --target T --placement P``); else one line says so."""
+        spec = self.m.graphs["talker_prefill"]
+        exported = spec.extra.get("matmul_precisions", {})
+        for key, want in pl.whole_stack_precisions().items():
+            have = exported.get(key, spec.precision)
+            if have != want:
+                raise PlacementError(f"placement {pl.source or pl.mode} runs MatMul {key} at {want}, but this bundle's "
+                                     f"whole-stack graphs have it at {have} and no layer graphs: re-export with "
+                                     f"`kztts export MODEL -o BUNDLE --target TARGET --placement {pl.source or 'PLAN'}` "
+                                     "(whole-stack) or with --segments")
 
     def hybrid_talker(self) -> tuple[str, Step, Step]:
         """A hybrid LM (``kztts.runners.hybrid``, ``hybrid_static``): each phase whole on one device. Runners

@@ -1,11 +1,13 @@
-"""w8a16 static HTP graphs of an LM bundle, calibrated on real text through the float graphs.
+"""QDQ static HTP graphs of an LM bundle (any quantized precision), calibrated on real text through the float
+graphs.
 
-The quantize loop is :func:`kztts.export.htp.w8a16.quantize_graphs` (the TTS Talker's); only the
+The quantize loop is :func:`kztts.export.htp.qdq.quantize_graphs` (the TTS Talker's); only the
 calibration data differ: :data:`CALIBRATION_TEXTS`, a fixed multilingual set (code, English,
 French, German, Chinese, a ChatML conversation), tokenized with the LM's own tokenizer
 (``tokenizer.json`` of the bundle being written) and embedded from its ``token_embedding``
 table. Each text runs through the float static graphs on the CPU EP
-(:class:`kztts.runners.talker_static.StaticTalker`, as the runtime drives them): its first half is
+(:class:`kztts.runners.talker_static.StaticTalker`, as the runtime drives them; the layer graphs'
+:class:`kztts.runners.talker_segmented.SegmentedTalker` for their QDQ variants): its first half is
 prefilled (prefill chunks, and decode steps for a tail past ``C - S``), the rest teacher-forced
 one decode step at a time, up to :data:`DECODE_STEPS` steps. The set is disjoint from
 ``kztts.eval.lm_accuracy.SAMPLES`` (the texts the accuracy rows measure), so the rows do not measure
@@ -20,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from kztts.bundle.embeddings import bf16_to_f32
-from kztts.export.htp.w8a16 import quantize_graphs, recording_talker
+from kztts.export.htp.qdq import quantize_graphs, recording_talker
 from kztts.lm.lm import TOKEN_EMBEDDING
 
 log = logging.getLogger(__name__)
@@ -81,12 +83,18 @@ def lm_calibration_feeds(work_dir: Path, float_files: dict[str, str], graph: str
             pending.clear()
 
 
-def quantize_lm_graphs(config: dict, work_dir: Path, float_files: dict[str, str], target, *,
-                       texts: Sequence[str] = CALIBRATION_TEXTS, decode_steps: int = DECODE_STEPS) -> dict[str, str]:
-    """QDQ w8a16 versions of an LM bundle's float static graphs (``kztts.export.htp.w8a16.quantize_graphs``):
-    ``{graph name: rel file}``; the float graphs are removed."""
+def quantize_lm_graphs(config: dict, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
+                       matmul_precisions: dict | None = None, first_layers: dict | None = None,
+                       drive: dict[str, str] | None = None, texts: Sequence[str] = CALIBRATION_TEXTS,
+                       decode_steps: int = DECODE_STEPS) -> dict[str, str]:
+    """QDQ versions at ``precision`` of an LM bundle's float static graphs (``kztts.export.htp.qdq.quantize_graphs``;
+    ``matmul_precisions`` / ``first_layers`` as there): ``{graph name: rel file}``. ``drive``: the float graphs
+    that speak (default ``float_files``, which are then removed; the layer graphs and head for their QDQ
+    variants, which keep the float ones)."""
+    source = drive or float_files
     return quantize_graphs(work_dir, float_files,
-                           lambda name: lm_calibration_feeds(work_dir, float_files, name, config, texts=texts,
+                           lambda name: lm_calibration_feeds(work_dir, source, name, config, texts=texts,
                                                              decode_steps=decode_steps,
                                                              mask_value=target.attention_mask_value),
-                           what="the calibration texts")
+                           precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
+                           keep_float=drive is not None, what="the calibration texts")

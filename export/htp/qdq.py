@@ -1,0 +1,653 @@
+"""QDQ quantization of the static HTP graphs at a quantized HTP precision (w8a16, w4a16: the entries of
+``kztts.bundle.graphs.HTP_PRECISION_ENTRIES`` with ``quantized``), calibrated on real prompts.
+
+``onnxruntime.quantization``'s QNN configuration (``qnn_preprocess_model`` -> ``get_qnn_qdq_config`` ->
+``quantize_static``): 16-bit activations (the com.microsoft Q/DQ ops), MinMax calibration, every MatMul
+weight symmetric per output channel (:func:`per_channel_matmul_weights`), the RMSNorms' insides and the
+magnitude probes left float. The MinMax ranges are computed here (:func:`minmax_ranges`, the tensors and
+reductions of ORT's calibrator) and handed to ``quantize_static`` as its calibration cache, and the model
+it quantizes is prepared without loading the weights, so graphs over 2 GB (external data, ``<file>.data``)
+pass: their weights are loaded once, by the quantizer, while no session is open (:func:`quantize_graphs`).
+
+Weight bits per MatMul: the graph's precision, or a precision per MatMul (a precision plan,
+``kztts.htp.placement``; keys ``"{layer}.{projection}"`` / ``"head"`` of ``kztts.htp.weights.matmul_keys``).
+ORT writes them as int8; the 4-bit ones are then rewritten from the float weights with
+``kztts.htp.weights.quantize_weight`` (:func:`write_int4_weights`, the numbers ``kztts calibrate`` emulates):
+per output channel, or LPBQ, which QNN's HTP takes as one MatMul (ONNX Runtime's
+``LowPowerBlockQuantizedMatMulFusion``: a DequantizeLinear of uint8 per-block scales by a per-channel float
+scale, feeding the blocked int4 weight's DequantizeLinear). Measured on the simulator (onnxruntime-qnn
+2.7.0, v73, strict, one MatMul [16, 1024] x [1024, 128]): per-channel int4 symmetric and LPBQ (blocks of 64)
+both run on QNN and agree with the CPU EP on the same QDQ graph to cosine 0.99998 / 1.0000001; int4 with a
+non-zero weight offset (ORT's default per-tensor QInt4) runs but is off by a systematic error (cosine
+0.9927 against the CPU EP, mean output shift -0.011), and per-channel int4 with offsets is refused.
+
+Calibration data are the graphs' own inputs while the model speaks: real text
+prompts (several languages, x-vector streaming and non-streaming, the speaker
+vector from the model's speaker encoder on a voiced test signal) through the
+float graphs on the CPU EP, then greedy frames (CB0 from the Talker with a
+repetition penalty, CB1..15 from the PyTorch Code Predictor) fed back as the
+decode inputs, exactly as the runtime does. Each calibration pass drives a fresh
+Talker runner (the whole-stack :class:`kztts.runners.talker_static.StaticTalker`, or the layer graphs'
+:class:`kztts.runners.talker_segmented.SegmentedTalker` for their quantized variants) and yields the
+recorded graph's feeds one by one, so no KV-cache snapshot is kept in memory. ``cp_frame`` is calibrated on
+its inputs at each frame (the Talker's hidden state, CB0's embedding, the default sampling settings, seeded
+uniforms); only its stack and heads are quantized, its in-graph sampling stays float.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from kztts.bundle import graphs as G
+from kztts.bundle.embeddings import EmbeddingTables
+from kztts.bundle.onnx_wire import tensor_arrays
+from kztts.bundle.segments import segment_graph_name
+from kztts.eval.replay import decode_input, greedy_cb0
+from kztts.export.common.onnx_export import data_file, has_external_data, share_external_data
+from kztts.export.common.reference import synthetic_voice
+from kztts.export.graphs.graph_parts import model_config, special_ids
+from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
+from kztts.htp.placement import builtin
+from kztts.htp.weights import QuantizedWeight, matmul_weights, quantize_weight
+from kztts.runners.talker import Talker
+from kztts.runners.talker_segmented import SegmentedTalker
+from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
+from kztts.tts.prompt import build_prompt, language_id
+from kztts.tts.text import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_PROMPTS = (  # (text, language, non_streaming)
+    ("Hello world, this is a tiny test.", "english", True),
+    ("The weather is lovely today; shall we take a walk along the river before dinner?", "english", False),
+    ("Bonjour je m'appelle Kazeia, et je lis ce texte à voix haute.", "french", True),
+    ("Guten Morgen! Wie geht es Ihnen heute?", "german", False),
+    ("今天天气很好，我们去公园散步吧。", "chinese", True),
+    ("Numbers like 1, 2, 3 and 2048 should be read clearly.", "auto", True),
+)
+CALIBRATION_FRAMES = 24
+REPETITION_PENALTY = 1.05  # the released checkpoints' Talker setting
+QDQ_OPSET = 21  # 16-bit and 4-bit Q/DQ, blocked DequantizeLinear (quantize_static moves models to it)
+CP_FRAME = "cp_frame"
+CP_QUANTIZED_SCOPES = ("/proj", "/stack", "/heads.")  # cp_frame's nodes a QDQ graph quantizes: its sampler stays float
+# The Code Predictor's sampling settings while calibrating cp_frame: the released checkpoints' defaults.
+CP_CALIBRATION_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
+
+
+def _tables_spec(work_dir: Path) -> dict:
+    """The manifest ``embeddings`` entry, rebuilt from the exported tables."""
+    kinds = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
+    spec = {}
+    for f in sorted((work_dir / "embeddings").glob("*.npy")):
+        a = np.load(f, mmap_mode="r")
+        spec[f.stem] = {"file": f"embeddings/{f.name}", "dtype": kinds[a.dtype], "shape": list(a.shape)}
+    return spec
+
+
+class _Frames:
+    """Greedy CB1..15 from the PyTorch Code Predictor (its own modules, fresh cache per frame)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def codes(self, hidden: np.ndarray, c0: int) -> np.ndarray:
+        from transformers.cache_utils import DynamicCache
+
+        tk = self.model.talker
+        cp = tk.code_predictor
+        h = torch.from_numpy(np.asarray(hidden, np.float32)).view(1, 1, -1)
+        e0 = tk.get_input_embeddings()(torch.tensor([[c0]]))
+        cache = DynamicCache()
+        o = cp.model(inputs_embeds=cp.small_to_mtp_projection(torch.cat([h, e0], dim=1)), past_key_values=cache,
+                     use_cache=True)
+        groups = len(cp.lm_head)
+        out = []
+        for g in range(groups):
+            c = int(torch.argmax(cp.lm_head[g](o.last_hidden_state[:, -1])[0]))
+            out.append(c)
+            if g + 1 < groups:
+                emb = cp.model.codec_embedding[g](torch.tensor([[c]]))
+                o = cp.model(inputs_embeds=cp.small_to_mtp_projection(emb), past_key_values=cache, use_cache=True)
+        return np.asarray(out, np.int64)
+
+
+def _cpu_session(path: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), sess_options=calibration_session_options(),
+                                providers=["CPUExecutionProvider"])
+
+
+class RecordingSession:
+    """An ONNX Runtime session that appends a copy of every feed it runs to ``sink`` (a layer graph's
+    calibration data while the float layer graphs speak)."""
+
+    def __init__(self, session, sink: list):
+        self.session, self.sink = session, sink
+
+    def run(self, output_names, feed, *args, **kwargs):
+        self.sink.append({k: np.array(v) for k, v in feed.items()})
+        return self.session.run(output_names, feed, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, mask_value: float):
+    """A Talker runner over the float graphs in ``work_dir`` on the CPU EP (``config``: the manifest's Talker
+    config), and the list it appends ``graph``'s feeds to (copied) on every call: the calibration data of a
+    QDQ quantization. The caller drains the list. ``float_files``: the whole-stack static graphs
+    (``talker_prefill`` and ``talker_decode``: a :class:`StaticTalker`), or every layer graph and head
+    (``kztts.bundle.segments`` names: a :class:`SegmentedTalker` with everything on the CPU), or neither
+    (``graph`` is ``cp_frame``: the dynamic ``talker`` graph, nothing recorded by the runner)."""
+    pending: list[dict] = []
+    if graph == CP_FRAME:
+        return Talker(_cpu_session(work_dir / "graphs" / "talker.onnx"), config), pending
+    if segment_graph_name("prefill", 0) in float_files:
+        sessions = {n: _cpu_session(work_dir / rel) for n, rel in float_files.items()}
+        sessions[graph] = RecordingSession(sessions[graph], pending)
+        placement = builtin("all-cpu", int(config["num_layers"]))
+        return SegmentedTalker(sessions, placement, config, mask_value), pending
+    if PREFILL not in float_files or DECODE not in float_files:
+        raise RuntimeError("QDQ calibration drives both static Talker graphs: place talker_prefill and "
+                           "talker_decode on the HTP")
+    talker = StaticTalker(_cpu_session(work_dir / float_files[PREFILL]), _cpu_session(work_dir / float_files[DECODE]),
+                          config, mask_value)
+    talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
+        if name == graph else None
+    return talker, pending
+
+
+def _cp_feed(hidden: np.ndarray, c0_embed: np.ndarray, rng: np.random.Generator, groups: int) -> dict:
+    s = CP_CALIBRATION_SAMPLING
+    return {"hidden": np.asarray(hidden, np.float32).reshape(1, -1), "c0_embed": c0_embed.reshape(1, -1),
+            "temperature": np.array([s["temperature"]], np.float32), "top_k": np.array([s["top_k"]], np.int64),
+            "top_p": np.array([s["top_p"]], np.float32),
+            "repetition_penalty": np.array([s["repetition_penalty"]], np.float32),
+            "uniforms": rng.random(groups, dtype=np.float32)}
+
+
+def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph: str, *,
+                      prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
+                      mask_value: float = -50.0) -> Iterator[dict]:
+    """Yield the feeds of ``graph`` (a whole-stack Talker graph, a layer graph, or ``cp_frame``) while the
+    float graphs ``float_files`` speak the calibration prompts (see the module docstring)."""
+    sid = special_ids(model)
+    cfg = model_config(model)
+    talker, pending = recording_talker(work_dir, float_files, graph, cfg["talker"], mask_value)
+    tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
+    tok = TextTokenizer(work_dir / "tokenizer.json")
+    languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
+    with torch.no_grad():
+        speaker = model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
+    cp = _Frames(model)
+    rng = np.random.default_rng(0)
+    for text, lang, non_streaming in prompts:
+        lid = None if lang == "auto" else language_id(languages, lang)
+        prompt = build_prompt(tables, tok.assistant_ids(text), special_ids=sid, language_id=lid, speaker=speaker,
+                              mode="xvector", non_streaming=non_streaming)
+        room = talker.context - prompt.embeds.shape[0] - 1
+        if room < 1:
+            log.warning("calibration prompt %r does not fit the static context; skipped", text[:30])
+            continue
+        logits, hidden = talker.prefill(prompt.embeds)
+        yield from pending
+        pending.clear()
+        history: list[int] = []
+        for k in range(min(frames, room)):
+            # the reference's repetition penalty keeps greedy decoding from looping; EOS suppressed
+            c0 = greedy_cb0(logits, sid["codec_eos"], history=history, repetition_penalty=REPETITION_PENALTY)
+            history.append(c0)
+            if graph == CP_FRAME:
+                c0_embed = np.asarray(tables.codec([c0]), np.float32)
+                yield _cp_feed(hidden, c0_embed, rng, tables.num_cp_groups)
+            frame = np.concatenate([[c0], cp.codes(hidden, c0)])
+            logits, hidden = talker.decode(decode_input(tables, prompt, frame, k))
+            yield from pending
+            pending.clear()
+
+
+@contextlib.contextmanager
+def _quiet_root_warnings():
+    root = logging.getLogger()
+
+    def drop(record: logging.LogRecord) -> bool:
+        return record.name != "root" or record.levelno > logging.WARNING
+
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
+def calibration_session_options():
+    """Session options of the float graphs run for calibration: weights not pre-packed, so the sessions
+    over a graph with external data map its ``.data`` file (one shared, reclaimable copy in the page
+    cache) instead of each holding a packed copy (6.2 GB per session for a 1.5B LM in fp32)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
+
+
+def _scratch(graph: Path, tag: str) -> Path:
+    """A temporary file beside ``graph``: the external data a lazily loaded graph refers to resolve there."""
+    return graph.with_name(f".{graph.stem}.{tag}.onnx")
+
+
+# What qnn_preprocess_model rewrites (ORT 1.32): Erf sequences -> Gelu, ReduceL2 -> LpNormalization,
+# Reshape/Transpose(6-D)/Reshape -> SpaceToDepth. The Talker graphs have none of them.
+_PREPROCESSED_OPS = ("Erf", "ReduceL2")
+
+
+def _check_preprocessing_not_needed(model, src: Path) -> None:
+    """Graphs with external data skip ``qnn_preprocess_model``: it saves the model, runs an ORT session to
+    optimize it and loads the result back, each time with all weights in memory (three copies at 1.5B),
+    and cannot take a lazily loaded model. Refuse the graphs it would change instead."""
+    found = sorted({n.op_type for n in model.graph.node if n.op_type in _PREPROCESSED_OPS} |
+                   {"Transpose (6-D)" for n in model.graph.node if n.op_type == "Transpose"
+                    and any(a.name == "perm" and len(a.ints) == 6 for a in n.attribute)})
+    if found:
+        raise RuntimeError(f"{src.name}: has external data and {', '.join(found)}, which QNN pre-processing "
+                           "fuses; not supported for graphs with external data (over 2 GB)")
+
+
+def _drop_weight_aliases(model) -> int:
+    """Let every node read a constant directly rather than through an ``Identity`` of it (``cp_frame``'s 15
+    unrolled steps read each Code Predictor weight so): the quantizer then puts the weight's
+    DequantizeLinear right before its MatMul, the group QNN's HTP takes (through the Identity, the weights'
+    DequantizeLinear nodes fell back to the CPU, strict mode refused them). Returns how many were removed."""
+    inits = {t.name for t in model.graph.initializer}
+    alias = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity" and n.input[0] in inits}
+    if not alias:
+        return 0
+    outputs = {o.name for o in model.graph.output}
+    keep = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in alias
+                                                 and n.output[0] not in outputs)]
+    for n in keep:
+        n.input[:] = [alias.get(x, x) if x not in outputs else x for x in n.input]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return len(alias)
+
+
+def _qdq_input(src: Path, dst: Path):
+    """The model ``quantize_static`` gets, written to ``dst`` beside ``src`` without loading the weights of
+    a graph with external data (they stay in ``src``'s ``.data`` file, ``dst`` refers to it): metadata
+    dropped (``qnn_preprocess_model``, ORT 1.32, fails on it; ``graph_spec`` stamps the output), QNN
+    pre-processing (inline graphs; see ``_check_preprocessing_not_needed``), opset ``QDQ_OPSET``
+    (``quantize_static`` converts 16-bit models below it itself, on the whole ModelProto: impossible past
+    2 GB). Returns the model before the opset conversion (lazy), from which ``get_qnn_qdq_config``
+    decides its options as before (com.microsoft Q/DQ ops, external data or not)."""
+    import copy
+
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+
+    model = onnx.load(str(src), load_external_data=False)
+    del model.metadata_props[:]
+    _drop_weight_aliases(model)
+    if has_external_data(model):
+        _check_preprocessing_not_needed(model, src)
+    else:
+        pre = _scratch(src, "pre")
+        try:  # (a copy: it saves its input with external data, which rewrites the input's tensors)
+            if qnn_preprocess_model(copy.deepcopy(model), str(pre)):
+                model = onnx.load(str(pre))
+        finally:
+            pre.unlink(missing_ok=True)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    onnx.save_model(version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model, str(dst))
+    return model
+
+
+def _tensors_to_calibrate(model, op_types) -> list[str]:
+    """The tensors ORT's calibrators range (``CalibraterBase.select_tensors_to_calibrate``): float inputs
+    and outputs of the nodes of ``op_types``, initializers excepted, typed by shape inference."""
+    from onnx import TensorProto
+
+    infos = {vi.name: vi for vi in model.graph.value_info}
+    infos.update({o.name: o for o in model.graph.output})
+    infos.update({i.name: i for i in model.graph.input})
+    inits = {t.name for t in model.graph.initializer}
+    ops = set(op_types or ())
+    out = set()
+    for node in model.graph.node:
+        if ops and node.op_type not in ops:
+            continue
+        for name in (*node.input, *node.output):
+            vi = infos.get(name)
+            if vi is not None and vi.type.HasField("tensor_type") and name not in inits \
+                    and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                out.add(name)
+    return sorted(out)
+
+
+def minmax_ranges(model_path: Path, op_types, feeds: Iterator[dict]):
+    """ORT's MinMax calibration of ``model_path`` over ``feeds`` (``onnxruntime.quantization.TensorsData``,
+    the ranges ``quantize_static`` reads from a calibration cache) and the number of feeds, without
+    ORT's calibrator: it loads the model with its weights twice (ModelProto, then a copy to augment)
+    and runs a session that packs them, beside the float sessions making the feeds. Here the graph
+    is augmented lazily (ReduceMin/ReduceMax outputs of each tensor, written beside ``model_path``,
+    weights left in its ``.data``), its session maps the weights (``calibration_session_options``),
+    and each feed's minima and maxima are folded in at once (ORT keeps all of them until the end)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+    from onnxruntime.quantization import CalibrationMethod, TensorsData
+
+    inferred, augmented = _scratch(model_path, "inferred"), _scratch(model_path, "calib")
+    try:
+        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))  # as ORT's calibrator does
+        model = onnx.load(str(inferred), load_external_data=False)
+        tensors = _tensors_to_calibrate(model, op_types)
+        infos = {vi.name: vi for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+        names = []
+        for t in tensors:
+            for op in ("ReduceMin", "ReduceMax"):
+                out = f"{t}_{op}"
+                model.graph.node.append(helper.make_node(op, [t], [out], keepdims=1, name=f"kztts_calib_{out}"))
+                model.graph.output.append(helper.make_tensor_value_info(
+                    out, infos[t].type.tensor_type.elem_type, None))
+                names.append(out)
+        onnx.save_model(model, str(augmented))
+        del model
+        so = calibration_session_options()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrator
+        sess = ort.InferenceSession(str(augmented), so, providers=["CPUExecutionProvider"])
+        lo: list = [None] * len(tensors)
+        hi: list = [None] * len(tensors)
+        count = 0
+        for feed in feeds:
+            res = sess.run(names, feed)
+            for i in range(len(tensors)):
+                a, b = res[2 * i].reshape(-1), res[2 * i + 1].reshape(-1)
+                lo[i] = a if lo[i] is None else np.fmin(lo[i], a)  # fmin/fmax: NaN-ignoring, as ORT's nanmin
+                hi[i] = b if hi[i] is None else np.fmax(hi[i], b)
+            count += 1
+        del sess
+    finally:
+        inferred.unlink(missing_ok=True)
+        augmented.unlink(missing_ok=True)
+    data = {t: (lo[i], hi[i]) for i, t in enumerate(tensors)} if count else {}
+    return TensorsData(CalibrationMethod.MinMax, data), count
+
+
+class _Node:
+    """An ONNX node as ``kztts.htp.weights.matmul_keys`` reads it."""
+
+    def __init__(self, n):
+        self.name, self.op, self.inputs, self.outputs = n.name, n.op_type, tuple(n.input), tuple(n.output)
+
+
+def weight_keys(model, first_layer: int = 0) -> dict[str, str]:
+    """{MatMul weight initializer: key} of ``model`` (an ONNX ModelProto; ``kztts.htp.weights.matmul_weights``)."""
+    return matmul_weights([_Node(n) for n in model.graph.node], {t.name for t in model.graph.initializer},
+                          first_layer)
+
+
+def per_channel_matmul_weights(model, qcfg) -> list[str]:
+    """Make every MatMul's constant 2-D weight ``[K, N]`` per-channel in ``qcfg`` (its tensor overrides):
+    symmetric int8, one scale per output column (axis 1); returns their names. ORT's QNN configuration
+    writes per-tensor MatMul weights (its note: QNN lacks per-channel MatMul), but the HTP (QNN EP 2.7,
+    simulator, strict) runs a MatMul whose weight DequantizeLinear is per-channel int8 with zero offsets;
+    on Qwen2.5-Coder-1.5B one 8-bit range per matrix costs perplexity 8.6 -> 17.5 on a French text
+    (benchmarks/lm_w8a16_diagnosis), one per column 8.6 -> 8.61. The 4-bit weights are written over
+    these afterwards (:func:`write_int4_weights`)."""
+    from onnxruntime.quantization import QuantType
+
+    inits = {t.name: t for t in model.graph.initializer}
+    overrides = qcfg.extra_options.setdefault("TensorQuantOverrides", {})
+    names = []
+    for node in model.graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if w is not None and len(w.dims) == 2:
+            overrides[w.name] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 1}]
+            names.append(w.name)
+    return names
+
+
+def rmsnorm_nodes(model) -> list[str]:
+    """The nodes inside the graph's RMSNorms (``static_layers.NORM_MODULES`` scopes), which the QDQ graphs keep
+    in float: run fp16 on the HTP beside the quantized ops (strict on the simulator), their outputs, the
+    MatMuls' inputs, quantized as before. Quantized, a norm loses its rows that hold a massive
+    activation: on Qwen2.5-Coder-1.5B position 0's residual row has one channel near 4.2e3 and the rest
+    near 1e-4 of it once divided by the row maximum, under one 16-bit step of the per-tensor range;
+    one French chunk's perplexity (fp32 8.6) was 1110 as exported with per-tensor weights, 19.9 with only
+    the norms' activations in float, 17.5 with no activation quantized (benchmarks/lm_w8a16_diagnosis).
+    Their outputs are normalised rows, on a grid that serves them."""
+    return [n.name for n in model.graph.node if NORM_SCOPE.match(n.name)]
+
+
+def _int4_tensor(name: str, codes: np.ndarray):
+    """An INT4 initializer from int8 codes in -8..7 (two per byte, low nibble first, as ONNX packs them)."""
+    from onnx import TensorProto
+
+    flat = codes.astype(np.int8).ravel()
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    nib = (flat.astype(np.uint8) & 0x0F)
+    t = TensorProto(name=name, data_type=TensorProto.INT4, dims=list(codes.shape))
+    t.raw_data = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()
+    return t
+
+
+def _lpbq_nodes(w: str, q: QuantizedWeight, dqs: list) -> tuple[list, list]:
+    """The LPBQ form of weight ``w``'s DequantizeLinear nodes ``dqs`` (ONNX Runtime's QNN MatMul fusion pattern):
+    a DequantizeLinear of the uint8 block scales by the float per-channel scale (axis 1) feeding a blocked
+    DequantizeLinear of the int4 codes (axis 0, ``block_size``) in place of each. Returns (initializers,
+    [the scales' node, then one per ``dqs``])."""
+    from onnx import helper, numpy_helper
+
+    k, n = q.codes.shape
+    blocks = k // q.block
+    inits = [_int4_tensor(f"{w}_lpbq_codes", q.codes),
+             numpy_helper.from_array(q.block_scale.astype(np.uint8), f"{w}_lpbq_block_scale"),
+             numpy_helper.from_array(q.scale.astype(np.float32), f"{w}_lpbq_channel_scale"),
+             numpy_helper.from_array(np.zeros(n, np.uint8), f"{w}_lpbq_block_scale_zero_point"),
+             _int4_tensor(f"{w}_lpbq_zero_point", np.zeros((blocks, n), np.int8))]
+    scales = helper.make_node("DequantizeLinear", [f"{w}_lpbq_block_scale", f"{w}_lpbq_channel_scale",
+                                                   f"{w}_lpbq_block_scale_zero_point"], [f"{w}_lpbq_scales"],
+                              axis=1, name=f"{w}_lpbq_scales_DequantizeLinear")
+    weights = [helper.make_node("DequantizeLinear", [f"{w}_lpbq_codes", f"{w}_lpbq_scales", f"{w}_lpbq_zero_point"],
+                                list(dq.output), axis=0, block_size=q.block, name=dq.name) for dq in dqs]
+    return inits, [scales, *weights]
+
+
+def write_int4_weights(qdq_path: Path, float_path: Path, weights: dict[str, G.HtpPrecision]) -> int:
+    """Rewrite the MatMul weights ``weights`` ({float weight name: 4-bit precision}) of the QDQ graph at
+    ``qdq_path`` (written by ``quantize_static`` as per-channel int8: ``<w>_quantized``, ``<w>_scale``,
+    ``<w>_zero_point``) as 4-bit codes from the float weights of ``float_path``
+    (``kztts.htp.weights.quantize_weight``): per-channel INT4, or LPBQ. External data stay external (in
+    ``<qdq file>.data``, rewritten). Returns how many weights were rewritten."""
+    import onnx
+
+    if not weights:
+        return 0
+    model = onnx.load(str(qdq_path))
+    external = data_file(qdq_path).exists()
+    floats = tensor_arrays(float_path, weights)
+    inits = {t.name: t for t in model.graph.initializer}
+    graph = model.graph
+    drop: set[str] = set()
+    done = 0
+    for w, precision in weights.items():
+        codes_name = f"{w}_quantized"
+        dqs = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == codes_name]
+        if not dqs or codes_name not in inits or w not in floats:
+            raise RuntimeError(f"{qdq_path.name}: no per-channel DequantizeLinear of MatMul weight {w!r} as "
+                               "ONNX Runtime's quantizer writes it")
+        q = quantize_weight(floats[w], precision)
+        if q.block_scale is None:
+            from onnx import numpy_helper
+
+            for name, t in ((codes_name, _int4_tensor(codes_name, q.codes)),
+                            (f"{w}_scale", numpy_helper.from_array(q.scale, f"{w}_scale")),
+                            (f"{w}_zero_point", _int4_tensor(f"{w}_zero_point", np.zeros(q.scale.shape, np.int8)))):
+                inits[name].CopyFrom(t)
+        else:
+            new_inits, (scale_node, *weight_nodes) = _lpbq_nodes(w, q, dqs)
+            graph.initializer.extend(new_inits)
+            first = min(list(graph.node).index(dq) for dq in dqs)
+            for dq, node in zip(dqs, weight_nodes):
+                at = list(graph.node).index(dq)
+                graph.node.remove(dq)
+                graph.node.insert(at, node)
+            graph.node.insert(first, scale_node)
+            drop.update((codes_name, f"{w}_scale", f"{w}_zero_point"))
+        done += 1
+    if drop:
+        used = {i for n in graph.node for i in n.input}
+        keep = [t for t in graph.initializer if t.name not in drop or t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    if external:
+        data_file(qdq_path).unlink()
+        onnx.save_model(model, str(qdq_path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_file(qdq_path).name, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(qdq_path))
+    return done
+
+
+def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
+                    precision: str, matmul_precisions: dict[str, dict[str, str]] | None = None,
+                    first_layers: dict[str, int] | None = None, scopes: dict[str, tuple[str, ...]] | None = None,
+                    per_channel: bool = True, float_norms: bool = True, keep_float: bool = False,
+                    what: str = "the calibration prompts", tag: str | None = None) -> dict[str, str]:
+    """QDQ versions at ``precision`` of the float static graphs ``{graph name: rel file}``, each calibrated
+    on ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``
+    (``<rel>.<tag or precision>.onnx``). ``matmul_precisions[graph]``: {MatMul key: precision} where a MatMul
+    takes another quantized precision than ``precision`` (keys of ``kztts.htp.weights.matmul_keys``,
+    numbered from ``first_layers[graph]``, default 0). ``scopes[graph]``: quantize only the nodes whose names
+    start with one of these (``cp_frame``: its stack and heads). ``per_channel``: the MatMul weights per
+    output channel (:func:`per_channel_matmul_weights`; False: ORT's per-tensor 8-bit default, for diagnosis
+    only); ``float_norms``: the RMSNorms' insides in float (:func:`rmsnorm_nodes`).
+
+    Graphs with external data (all over 2 GB) share one data file when their weights are identical
+    (``share_external_data``: the prefill and decode graphs), and stay lazily loaded up to
+    ``quantize_static``, whose quantizer needs the weights (one fp32 ModelProto in memory, no session
+    open then); the QDQ graph keeps external data too (``get_qnn_qdq_config`` decides it from the input),
+    in ``<rel_q>.data``. Calibration: :func:`minmax_ranges`, handed to ``quantize_static`` as its
+    calibration cache. The float graphs are removed afterwards unless ``keep_float``. ``what`` names
+    the calibration data in the error raised when a graph got no feed."""
+    from onnxruntime.quantization import QuantType, quantize_static, save_tensors_data
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    entry = G.htp_precision(precision)
+    if not entry.quantized:
+        raise ValueError(f"{precision} graphs are float graphs: nothing to quantize")
+    rels = list(float_files.values())
+    for rel in rels[1:]:  # one copy of the weights on disk and in the page cache while calibrating
+        if share_external_data(work_dir / rels[0], work_dir / rel):
+            log.info("%s: reads its weights from %s (identical)", Path(rel).name, data_file(work_dir / rels[0]).name)
+    out: dict[str, str] = {}
+    for name, rel in float_files.items():
+        path = work_dir / rel
+        rel_q = rel.replace(".onnx", f".{tag or precision}.onnx")
+        model_in, cache = _scratch(path, "qdq-in"), path.with_name(f".{path.stem}.ranges.json")
+        data_file(work_dir / rel_q).unlink(missing_ok=True)  # ORT appends to an existing one
+        try:
+            lazy = _qdq_input(path, model_in)
+            qcfg = get_qnn_qdq_config(lazy, None, activation_type=QuantType.QUInt16,
+                                      weight_type=QuantType.QUInt8)
+            excluded = [n.name for n in lazy.graph.node if PROBE_SCOPE.match(n.name)]
+            if float_norms:
+                norms = rmsnorm_nodes(lazy)
+                excluded += norms
+                log.info("%s: %d RMSNorm nodes kept in float (fp16 on the HTP)", name, len(norms))
+            if scopes and name in scopes:
+                outside = [n.name for n in lazy.graph.node if not n.name.startswith(scopes[name])]
+                excluded += outside
+                log.info("%s: %d nodes outside %s kept in float", name, len(outside), ", ".join(scopes[name]))
+            int4: dict[str, G.HtpPrecision] = {}
+            if per_channel:
+                skip = set(excluded)
+                float_weights = {n.input[1] for n in lazy.graph.node if n.op_type == "MatMul" and n.name in skip}
+                weights = [w for w in per_channel_matmul_weights(lazy, qcfg) if w not in float_weights]
+                keys = weight_keys(lazy, (first_layers or {}).get(name, 0))
+                plan = (matmul_precisions or {}).get(name, {})
+                for w in weights:
+                    p = G.htp_precision(plan.get(keys.get(w, ""), precision))
+                    if not p.quantized:
+                        raise ValueError(f"{name}: MatMul {keys.get(w, w)} at {p.name}: a QDQ graph's MatMuls are "
+                                         f"quantized ({', '.join(G.QUANTIZED_PRECISIONS)})")
+                    if p.weight_bits == 4:
+                        int4[w] = p
+                log.info("%s: %d MatMul weights per output channel, %d of them at 4 bits", name, len(weights),
+                         len(int4))
+            elif entry.weight_bits != 8:
+                raise ValueError(f"per-tensor MatMul weights are the 8-bit diagnosis path, not {precision}")
+            qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *excluded]
+            del lazy
+            log.info("%s: calibrating (MinMax ranges over %s)", name, what)
+            ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))
+            if count == 0:
+                raise RuntimeError(f"no calibration data for {name}: {what} do not fit the static context")
+            save_tensors_data(ranges, cache)
+            log.info("%s: quantizing (%d ranges from %d feeds)", name, len(ranges.keys()), count)
+            with _quiet_root_warnings():  # "consider pre-processing" notes: handled here
+                quantize_static(str(model_in), str(work_dir / rel_q), None, quant_format=qcfg.quant_format,
+                                op_types_to_quantize=qcfg.op_types_to_quantize, per_channel=qcfg.per_channel,
+                                reduce_range=qcfg.reduce_range, activation_type=qcfg.activation_type,
+                                weight_type=qcfg.weight_type, nodes_to_quantize=qcfg.nodes_to_quantize,
+                                nodes_to_exclude=qcfg.nodes_to_exclude,
+                                use_external_data_format=qcfg.use_external_data_format,
+                                calibrate_method=qcfg.calibrate_method, extra_options=qcfg.extra_options,
+                                calibration_cache_path=str(cache))
+            if int4:
+                log.info("%s: %d MatMul weights rewritten at 4 bits", name,
+                         write_int4_weights(work_dir / rel_q, model_in, int4))
+        finally:
+            model_in.unlink(missing_ok=True)
+            cache.unlink(missing_ok=True)
+        qdata = data_file(work_dir / rel_q)
+        if qdata.exists():  # onnx creates it owner-only (0600); the bundle's other files are not
+            qdata.chmod((work_dir / rel_q).stat().st_mode & 0o777)
+        log.info("%s: %s written, calibrated on %d feeds%s", name, tag or precision, count,
+                 " (external data)" if qcfg.use_external_data_format else "")
+        out[name] = rel_q
+    if not keep_float:
+        for rel in float_files.values():
+            (work_dir / rel).unlink()
+            data_file(work_dir / rel).unlink(missing_ok=True)
+    return out
+
+
+def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
+                           matmul_precisions: dict[str, dict[str, str]] | None = None,
+                           first_layers: dict[str, int] | None = None, prompts=CALIBRATION_PROMPTS,
+                           frames: int = CALIBRATION_FRAMES, per_channel: bool = True, keep_float: bool = False,
+                           drive: dict[str, str] | None = None, tag: str | None = None) -> dict[str, str]:
+    """QDQ versions at ``precision`` of the TTS Talker's float static graphs ``float_files`` (``quantize_graphs``),
+    calibrated while the float graphs ``drive`` (default ``float_files``: the whole-stack graphs; every
+    layer graph and head for layer graphs) speak ``prompts`` (``calibration_feeds``)."""
+    drive = drive or float_files
+    return quantize_graphs(work_dir, float_files,
+                           lambda name: calibration_feeds(model, work_dir, drive, name, prompts=prompts,
+                                                          frames=frames, mask_value=target.attention_mask_value),
+                           precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
+                           per_channel=per_channel, keep_float=keep_float, tag=tag)
+
+
+def quantize_cp_frame(model, work_dir: Path, rel: str, target, *, precision: str, prompts=CALIBRATION_PROMPTS,
+                      frames: int = CALIBRATION_FRAMES) -> str:
+    """A QDQ ``cp_frame`` at ``precision`` beside the float one (which the CPU keeps running): its stack and
+    heads quantized (``CP_QUANTIZED_SCOPES``), its sampler float, calibrated on its inputs while the CPU
+    Talker speaks ``prompts``. Returns the QDQ graph's rel path."""
+    out = quantize_graphs(work_dir, {CP_FRAME: rel},
+                          lambda name: calibration_feeds(model, work_dir, {}, CP_FRAME, prompts=prompts, frames=frames,
+                                                         mask_value=target.attention_mask_value),
+                          precision=precision, scopes={CP_FRAME: CP_QUANTIZED_SCOPES}, keep_float=True)
+    return out[CP_FRAME]
