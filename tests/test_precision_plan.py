@@ -235,6 +235,7 @@ def test_the_fixed_plan_is_what_calibrate_measures(report):
     assert got.matmuls == want.matmuls and got.graphs == want.graphs
 
 
+@pytest.mark.slow  # ~80 s: whole-stack graphs exported with a precision per MatMul
 def test_whole_stack_graphs_carry_the_plan_per_matmul(outlier_model, small_target, plan_file):
     """``kztts export --target T --placement PLAN`` without --segments: whole-stack QDQ graphs at the plan's least
     precise precision with its 8-bit MatMul in int8; ``cp_frame``'s QDQ form at its precision; the runtime accepts
@@ -267,6 +268,7 @@ def test_whole_stack_graphs_carry_the_plan_per_matmul(outlier_model, small_targe
         resolve_plan(b, target=small_target, placement=str(other))
 
 
+@pytest.mark.slow  # ~170 s: the plan's QDQ layer graphs exported, then validate --placement on the simulator
 def test_a_plan_on_layer_graphs_runs_on_the_simulator_within_its_bounds(qnn, outlier_model, small_target, plan_file):
     """``kztts export --segments --placement PLAN`` adds each unit's QDQ layer graph; ``kztts validate --placement
     PLAN --target T`` runs them on the simulator (strict) and judges the plan by its least precise member's bounds

@@ -320,6 +320,7 @@ def _weight_kinds(path) -> set[str]:
 
 
 # ------------------------------------------------------------------ w4a16
+@pytest.mark.slow  # ~100 s: a w4a16 export (calibrated) for the test target, then three simulator runs
 def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, tiny_dir, small_target, sequences,
                                                                           reference_tts):
     """``kztts export --target T --precision w4a16``: the Talker's QDQ graphs hold int4 weights (LPBQ where a
