@@ -20,13 +20,12 @@ head gets its own decay ``A`` in [1, 16) (transformers' own init draws it in (0,
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import kztts.export.lm.tiny as lm_tiny
 from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
-from kztts.export.lm.tiny import CHAT_TEMPLATE, INIT_STD, MAX_POSITIONS, build_tokenizer
+from kztts.export.lm.tiny import INIT_STD, MAX_POSITIONS, build_tokenizer, save_tiny_lm
 
 KINDS = ("qwen3_next", "qwen3_next_moe")
 SIZES = ("tiny", "0.8b")
@@ -65,7 +64,7 @@ def hybrid_config(kind: str, vocab: int, eos: int, bos: int, size: str = "tiny")
 def make_tiny_hybrid(out_dir: str | Path, kind: str = "qwen3_next", seed: int = 7, size: str = "tiny") -> Path:
     """Write a random ``kind`` hybrid LM of ``size`` with its tokenizer and chat template to ``out_dir``."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,16 +82,7 @@ def make_tiny_hybrid(out_dir: str | Path, kind: str = "qwen3_next", seed: int = 
                 p.copy_(torch.empty_like(p).uniform_(1.0, 16.0).log())
             elif name.endswith("dt_bias"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, bos], pad_token_id=bos,
-                                               do_sample=True, temperature=0.7, top_p=0.8, top_k=20,
-                                               repetition_penalty=1.05)
-    model.save_pretrained(out, safe_serialization=True)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                 bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
-                                 model_max_length=MAX_POSITIONS)
-    hf.save_pretrained(out)
-    (out / "kztts_tiny_lm.json").write_text(json.dumps({"kind": kind, "seed": seed, "size": size}) + "\n")
-    return out
+    return save_tiny_lm(model, tok, out, bos, eos, {"kind": kind, "seed": seed, "size": size})
 
 
 def cached_tiny_hybrid(kind: str = "qwen3_next", seed: int = 7) -> Path:

@@ -92,7 +92,7 @@ def _config(kind: str, vocab: int, eos: int, bos: int):
 def make_tiny_lm(out_dir: str | Path, kind: str = "qwen3", seed: int = 7) -> Path:
     """Write a tiny random ``kind`` causal LM with its tokenizer and chat template to ``out_dir``."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +106,14 @@ def make_tiny_lm(out_dir: str | Path, kind: str = "qwen3", seed: int = 7) -> Pat
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+    return save_tiny_lm(model, tok, out, bos, eos, {"kind": kind, "seed": seed})
+
+
+def save_tiny_lm(model, tok, out: Path, bos: int, eos: int, facts: dict) -> Path:
+    """``model`` and its tokenizer ``tok`` written to ``out`` as a Hugging Face checkpoint with Qwen's
+    generation defaults and ChatML template, and ``facts`` (kind, seed, ...) beside them."""
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, bos], pad_token_id=bos,
                                                do_sample=True, temperature=0.7, top_p=0.8, top_k=20,
                                                repetition_penalty=1.05)
@@ -114,7 +122,7 @@ def make_tiny_lm(out_dir: str | Path, kind: str = "qwen3", seed: int = 7) -> Pat
                                  bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
                                  model_max_length=MAX_POSITIONS)
     hf.save_pretrained(out)
-    (out / "kztts_tiny_lm.json").write_text(json.dumps({"kind": kind, "seed": seed}) + "\n")
+    (out / "kztts_tiny_lm.json").write_text(json.dumps(facts) + "\n")
     return out
 
 
