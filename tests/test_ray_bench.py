@@ -123,9 +123,14 @@ def scratch_pids() -> list[int]:
             if d.name.split("-")[2].isdigit()]
 
 
+def finished(out: Path) -> list[Path]:
+    """A --ray run's finished unit files: not the hidden temporary names of a write under way."""
+    return sorted(f for f in (out / "units").glob("*.json") if not f.name.startswith("."))
+
+
 def units_of(out: Path) -> dict[str, dict]:
     """{unit name: its kept file} of a --ray run's folder."""
-    return {d["name"]: d for d in (json.loads(f.read_text()) for f in sorted((out / "units").glob("*.json")))}
+    return {d["name"]: d for d in (json.loads(f.read_text()) for f in finished(out))}
 
 
 # ------------------------------------------------------------------ local Ray
@@ -151,7 +156,7 @@ def test_lm_rows_via_ray_equal_the_sequential_rows(local_ray, qwen3_dir, qwen3_b
     assert int8["identity"]["text"]["name"] == "french" and int8["identity"]["bundle"]["digest"]
     assert int8["identity"]["reference"] == units["cpu-fp32_french"]["key"]  # measured against that text's fp32
     assert str(tmp_path) not in (out / "lm_accuracy.json").read_text()
-    assert not any(str(Path.home()) in f.read_text() for f in (out / "units").glob("*.json"))
+    assert not any(str(Path.home()) in f.read_text() for f in finished(out))
 
 
 class Killer(threading.Thread):
@@ -225,13 +230,13 @@ def test_a_rerun_after_an_interruption_runs_only_the_missing_units(local_ray, qw
                                   stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **RAY_ENV})
         deadline = time.monotonic() + 240
         while driver.poll() is None and time.monotonic() < deadline:
-            if len(list((out / "units").glob("*.json"))) >= 5:
+            if len(finished(out)) >= 5:
                 driver.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.01)
         driver.wait(30)
     assert driver.returncode == -signal.SIGKILL, log.read_text()[-2000:]
-    kept = {f.name: f.read_bytes() for f in (out / "units").iterdir()}
+    kept = {f.name: f.read_bytes() for f in (out / "units").iterdir() if not f.name.startswith(".")}
     names = {json.loads(kept[n])["name"] for n in kept if n.endswith(".json")}
     assert 5 <= len(names) < 12 and not (out / "lm_accuracy.json").exists()
     deadline = time.monotonic() + 60  # Ray ends the dead driver's tasks: then their scratch folders are stale
@@ -241,6 +246,7 @@ def test_a_rerun_after_an_interruption_runs_only_the_missing_units(local_ray, qw
     report = lm_report(out)["ray"]
     assert set(report["reused"]) == names and len(report["ran"]) == 12 - len(names) and not report["failed"]
     assert all((out / "units" / n).read_bytes() == data for n, data in kept.items())  # nothing done twice
+    assert not list((out / "units").glob(".*"))  # a write the kill cut short left no temporary file behind
     assert not [pid for pid in scratch_pids() if not psutil.pid_exists(pid)]  # the killed tasks' scratch, removed
     assert_same_lm_tables(lm_sequential, out)
 

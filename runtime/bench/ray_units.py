@@ -275,6 +275,12 @@ class UnitStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        for tmp in self.root.glob(".*.tmp*"):  # a killed driver's half-written unit: never a result
+            tmp.unlink(missing_ok=True)
+
+    def files(self) -> list[Path]:
+        """The finished units' JSON files (not the hidden temporary names an unfinished write uses)."""
+        return sorted(f for f in self.root.glob("*.json") if not f.name.startswith("."))
 
     def paths(self, unit: Unit) -> tuple[Path, Path]:
         return self.root / f"{unit.file_stem}.json", self.root / f"{unit.file_stem}.npz"
@@ -315,7 +321,7 @@ class UnitStore:
     def others(self, keys: set[str]) -> list[Path]:
         """Kept results of units not in this run (other bundles, code versions or settings)."""
         out = []
-        for f in sorted(self.root.glob("*.json")):
+        for f in self.files():
             stem_key = f.stem.rpartition(".")[2]
             if not any(k.startswith(stem_key) for k in keys):
                 out.append(f)
