@@ -368,6 +368,41 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     assert min(vs_fp32) > 0.99 and np.mean(vs_fp32) > 0.998 and np.mean(agree) >= 0.9
 
 
+def test_bench_runs_the_w8a16_rows_on_the_cpu_ep_with_qdq_on_cpu(w8a16_bundle, small_target, tmp_path):
+    """``kztts bench --lm --qdq-on-cpu``: the w8a16 rows' QDQ graphs run by the CPU EP (rows ``qdq-cpu ...``, no HTP
+    host, no simulator), as close to fp32 as the simulator's rows above (all-htp there: cosine min 0.9965, mean
+    0.9994, top-1 0.96) and not equal to it (the quantization is there); fp16 rows are refused in one line."""
+    import json
+    import subprocess
+    import sys
+
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    def bench(out, *extra):
+        return subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--lm", str(cached_tiny_lm("qwen3")),
+                               "--lm-bundle", str(w8a16_bundle), "--target", str(small_target), "--weights", "fp32",
+                               "--placements", "all-htp,prefill-htp-decode-cpu", "--quantized-bundle",
+                               f"w8a16={w8a16_bundle}", "--texts", "english,french", "--threads", "1",
+                               "--lm-context", "64", "--qdq-on-cpu", "--out", str(out), *extra],
+                              capture_output=True, text=True)
+
+    proc = bench(tmp_path / "q", "--htp-precisions", "w8a16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "q" / "lm_accuracy.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert report["qdq_on_cpu"] and list(rows) == ["cpu fp32", "qdq-cpu w8a16 all-htp",
+                                                   "qdq-cpu w8a16 prefill-htp-decode-cpu"]
+    for name in ("qdq-cpu w8a16 all-htp", "qdq-cpu w8a16 prefill-htp-decode-cpu"):
+        r = rows[name]
+        print(f"{name}: cosine min {r['logits_cos_min']:.5f} mean {r['logits_cos_mean']:.5f}, top-1 {r['top1_agree']:.3f}")
+        assert r["error"] is None and "htp_hosts" not in r
+        assert 0.99 < r["logits_cos_min"] and 0.998 < r["logits_cos_mean"] < 0.99999 and r["top1_agree"] >= 0.9
+    assert "qdq-cpu rows: the target's quantized HTP graphs run by ONNX Runtime's CPU EP" in \
+        (tmp_path / "q" / "lm_accuracy.md").read_text()
+    refused = bench(tmp_path / "f")  # the default --htp-precisions hold fp16
+    assert refused.returncode == 2 and "--qdq-on-cpu: fp16 graphs have no QDQ nodes" in refused.stderr, refused.stderr
+
+
 @pytest.fixture(scope="module")
 def w4a16_bundle(small_target):
     """The tiny Qwen3 with w4a16 static graphs of the small target (int4 weights: LPBQ blocks of 64 where K

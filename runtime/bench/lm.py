@@ -18,6 +18,11 @@ multilingual text set, plus 32 greedy tokens per prompt):
   with the guard counting flagged HTP calls (``guard_flagged``) rather than failing the row; QNN
   itself stays strict (no CPU fallback). A target with ``process_context_mb`` opens the HTP graphs
   in host processes (``kztts.htp.hosts``); each row's JSON lists them (``htp_hosts``).
+- with ``--qdq-on-cpu``: the quantized precisions' HTP rows (``qdq-cpu w4a16 all-htp``, ...) run the same QDQ
+  graphs on ONNX Runtime's CPU EP instead of the simulator: the quantization grid the HTP is given (weights and
+  16-bit activations), with fp32 arithmetic between the Q/DQ pairs where the HTP computes in fp16; minutes where
+  the simulator takes hours (it matched the simulator within cosine 0.9999 on the tiny models). fp16 rows have
+  no QDQ nodes to emulate and are refused.
 
 Each finished row is logged and ``lm_accuracy.json`` rewritten (``"complete": false`` until the
 last row), so a long simulator run keeps the rows it finished. ``lm_accuracy.md`` holds the table,
@@ -106,12 +111,14 @@ def layer_graphs_only(bundle: Path) -> bool:
 
 def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
               calibrate_prompts: Path | None = None, precisions: tuple[str, ...] = ("fp16",),
-              quantized_bundles: dict[str, Path] | None = None, guarded: Path | None = None) -> list:
+              quantized_bundles: dict[str, Path] | None = None, guarded: Path | None = None,
+              qdq_on_cpu: bool = False) -> list:
     """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: float (fp16) rows of ``bundle``,
     a quantized precision's rows of ``quantized_bundles[precision]`` (no guarded row: its layer graphs would be
     fp16). ``guarded``: the guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a
     file (a ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP, or a precision plan) is a
-    row of its own on ``bundle``, named after the file and run as the guarded row is."""
+    row of its own on ``bundle``, named after the file and run as the guarded row is. ``qdq_on_cpu``: the quantized
+    rows are named ``qdq-cpu ...`` and run without strict mode (their graphs open on the CPU EP by design)."""
     from kztts.export.tts.variants import cached_variant
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
@@ -125,8 +132,9 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
                                          guard_counts=layers, placement=str(Path(p).resolve())))
             elif quantized:
                 if p != "guarded":
-                    specs.append(RowSpec(f"htp-sim {prec} {p}", (quantized_bundles or {})[prec], target=target,
-                                         placement=p))
+                    specs.append(RowSpec(f"{'qdq-cpu' if qdq_on_cpu else 'htp-sim'} {prec} {p}",
+                                         (quantized_bundles or {})[prec], target=target, placement=p,
+                                         strict=not qdq_on_cpu))
             elif p == "guarded":
                 placement = guarded or guarded_placement(bundle, out, calibrate_prompts)
                 specs.append(RowSpec(f"htp-sim {prec} guarded", bundle, target=target, check_saturation=True,
@@ -146,7 +154,7 @@ def model_facts(manifest: dict) -> dict:
 
 
 def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: str | None, steps: int,
-                    no_guarded: dict | None, command: str) -> str:
+                    no_guarded: dict | None, command: str, qdq_on_cpu: bool = False) -> str:
     subset = f" (texts: {texts})" if texts else ""
     lines = [f"LM `{model.get('model_type')}` from `{model.get('source')}` "
              f"(sha256 {str(model.get('sha256') or '')[:12]}...), {threads} threads, "
@@ -160,6 +168,10 @@ def report_markdown(rows: list[dict], model: dict, threads: int | str, texts: st
               "whose tokens are all equal.",
               "- ms/token: median decode step (CPU rows only), the 1-minute load average beside it: compare rows "
               "of one run, not absolute figures."]
+    if qdq_on_cpu:
+        lines.append("- qdq-cpu rows: the target's quantized HTP graphs run by ONNX Runtime's CPU EP, not the "
+                     "simulator: the same quantization grid (weights, 16-bit activations), fp32 arithmetic between "
+                     "the Q/DQ pairs where the HTP computes in fp16.")
     for prec, why in (no_guarded or {}).items():
         lines.append(f"- HTP {prec}: static graphs calibrated on `kztts.export.lm.text_calibration.CALIBRATION_TEXTS` "
                      f"(disjoint from the measured texts); no guarded row, the exporter refuses {prec} layer graphs: "
@@ -189,6 +201,7 @@ class LmBench:
     threads: int = 2
     context: int = 512
     ray: str | None = None  # --ray [ADDRESS]: (row, text) units as Ray tasks (ray_units.LOCAL: a local Ray)
+    qdq_on_cpu: bool = False  # the quantized HTP rows' QDQ graphs on the CPU EP, not the simulator
 
 
 def check(b: LmBench) -> None:
@@ -215,6 +228,14 @@ def check(b: LmBench) -> None:
     if b.ray is not None and b.reference is not None:
         raise KzttsError("--reference: with --ray the fp32 row's units are kept in OUT/units and reused by a rerun "
                          "with the same --out; drop --reference")
+    if b.qdq_on_cpu:
+        if b.target is None:
+            raise KzttsError("--qdq-on-cpu runs a target's quantized HTP graphs on the CPU EP: give --target")
+        floats = [p for p in b.precisions if not G.htp_precision(p).quantized]
+        if floats:
+            raise KzttsError(f"--qdq-on-cpu: {', '.join(floats)} graphs have no QDQ nodes (the CPU EP would run "
+                             f"them in fp32, not as the HTP does): give --htp-precisions "
+                             f"{','.join(G.QUANTIZED_PRECISIONS)}")
     if b.ray is not None:
         ray_units.check_address(b.ray)
 
@@ -227,6 +248,10 @@ def run(b: LmBench) -> list[dict]:
     """Every row, written to ``b.out`` as it finishes; returns the rows."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     check(b)
+    if b.qdq_on_cpu:
+        from kztts.htp import qnn
+
+        qnn.disable_for_this_process("--qdq-on-cpu")
     samples = tuple(s for s in SAMPLES if s.name in _names(b.texts)) if b.texts else SAMPLES
     steps = b.greedy_steps if b.greedy_steps is not None else GREEDY_STEPS
     b.out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +263,8 @@ def run(b: LmBench) -> list[dict]:
         qbundles[prec] = (b.quantized_bundles or {}).get(prec) or cached_lm_bundle(b.source, target=b.target,
                                                                                    precision=prec)
     specs = row_specs(bundle, list(b.weights), b.target, list(b.placements), b.out, b.calibrate_prompts,
-                      precisions=tuple(b.precisions), quantized_bundles=qbundles, guarded=b.guarded_placement)
+                      precisions=tuple(b.precisions), quantized_bundles=qbundles, guarded=b.guarded_placement,
+                      qdq_on_cpu=b.qdq_on_cpu)
     done: list[dict] = []
     model = model_facts(manifest)
     bundles = {"bundle": {"name": Path(bundle).name, "digest": bundle_digest(bundle)},
@@ -250,6 +276,7 @@ def run(b: LmBench) -> list[dict]:
         (b.out / "lm_accuracy.json").write_text(json.dumps(
             {"model": model, **bundles, "code_version": ray_units.code_version("lm"), "threads": b.threads,
              "texts": [s.name for s in samples], "greedy_steps": steps, "no_guarded_row": no_guarded,
+             "qdq_on_cpu": b.qdq_on_cpu,
              "load_avg_end": psutil.getloadavg(), "command": command, "complete": complete, "rows": done, **extra},
             indent=1, default=str), encoding="utf-8")
 
@@ -265,7 +292,7 @@ def run(b: LmBench) -> list[dict]:
         rows = run_rows(specs, samples=samples, threads=b.threads, steps=steps, context=b.context,
                         on_row=on_row, reference_file=b.reference)
     write_json(complete=True)
-    md = report_markdown(rows, model, b.threads, b.texts, steps, no_guarded, command)
+    md = report_markdown(rows, model, b.threads, b.texts, steps, no_guarded, command, b.qdq_on_cpu)
     (b.out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
@@ -397,11 +424,12 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
     (out / "lm_accuracy.json").write_text(json.dumps(
         {"model": model, "bundle": {"digest": digests["bundle"]}, "quantized_bundles": digests["quantized_bundles"],
          "code_version": code, "threads": threads, "texts": texts, "greedy_steps": steps,
-         "no_guarded_row": runs[0].get("no_guarded_row"),
+         "no_guarded_row": runs[0].get("no_guarded_row"), "qdq_on_cpu": qdq_on_cpu,
          "merged_from": [portable_path(Path(d).resolve()) for d in dirs], "command": command, "complete": True,
          "rows": rows}, indent=1), encoding="utf-8")
+    qdq_on_cpu = _agreed(runs, dirs, "qdq_on_cpu") is True
     md = report_markdown(rows, model if model != UNKNOWN else {}, threads, ",".join(texts), steps,
-                         runs[0].get("no_guarded_row"), command)
+                         runs[0].get("no_guarded_row"), command, qdq_on_cpu)
     (out / "lm_accuracy.md").write_text(md, encoding="utf-8")
     print(md)
     return rows
@@ -440,6 +468,10 @@ def add_arguments(ap, standalone: bool) -> None:
                                                  "saved (one HTP row per process without recomputing fp32)")
     g.add_argument("--lm-context", "--context", dest="lm_context", type=int, default=512,
                    help="CPU KV positions (texts are cut to it)")
+    g.add_argument("--qdq-on-cpu", action="store_true",
+                   help="the quantized HTP rows (--htp-precisions w8a16,w4a16) run their QDQ graphs on ONNX Runtime's "
+                        "CPU EP instead of the simulator (rows named qdq-cpu): the HTP's quantization grid in "
+                        "minutes where the simulator takes hours; needs --target")
     if standalone:
         add_ray_argument(g)
 
@@ -474,7 +506,7 @@ def from_args(args, source: Path, *, target: str | None, threads: int, out: Path
                    quantized_bundles=_quantized_bundles(args.quantized_bundle),
                    calibrate_prompts=args.calibrate_prompts, guarded_placement=args.guarded_placement,
                    texts=args.texts, greedy_steps=args.greedy_steps, reference=args.reference, threads=threads,
-                   context=args.lm_context, ray=getattr(args, "ray", None))
+                   context=args.lm_context, ray=getattr(args, "ray", None), qdq_on_cpu=args.qdq_on_cpu)
 
 
 def main(argv: list[str] | None = None) -> int:

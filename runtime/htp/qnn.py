@@ -113,6 +113,18 @@ def qnn_unavailable_reason() -> str | None:
     return _STATE.error
 
 
+def disable_for_this_process(why: str) -> None:
+    """Run every HTP graph of this process on the CPU EP (``KZTTS_DISABLE_QNN=1``, inherited by its child
+    processes, e.g. Ray tasks): refused when QNN already opened here, where the switch could no longer hold."""
+    with _STATE.lock:
+        registered = _STATE.tried and _STATE.error is None
+    if registered:
+        raise KzttsError(f"{why}: the QNN execution provider is already in use in this process; run it in a "
+                         "process of its own")
+    os.environ["KZTTS_DISABLE_QNN"] = "1"
+    _STATE.tried, _STATE.error = True, f"disabled: {why}"
+
+
 def _warn_fallback() -> None:
     with _STATE.lock:
         first, _STATE.warned = not _STATE.warned, True
