@@ -403,6 +403,20 @@ def test_bench_runs_the_w8a16_rows_on_the_cpu_ep_with_qdq_on_cpu(w8a16_bundle, s
     assert refused.returncode == 2 and "--qdq-on-cpu: fp16 graphs have no QDQ nodes" in refused.stderr, refused.stderr
 
 
+def test_rows_of_a_plan_bundle_say_plan(w8a16_bundle, tmp_path):
+    """A quantized bundle whose whole-stack graphs were exported with a precision plan (``matmul_precisions``
+    in their manifest entries) names its bench rows ``... w8a16 plan ...``; a uniform one does not."""
+    import json
+
+    from kztts.bench.lm import plan_label
+
+    assert plan_label(w8a16_bundle) == ""
+    manifest = json.loads((w8a16_bundle / "kztts.json").read_text())
+    manifest["graphs"]["talker_prefill"]["matmul_precisions"] = {"0.v_proj": "w8a16"}
+    (tmp_path / "kztts.json").write_text(json.dumps(manifest))
+    assert plan_label(tmp_path) == " plan"
+
+
 @pytest.fixture(scope="module")
 def w4a16_bundle(small_target):
     """The tiny Qwen3 with w4a16 static graphs of the small target (int4 weights: LPBQ blocks of 64 where K

@@ -109,13 +109,20 @@ def layer_graphs_only(bundle: Path) -> bool:
     return segment_graph_name("prefill", 0) in graphs and "talker_prefill" not in graphs
 
 
+def plan_label(bundle: Path) -> str:
+    """`` plan`` for a bundle whose whole-stack graphs were exported with a precision plan (``kztts export
+    --placement``: some MatMuls at another precision than the graph's), so its rows say so; else empty."""
+    spec = read_manifest(bundle).graphs.get("talker_prefill")
+    return " plan" if spec is not None and spec.extra.get("matmul_precisions") else ""
+
+
 def row_specs(bundle: Path, weights: list[str], target: str | None, placements: list[str], out: Path,
               calibrate_prompts: Path | None = None, precisions: tuple[str, ...] = ("fp16",),
               quantized_bundles: dict[str, Path] | None = None, guarded: Path | None = None,
               qdq_on_cpu: bool = False) -> list:
     """CPU rows of ``bundle``'s variants; with ``target``, per HTP precision: float (fp16) rows of ``bundle``,
     a quantized precision's rows of ``quantized_bundles[precision]`` (no guarded row: its layer graphs would be
-    fp16). ``guarded``: the guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a
+    fp16; ``w4a16 plan`` when that bundle's whole-stack graphs carry a precision plan, :func:`plan_label`). ``guarded``: the guarded row's placement file (default: ``kztts calibrate`` now). A placement that is a
     file (a ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP, or a precision plan) is a
     row of its own on ``bundle``, named after the file and run as the guarded row is. ``qdq_on_cpu``: the quantized
     rows are named ``qdq-cpu ...`` and run without strict mode (their graphs open on the CPU EP by design)."""
@@ -132,8 +139,9 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
                                          guard_counts=layers, placement=str(Path(p).resolve())))
             elif quantized:
                 if p != "guarded":
-                    specs.append(RowSpec(f"{'qdq-cpu' if qdq_on_cpu else 'htp-sim'} {prec} {p}",
-                                         (quantized_bundles or {})[prec], target=target, placement=p,
+                    qb = (quantized_bundles or {})[prec]
+                    specs.append(RowSpec(f"{'qdq-cpu' if qdq_on_cpu else 'htp-sim'} {prec}{plan_label(qb)} {p}",
+                                         qb, target=target, placement=p,
                                          strict=not qdq_on_cpu))
             elif p == "guarded":
                 placement = guarded or guarded_placement(bundle, out, calibrate_prompts)
