@@ -439,6 +439,23 @@ def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, sm
     assert leading >= 32
 
 
+@pytest.mark.slow  # ~170 s: a w4a16 export for a device target, the HTP compiling every graph into its context binary
+@pytest.mark.parametrize("device", ["sm8750", "x_elite"])
+def test_w4a16_context_binaries_for_a_device_target(qnn, tiny_dir, device):
+    """``kztts export --target DEVICE --precision w4a16 --context-binary``: QNN compiles the int4 QDQ graphs (the
+    Talker's pair sharing one context, the Code Predictor's frame) for the device's HTP, offline on this x86
+    host, and the manifest names each binary with its target and precision."""
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+
+    bundle = cached_target_bundle(tiny_dir, device, precision="w4a16", context_binary=True)
+    graphs = json.loads((bundle / "kztts.json").read_text())["graphs"]
+    for name in ("talker_prefill", "talker_decode", "cp_frame"):
+        g = graphs[name]
+        assert g["precision"] == "w4a16" and g["context_target"] == device, (name, g)
+        assert all((bundle / b).stat().st_size > 100_000 for b in g["context_binaries"]), g["context_binaries"]
+    assert graphs["talker_decode"]["context_binaries"] == graphs["talker_prefill"]["context_binaries"]
+
+
 SHARED_CONTEXT_CHILD = r"""
 import sys, numpy as np
 from kztts import TTS, Voice
