@@ -65,6 +65,7 @@ from kztts.eval.lm_accuracy import (
     rows_from_texts,
     run_rows,
 )
+from kztts.htp import qnn
 from kztts.htp.placement import write_placement
 from kztts.htp.targets import load_target
 
@@ -257,8 +258,6 @@ def run(b: LmBench) -> list[dict]:
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     check(b)
     if b.qdq_on_cpu:
-        from kztts.htp import qnn
-
         qnn.disable_for_this_process("--qdq-on-cpu")
     samples = tuple(s for s in SAMPLES if s.name in _names(b.texts)) if b.texts else SAMPLES
     steps = b.greedy_steps if b.greedy_steps is not None else GREEDY_STEPS
@@ -419,6 +418,7 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
                                             lambda v: {p: q["digest"] for p, q in v.items()})}
     code = _agreed(runs, dirs, "code_version")
     threads = _agreed(runs, dirs, "threads")
+    qdq_on_cpu = _agreed(runs, dirs, "qdq_on_cpu") is True
     unfinished = [str(d) for d, r in zip(dirs, runs) if not r.get("complete")]
     if unfinished:
         raise KzttsError(f"--merge: {', '.join(unfinished)} did not finish (complete: false)")
@@ -435,7 +435,6 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
          "no_guarded_row": runs[0].get("no_guarded_row"), "qdq_on_cpu": qdq_on_cpu,
          "merged_from": [portable_path(Path(d).resolve()) for d in dirs], "command": command, "complete": True,
          "rows": rows}, indent=1), encoding="utf-8")
-    qdq_on_cpu = _agreed(runs, dirs, "qdq_on_cpu") is True
     md = report_markdown(rows, model if model != UNKNOWN else {}, threads, ",".join(texts), steps,
                          runs[0].get("no_guarded_row"), command, qdq_on_cpu)
     (out / "lm_accuracy.md").write_text(md, encoding="utf-8")
