@@ -34,6 +34,7 @@ from kztts.htp.saturation import SaturationGuard
 from kztts.runners.hybrid import HybridTalker, state_shapes
 from kztts.runners.kv_cache import kv_dtype
 from kztts.runners.rope import rope_tables
+from kztts.runners.talker_handover import Handover
 from kztts.runners.talker_static import ChunkedTalker, chunk_inputs
 
 StatsHook = Callable[[str, np.ndarray, np.ndarray, int], None]  # (phase, layer_stats, head_stats, positions)
@@ -171,34 +172,11 @@ class HybridStaticTalker(ChunkedTalker):
         return keys, values, {i: {k: a.astype(np.float32) for k, a in s.items()} for i, s in self.states.items()}
 
 
-class HybridHandover:
+class HybridHandover(Handover):
     """``prefill`` on the static HTP graphs, then every state and KV to the CPU ``HybridTalker`` (module docstring)."""
 
-    def __init__(self, prefill_talker: HybridStaticTalker, decode_talker: HybridTalker, keep_handover: bool = False):
-        if prefill_talker.num_layers != decode_talker.num_layers:
-            raise KzttsError("prefill and decode runners have different layer counts")
-        self.prefill_talker, self.decode_talker = prefill_talker, decode_talker
-        self.num_layers, self.hidden_size = decode_talker.num_layers, decode_talker.hidden_size
-        self.vocab = decode_talker.vocab
-        self.keep_handover = keep_handover
-        self.handed_over: tuple | None = None
-
-    @property
-    def position(self) -> int:
-        return self.decode_talker.position
-
-    @property
-    def context(self) -> int:
-        return min(self.prefill_talker.context, self.decode_talker.context)
-
-    @property
-    def guard(self):
-        """The HTP prefill's fp16 guard (``kztts.htp.saturation``), if it has one."""
-        return self.prefill_talker.guard
-
-    def reset(self) -> None:
-        self.prefill_talker.reset()
-        self.decode_talker.reset()
+    prefill_talker: HybridStaticTalker
+    decode_talker: HybridTalker
 
     def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The prompt's chunks on the HTP, the cache handed over, any tail prefilled on the CPU."""
@@ -213,14 +191,3 @@ class HybridHandover:
         if done < embeds.shape[0]:
             result = self.decode_talker.extend(embeds[done:])
         return result
-
-    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.decode_talker.position == 0:
-            raise KzttsError("decode called before prefill")
-        return self.decode_talker.decode(embed)
-
-    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """More positions after the handover (a chat's next turn): on the CPU; a first call prefills."""
-        if self.decode_talker.position == 0:
-            return self.prefill(embeds)
-        return self.decode_talker.extend(embeds)

@@ -10,6 +10,8 @@ inspection).
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from kztts.core.errors import KzttsError
@@ -17,10 +19,11 @@ from kztts.runners.talker import Talker
 from kztts.runners.talker_static import StaticTalker
 
 
-class HandoverTalker:
-    """``prefill`` on the static HTP Talker, then its KV to the CPU Talker for ``decode``."""
+class Handover(abc.ABC):
+    """Prefill on one runner (the HTP's), decode on another (the CPU's): what every handover shares. A subclass's
+    ``prefill`` runs the prompt on ``prefill_talker`` and moves its cache into ``decode_talker``."""
 
-    def __init__(self, prefill_talker: StaticTalker, decode_talker: Talker, keep_handover: bool = False):
+    def __init__(self, prefill_talker, decode_talker, keep_handover: bool = False):
         if prefill_talker.num_layers != decode_talker.num_layers:
             raise KzttsError("prefill and decode talkers have different layer counts")
         self.prefill_talker, self.decode_talker = prefill_talker, decode_talker
@@ -28,7 +31,7 @@ class HandoverTalker:
         self.hidden_size = decode_talker.hidden_size
         self.vocab = decode_talker.vocab
         self.keep_handover = keep_handover
-        self.handed_over: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self.handed_over = None  # with keep_handover: a copy of what the last prefill handed over
 
     @property
     def position(self) -> int:
@@ -47,6 +50,28 @@ class HandoverTalker:
         self.prefill_talker.reset()
         self.decode_talker.reset()
 
+    @abc.abstractmethod
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt on ``prefill_talker``, its cache then moved into ``decode_talker``'s."""
+
+    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.decode_talker.position == 0:
+            raise KzttsError("decode called before prefill")
+        return self.decode_talker.decode(embed)
+
+    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """More positions after the handover (a chat's next turn): on the CPU; a first call prefills."""
+        if self.decode_talker.position == 0:
+            return self.prefill(embeds)
+        return self.decode_talker.extend(embeds)
+
+
+class HandoverTalker(Handover):
+    """``prefill`` on the static HTP Talker, then its KV to the CPU Talker for ``decode``."""
+
+    prefill_talker: StaticTalker
+    decode_talker: Talker
+
     def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The prompt on the HTP; its KV is then moved into the CPU cache."""
         cache = self.decode_talker.kv
@@ -59,14 +84,3 @@ class HandoverTalker:
         if self.keep_handover:
             self.handed_over = [(k.copy(), v.copy()) for k, v in zip(keys, values)]
         return result
-
-    def decode(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.decode_talker.position == 0:
-            raise KzttsError("decode called before prefill")
-        return self.decode_talker.decode(embed)
-
-    def extend(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """More positions after the handover (a chat's next turn): on the CPU; a first call prefills."""
-        if self.decode_talker.position == 0:
-            return self.prefill(embeds)
-        return self.decode_talker.extend(embeds)
