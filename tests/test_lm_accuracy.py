@@ -161,6 +161,30 @@ def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys
     assert f"{rows['cpu fp32']['ppl']:.3f}" == "4.648"  # the same fp32 reference as the other 1.5B rows
 
 
+def test_published_ray_rows_of_the_15b_equal_its_sequential_rows():
+    """benchmarks/lm_precision/ray_15b: the real 1.5B's CPU rows through ``--ray`` (one unit per row and text) hold
+    the sequential run's figures and per-text sums exactly, and its HTP simulator row through Ray the figures of
+    the sequential row published in benchmarks/lm_precision/README.md."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision"
+    runs = {d: json.loads((root / "ray_15b" / d / "lm_accuracy.json").read_text())
+            for d in ("sequential_cpu", "ray_cpu", "ray_htp")}
+    assert "ray" not in runs["sequential_cpu"] and not runs["ray_cpu"]["ray"]["failed"]
+    kept = ("logits_cos_mean", "logits_cos_min", "top1_agree", "ppl", "ppl_per_sample", "greedy_prefix_mean",
+            "greedy_equal", "per_sample", "positions", "tokens")
+    for seq, ray in zip(runs["sequential_cpu"]["rows"], runs["ray_cpu"]["rows"], strict=True):
+        assert seq["name"] == ray["name"] and seq["error"] is None
+        assert {k: seq.get(k) for k in kept} == {k: ray.get(k) for k in kept}, seq["name"]
+    htp = {r["name"]: r for r in runs["ray_htp"]["rows"]}["htp-sim fp16 prefill-htp-decode-cpu"]
+    assert set(htp["nodes"].values()) and runs["ray_htp"]["ray"]["reused"] == [f"cpu-fp32_{t}" for t in
+                                                                                 ("chinese", "code", "english", "french")]
+    cells = " | ".join(markdown_table([htp]).splitlines()[2].split(" | ")[2:8])
+    readme = (root / "README.md").read_text()
+    table_row = next(line for line in readme.splitlines() if line.startswith("| htp-sim fp16 prefill-htp-decode-cpu | handover, 2 hosts |"))
+    assert cells in table_row, (cells, table_row)
+
+
 @pytest.mark.slow
 def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     """benchmarks/lm_precision/bench_lm.py on the tiny Qwen3: CPU rows, and the simulator under all-htp,
