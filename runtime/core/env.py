@@ -65,6 +65,11 @@ def flag(name: str, default: bool = False, environ: Mapping[str, str] | None = N
     raise KzttsError(f"{name}={raw!r} is not valid: use one of {'/'.join(TRUE)} or {'/'.join(FALSE)}")
 
 
+def set_flag(name: str, value: bool = True) -> None:
+    """Set a boolean variable for this process and the processes it starts (e.g. Ray tasks, HTP hosts)."""
+    os.environ[name] = "1" if value else "0"
+
+
 def choice(name: str, choices: tuple[str, ...], default: str, environ: Mapping[str, str] | None = None) -> str:
     """One of ``choices`` (any case) from variable ``name``; ``default`` when unset."""
     raw = _raw(name, environ).lower()

@@ -121,7 +121,7 @@ def disable_for_this_process(why: str) -> None:
     if registered:
         raise KzttsError(f"{why}: the QNN execution provider is already in use in this process; run it in a "
                          "process of its own")
-    os.environ["KZTTS_DISABLE_QNN"] = "1"
+    env.set_flag("KZTTS_DISABLE_QNN")
     _STATE.tried, _STATE.error = True, f"disabled: {why}"
 
 
