@@ -254,6 +254,9 @@ def create_session(path: str | os.PathLike, target: Target | str, *, strict: boo
 def _cpu_session(path: Path, config: SessionConfig | None) -> ort.InferenceSession:
     so = _session_options(config or SessionConfig())
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    # a QDQ graph meant for the HTP: no QDQ fusion (the CPU EP would swap in its own integer kernels), so the
+    # weights' DequantizeLinear folds into float constants once at load: the same values, not re-expanded per call
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
     return ort.InferenceSession(str(path), sess_options=so, providers=[CPU_EP])
 
 
