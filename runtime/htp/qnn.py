@@ -215,14 +215,15 @@ def first_line(exc: BaseException, limit: int = 400) -> str:
 
 def create_session(path: str | os.PathLike, target: Target | str, *, strict: bool = False,
                    config: SessionConfig | None = None, context: dict[str, str] | None = None,
-                   cpu_path: str | os.PathLike | None = None) -> ort.InferenceSession:
+                   cpu_path: str | os.PathLike | None = None, fold_weights: bool = True) -> ort.InferenceSession:
     """Open ``path`` on the target's HTP (QNN EP), nodes it cannot run on the CPU EP.
 
     ``strict``: no CPU fallback at all; a missing QNN EP or a node the HTP cannot
     run raises (naming the nodes). Non-strict without QNN: one warning per process,
     then the CPU EP opens ``cpu_path`` (default ``path``; an EPContext model
     cannot run on the CPU, so context-binary graphs pass their source graph).
-    ``context``: extra session config entries (EPContext generation/sharing).
+    ``context``: extra session config entries (EPContext generation/sharing). ``fold_weights``: on the CPU EP,
+    a QDQ graph's weights are dequantized once at load (fast per call, float-sized in memory) rather than per call.
     """
     target = load_target(target)
     path = Path(path)
@@ -231,7 +232,7 @@ def create_session(path: str | os.PathLike, target: Target | str, *, strict: boo
             raise KzttsError(f"strict mode: the QNN execution provider is unavailable ({_STATE.error}); "
                              f"cannot run {path.name} on the HTP of target {target.name!r}")
         _warn_fallback()
-        return _cpu_session(cpu_path or path, config)
+        return _cpu_session(cpu_path or path, config, fold_weights)
     try:
         with _native_output_to_log():
             sess = ort.InferenceSession(str(path), sess_options=qnn_session_options(
@@ -247,17 +248,19 @@ def create_session(path: str | os.PathLike, target: Target | str, *, strict: boo
                              f"{target.name!r}: {first_line(exc)}") from exc
         log.warning("%s: the QNN execution provider could not prepare this graph for target %r (%s); running "
                     "it on the CPU execution provider", path.name, target.name, first_line(exc))
-        return _cpu_session(cpu_path or path, config)
+        return _cpu_session(cpu_path or path, config, fold_weights)
     return sess
 
 
-def _cpu_session(path: Path, config: SessionConfig | None) -> ort.InferenceSession:
+def _cpu_session(path: Path, config: SessionConfig | None, fold_weights: bool = True) -> ort.InferenceSession:
     so = _session_options(config or SessionConfig())
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    # a QDQ graph meant for the HTP: no QDQ fusion (the CPU EP would swap in its own integer kernels), so the
-    # weights' DequantizeLinear folds into float constants once at load: the same values, not re-expanded per call
+    # a QDQ graph meant for the HTP: no QDQ fusion (the CPU EP would swap in its own integer kernels), so it runs
+    # its own arithmetic, fp32 between the Q/DQ pairs; the weights' DequantizeLinear then fold into float constants
+    # at load (the same values), unless the caller keeps them packed: a 1.5B's prefill graph folded is 6 GB more
     so.add_session_config_entry("session.disable_quant_qdq", "1")
-    return ort.InferenceSession(str(path), sess_options=so, providers=[CPU_EP])
+    disabled = [] if fold_weights else ["ConstantFolding"]
+    return ort.InferenceSession(str(path), sess_options=so, providers=[CPU_EP], disabled_optimizers=disabled)
 
 
 def _cpu_nodes_of(path: Path, target: Target, config: SessionConfig | None) -> list[tuple[str, str]]:
@@ -317,8 +320,10 @@ def open_target_session(bundle, graph_name: str, target_cfg: Target | str | None
     ctx = {}
     if qnn_file != cpu_file and spec.extra.get("shared_context") and qnn_available():
         ctx = {"ep.share_ep_contexts": "1"}
+    # on the CPU EP only a graph called per token (seq 1) has its weights folded: one called per chunk keeps them
+    # packed, so a prefill and a decode graph of a large model fit beside the CPU's own graphs
     sess = create_session(qnn_file, target, strict=strict, config=config or bundle.session_config,
-                          context=ctx, cpu_path=cpu_file)
+                          context=ctx, cpu_path=cpu_file, fold_weights=spec.extra.get("seq", 1) == 1)
     opened = qnn_file if qnn_available() else cpu_file
     _check_stamp(opened, spec, sess)
     _check_io(opened, spec, sess)
