@@ -38,6 +38,17 @@ def test_metrics_on_known_values():
     assert all(s.text.startswith(s.prompt) and len(s.text) > len(s.prompt) for s in SAMPLES)
 
 
+def test_commands_in_reports_carry_no_machine_path(tmp_path):
+    """A report's command line names paths portably wherever they stand: alone, after ``--flag=`` and after
+    ``NAME=`` (``--quantized-bundle w4a16=/path``)."""
+    from kztts.core.cache import portable_command
+
+    b = tmp_path / "B4"
+    line = portable_command(f"python x.py --bundle {b} --quantized-bundle w4a16={b} --out={b} --texts code,english")
+    assert str(tmp_path) not in line and line == "python x.py --bundle B4 --quantized-bundle w4a16=B4 --out=B4 " \
+                                                 "--texts code,english"
+
+
 def test_rows_cpu_variant(qwen3_bundle, tmp_path):
     """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so.
     The fp32 row saved to a file is reused by a second run (same rows), not by a run with other settings."""

@@ -32,10 +32,11 @@ def portable_path(path: str | Path) -> str:
 
 
 def portable_command(command: str) -> str:
-    """A command line with every absolute path in it (alone or after ``--flag=``) made :func:`portable_path`."""
+    """A command line with every absolute path in it (alone, after ``--flag=`` or after ``NAME=``, as in
+    ``--quantized-bundle w4a16=/path``) made :func:`portable_path`."""
     words = []
     for word in shlex.split(command):
-        flag, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        flag, eq, value = word.partition("=") if "=" in word and not word.startswith("/") else ("", "", word)
         if value and Path(value).is_absolute():
             word = f"{flag}{eq}{portable_path(value)}"
         words.append(shlex.quote(word))
