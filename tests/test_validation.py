@@ -98,3 +98,24 @@ def test_w8a16_lm_bounds_pass_the_good_rows_and_fail_the_qnn_defaults_build():
     failing = [k for k, bound in BOUNDS["lm-w8a16"].items()
                if not judge({k: rows[bad][k]}, {k: bound})]
     assert failing == ["logits_cos_min", "top1_agree", "ppl_ratio"], rows[bad]
+
+
+def test_w4a16_lm_bounds_pass_the_measured_rows_and_fail_the_qnn_defaults_build():
+    """The real 1.5B's measured w4a16 rows (its QDQ graphs on the CPU EP, kept in benchmarks/precision_plan) pass
+    ``lm-w4a16``; the QNN-defaults w8a16 build fails it on every bounded metric."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "precision_plan" / "qwen25_coder_15b"
+    measured = []
+    for report in sorted(root.glob("*_qdq_cpu/lm_accuracy.json")):
+        data = json.loads(report.read_text())
+        fp32 = data["rows"][0]["ppl"]
+        measured += [{"logits_cos_min": r["logits_cos_min"], "top1_agree": r["top1_agree"],
+                      "ppl_ratio": r["ppl"] / fp32} for r in data["rows"][1:] if r.get("ppl")]
+    assert measured
+    for row in measured:
+        assert judge(dict(row), BOUNDS["lm-w4a16"]), row
+    bad = next(r for name, r in _published_lm_rows().items() if "QNN defaults" in name)
+    assert [k for k, bound in BOUNDS["lm-w4a16"].items() if not judge({k: bad[k]}, {k: bound})] == [
+        "logits_cos_min", "top1_agree", "ppl_ratio"]

@@ -48,7 +48,11 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # the bounds (a third of the good rows' worst cosine distance, about twice their top-1 shortfall
     # and perplexity rise) pass the good rows and fail that one on every metric
     "lm-w8a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
-    "lm-w4a16": {"logits_cos_min": (">=", 0.95), "top1_agree": (">=", 0.90), "ppl_ratio": ("<=", 1.10)},
+    # w4a16 LM graphs, measured on the real Qwen2.5-Coder-1.5B (240 positions, the QDQ graphs on the CPU EP:
+    # benchmarks/precision_plan): all-htp cosine min 0.9226, top-1 0.850, perplexity 5.159 / 4.648 = 1.110 (CPU
+    # int4 loses as much: 5.152). The bounds leave about twice that cosine distance, 1.7x the top-1 shortfall and
+    # 2.3x the perplexity rise; the QNN-defaults build above fails them on every metric
+    "lm-w4a16": {"logits_cos_min": (">=", 0.85), "top1_agree": (">=", 0.75), "ppl_ratio": ("<=", 1.25)},
 }
 
 
