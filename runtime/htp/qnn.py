@@ -117,12 +117,11 @@ def disable_for_this_process(why: str) -> None:
     """Run every HTP graph of this process on the CPU EP (``KZTTS_DISABLE_QNN=1``, inherited by its child
     processes, e.g. Ray tasks): refused when QNN already opened here, where the switch could no longer hold."""
     with _STATE.lock:
-        registered = _STATE.tried and _STATE.error is None
-    if registered:
-        raise KzttsError(f"{why}: the QNN execution provider is already in use in this process; run it in a "
-                         "process of its own")
-    env.set_flag("KZTTS_DISABLE_QNN")
-    _STATE.tried, _STATE.error = True, f"disabled: {why}"
+        if _STATE.tried and _STATE.error is None:
+            raise KzttsError(f"{why}: the QNN execution provider is already in use in this process; run it in a "
+                             "process of its own")
+        env.set_flag("KZTTS_DISABLE_QNN")
+        _STATE.tried, _STATE.error = True, f"disabled: {why}"
 
 
 def _warn_fallback() -> None:
