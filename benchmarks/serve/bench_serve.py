@@ -1,13 +1,15 @@
-"""Load on a live ``kztts serve``: 1, 2, 4, 8 concurrent clients, each asking for streamed speech (pcm) in a
-closed loop, against one client at a time in the same run (same server, same requests).
+"""Load on a live ``kztts serve``: 1, 2, 4, 8 concurrent clients, each asking for streamed speech (pcm) or,
+with ``--chat``, a streamed chat completion, in a closed loop, against one client at a time in the same run
+(same server, same requests).
 
-Per level: aggregate audio seconds per wall second, p50/p95 time to first audio (request sent -> first
-audio byte) and total latency, the 1-minute load average before and after (the machine may be shared),
-and the server process's CPU seconds (user + system): audio seconds per CPU second is what batching
+Per level: aggregate audio seconds (chat: completion tokens) per wall second, p50/p95 time to first audio
+byte (chat: first token) and total latency, the 1-minute load average before and after (the machine may be
+shared), and the server process's CPU seconds (user + system): output per CPU second is what batching
 saves, whatever share of the cores other jobs leave it.
 
     python benchmarks/serve/bench_serve.py [--bundle B] [--clients 1,2,4,8] [--threads 2] [--batch 8]
         [--max-frames 60] [--decoder-threads N] [--out results.json]
+    python benchmarks/serve/bench_serve.py --chat --bundle LM_BUNDLE [--clients 1,2,4] [--max-tokens 64] ...
 
 Without ``--bundle`` it builds (once, cached) the random-weight 0.6B and its int8 variant.
 """
@@ -38,6 +40,19 @@ TEXTS = [
     "Turn left at the second traffic light, then continue straight for two kilometres.",
     "She played the piano every evening, and the neighbours opened their windows to listen.",
     "Scientists announced the discovery of a new species of frog in the rainforest.",
+]
+
+
+# Chat prompts that ask for more than --max-tokens tokens, so each reply is cut at the same length
+PROMPTS = [
+    "Write a Python function that merges two sorted lists, and explain how it works step by step.",
+    "Explain in detail how a hash table handles collisions, with an example in C.",
+    "Describe the water cycle for a school lesson, covering every stage at length.",
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "List the steps to set up a Python project with tests and continuous integration, explaining each.",
+    "Explain how public-key cryptography works and why it is hard to break, in detail.",
+    "Write a Rust program that reads a file line by line and counts the words, with comments.",
+    "Compare three sorting algorithms, their complexity and when to use each, at length.",
 ]
 
 
@@ -92,6 +107,44 @@ def speak(url: str, text: str, seed: int, max_frames: int) -> dict:
     return {"ttfa": first, "total": time.perf_counter() - sent, "audio": size / 2 / 24000}
 
 
+def served_model(url: str) -> str:
+    """The model name ``GET /v1/models`` lists first (a chat request must name it)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/v1/models")
+    models = json.loads(conn.getresponse().read())["data"]
+    conn.close()
+    return models[0]["id"]
+
+
+def chat(url: str, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
+    """One streamed chat completion: seconds to the first content chunk, to ``[DONE]``, and the completion
+    tokens the server counted (``stream_options.include_usage``)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "seed": seed,
+                       "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}})
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{r.status}: {r.read()[:300]!r}")
+    first, tokens = None, None
+    for line in r:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if first is None and any(c.get("delta", {}).get("content") for c in event.get("choices", [])):
+            first = time.perf_counter() - sent
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    conn.close()
+    if tokens is None:
+        raise RuntimeError("the stream ended without a usage chunk")
+    return {"ttfa": first, "total": time.perf_counter() - sent, "audio": tokens}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and its threads."""
     import psutil
@@ -100,14 +153,15 @@ def cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
-def level(url: str, clients: int, per_client: int, max_frames: int, pid: int) -> dict:
+def level(url: str, clients: int, per_client: int, ask, pid: int) -> dict:
+    """``clients`` threads, ``per_client`` requests each; ``ask(i)`` sends request ``i``. In a chat run the
+    ``audio`` fields hold completion tokens and ``ttfa`` the time to the first token."""
     results: list[dict] = []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         for j in range(per_client):
-            i = k * per_client + j
-            out = speak(url, TEXTS[i % len(TEXTS)], 1000 + i, max_frames)
+            out = ask(k * per_client + j)
             with lock:
                 results.append(out)
 
@@ -134,10 +188,16 @@ def level(url: str, clients: int, per_client: int, max_frames: int, pid: int) ->
             "load_before": round(load_before, 2), "load_after": round(psutil.getloadavg()[0], 2)}
 
 
-def table(rows: list[dict]) -> str:
+def chat_names(row: dict) -> dict:
+    """A chat level's row with its fields named for tokens: audio_s -> tokens, ttfa -> ttft."""
+    return {k.replace("audio_s", "tokens").replace("ttfa", "ttft"): v for k, v in row.items()}
+
+
+def table(rows: list[dict], chat: bool = False) -> str:
     base = rows[0]
-    lines = [("| clients | requests | audio s / wall s | vs 1 client | TTFA p50 s | TTFA p95 s | p95 vs 1 client | "
-              "total p50 s | total p95 s | audio s / server CPU s | vs 1 client | server CPU share | "
+    out, first = ("tokens", "TTFT") if chat else ("audio s", "TTFA")
+    lines = [(f"| clients | requests | {out} / wall s | vs 1 client | {first} p50 s | {first} p95 s | p95 vs 1 client | "
+              f"total p50 s | total p95 s | {out} / server CPU s | vs 1 client | server CPU share | "
               "load avg before / after |"),
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -152,7 +212,10 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bundle", help="TTS bundle (default: the random-weight 0.6B, int8 weights, built once)")
+    p.add_argument("--bundle", help="TTS bundle (default: the random-weight 0.6B, int8 weights, built once); "
+                   "with --chat an LM bundle")
+    p.add_argument("--chat", action="store_true", help="streamed chat completions instead of speech")
+    p.add_argument("--max-tokens", type=int, default=64, help="--chat: completion tokens per request")
     p.add_argument("--clients", default="1,2,4,8")
     p.add_argument("--requests", type=int, default=8, help="requests per level (at least 2 per client)")
     p.add_argument("--max-frames", type=int, default=60, help="frames per request (12.5 per audio second)")
@@ -161,25 +224,37 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8, help="the server's --batch")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
+    if args.chat and not args.bundle:
+        p.error("--chat needs --bundle: an LM bundle (kztts fetch-lm, then kztts export --gguf)")
     bundle = Path(args.bundle) if args.bundle else default_bundle()
     log = Path(args.out or "bench_serve").with_suffix(".server.log")
     proc, url = start(bundle, args, log)
     try:
-        speak(url, "A warm-up request.", 0, 12)
+        if args.chat:
+            model = served_model(url)
+            chat(url, model, "Say hello.", 0, 4)
+            ask = lambda i: chat(url, model, PROMPTS[i % len(PROMPTS)], 1000 + i, args.max_tokens)  # noqa: E731
+        else:
+            speak(url, "A warm-up request.", 0, 12)
+            ask = lambda i: speak(url, TEXTS[i % len(TEXTS)], 1000 + i, args.max_frames)  # noqa: E731
         rows = []
         for clients in (int(c) for c in args.clients.split(",")):
-            rows.append(level(url, clients, max(2, args.requests // clients), args.max_frames, proc.pid))
-            print(json.dumps(rows[-1]), flush=True)
+            rows.append(level(url, clients, max(2, args.requests // clients), ask, proc.pid))
+            print(json.dumps(chat_names(rows[-1]) if args.chat else rows[-1]), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=300)
-    print(f"\nbundle {bundle.name}; threads {args.threads}; batch {args.batch}; max_frames {args.max_frames}; "
-          f"server exit {code}\n")
-    print(table(rows))
+    size = f"max_tokens {args.max_tokens}" if args.chat else f"max_frames {args.max_frames}"
+    print(f"\nbundle {bundle.name}; threads {args.threads}; batch {args.batch}; {size}; server exit {code}\n")
+    print(table(rows, chat=args.chat))
     if args.out:
-        Path(args.out).write_text(json.dumps({"bundle": bundle.name, "threads": args.threads, "batch": args.batch,
-                                              "max_frames": args.max_frames, "decoder_threads": args.decoder_threads,
-                                              "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"bundle": bundle.name, "mode": "chat" if args.chat else "speech",
+                                              "threads": args.threads, "batch": args.batch,
+                                              "max_frames": args.max_frames, "max_tokens": args.max_tokens,
+                                              "decoder_threads": args.decoder_threads,
+                                              "cpus": os.cpu_count(),
+                                              "rows": [chat_names(r) for r in rows] if args.chat else rows},
+                                             indent=1) + "\n")
     return 0
 
 
