@@ -84,10 +84,15 @@ def start(bundle: Path, args, log: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"the server did not start:\n{log.read_text()[-3000:]}")
 
 
+def connect(url: str, timeout: float = 600) -> http.client.HTTPConnection:
+    """A connection to the server at ``url`` (``http://HOST:PORT``)."""
+    host, port = url.removeprefix("http://").split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=timeout)
+
+
 def speak(url: str, text: str, seed: int, max_frames: int) -> dict:
     """One streamed pcm request: seconds to the first audio byte, to the end, and the audio seconds."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    conn = connect(url)
     body = json.dumps({"model": "tts-1", "input": text, "seed": seed, "max_frames": max_frames,
                        "response_format": "pcm"})
     sent = time.perf_counter()
@@ -109,8 +114,7 @@ def speak(url: str, text: str, seed: int, max_frames: int) -> dict:
 
 def served_model(url: str) -> str:
     """The model name ``GET /v1/models`` lists first (a chat request must name it)."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn = connect(url, timeout=60)
     conn.request("GET", "/v1/models")
     models = json.loads(conn.getresponse().read())["data"]
     conn.close()
@@ -120,8 +124,7 @@ def served_model(url: str) -> str:
 def chat(url: str, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
     """One streamed chat completion: seconds to the first content chunk, to ``[DONE]``, and the completion
     tokens the server counted (``stream_options.include_usage``)."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    conn = connect(url)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "seed": seed,
                        "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}})
     sent = time.perf_counter()
@@ -147,8 +150,6 @@ def chat(url: str, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and its threads."""
-    import psutil
-
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
 
