@@ -12,8 +12,8 @@ bench measures that bandwidth in the same run and reports each row as a share of
 - ``graph_read_bytes(path)``: the bytes one run of a graph reads from its constants: every
   initializer input of every node, once per node that uses it (the unrolled ``cp_frame``
   reads each layer's weights once per step), at its stored precision (``MatMulNBits``
-  packed weights, scales, zero points); the table a ``Gather`` indexes is not counted
-  (it reads rows, not the table). Graphs with ``If`` subgraphs (``cp_step``) are refused.
+  packed weights, scales, zero points); the table a ``Gather`` indexes and ``GroupQueryAttention``'s rotary tables are not counted
+  (they read rows, not the table). Graphs with ``If`` subgraphs (``cp_step``) are refused.
 - ``kv_read_bytes``: the KV cache an attention step reads at a given length.
 - ``limit_pct(bytes, ms, bandwidth)``: bytes / time / bandwidth, in percent.
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 PROBE_K = 2048
 PROBE_MB = 256
 _INDEXED = frozenset({"Gather", "GatherElements", "GatherND"})  # read rows of their data input, not all of it
+_GQA_COS_CACHE = 7  # GroupQueryAttention's inputs from cos_cache on are rotary tables (and optional extras)
 _DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 21: 1, 22: 1}
 
 
@@ -81,13 +82,19 @@ def graph_read_bytes(path: str | Path) -> int:
 
     model = onnx.load(str(path), load_external_data=False)
     g = model.graph
-    sizes = {i.name: int(np.prod(i.dims, dtype=np.int64)) * _DTYPE_BYTES.get(i.data_type, 4) for i in g.initializer}
+
+    def nbytes(t) -> int:
+        return int(np.prod(t.dims, dtype=np.int64)) * _DTYPE_BYTES.get(t.data_type, 4)
+
+    sizes = {i.name: nbytes(i) for i in g.initializer}
     total = 0
     for node in g.node:
         if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             raise ValueError(f"{Path(path).name}: node {node.name or node.op_type} has subgraphs; "
                              "its bytes per run depend on the branch taken")
         inputs = node.input[1:] if node.op_type in _INDEXED else node.input
+        if node.op_type == "GroupQueryAttention":  # its cos/sin caches: the rows of the positions it runs
+            inputs = inputs[:_GQA_COS_CACHE]
         total += sum(sizes.get(name, 0) for name in inputs)
     return total
 

@@ -9,6 +9,7 @@ probes at its thread count (the limit is what the host can do), and its ``busy``
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def _graphs(row: dict) -> tuple[str, str | None]:
     return talker, next((g for g in ran if g.startswith("cp_frame")), None)
 
 
+def _reference_graphs(bundle: Path) -> tuple[str, str]:
+    """The fp32 bundle's Talker and Code Predictor frame graphs whose bytes a reference row is measured
+    against: the fused-attention pair when the bundle has it (what the fp32 row runs), else the plain one."""
+    graphs = json.loads((Path(bundle) / "kztts.json").read_text())["graphs"]
+    return ("talker_gqa", "cp_frame_gqa") if {"talker_gqa", "cp_frame_gqa"} <= set(graphs) else ("talker", "cp_frame")
+
+
 def annotate(rows: list[dict], probes: list[dict[int, dict]], base_bundle: Path, bundles: dict, args) -> None:
     """Set on each timed row: bytes read per step, ``talker_limit_pct``/``cp_limit_pct``,
     ``limit_gb_s``, ``busy``. ``bundles``: {(weights, kv, decoder): bundle dir} of the configs.
@@ -50,8 +58,8 @@ def annotate(rows: list[dict], probes: list[dict[int, dict]], base_bundle: Path,
         threads = int(row["threads"])
         # Talker positions cached on average over the timed frames (prompt + warm-up + half of the rest)
         positions = int(row.get("prefill_positions") or 0) + args.warmup + (args.frames - args.warmup) // 2
-        if row["kind"] == "reference":
-            read = bandwidth.step_bytes(base_bundle, "talker", "cp_frame", positions=positions)
+        if row["kind"] == "reference":  # the same weights as the fp32 bundle's graphs the kztts rows run
+            read = bandwidth.step_bytes(base_bundle, *_reference_graphs(base_bundle), positions=positions)
         elif row["kind"] == "kztts-batch":
             read = bandwidth.step_bytes(bundles[(row["weights"], row["kv"], row["decoder"])], "talker_batched",
                                         "cp_frame_batched", positions=positions,
