@@ -28,7 +28,7 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-import onnxruntime.transformers  # noqa: F401  (puts its folder on sys.path: its modules import each other flat)
+import onnxruntime.transformers  # (puts its folder on sys.path: its modules import each other flat)
 from onnxruntime.transformers.fusion_simplified_layernorm import FusionSimplifiedLayerNormalization
 from onnxruntime.transformers.fusion_skiplayernorm import FusionSkipLayerNormalization
 from onnxruntime.transformers.onnx_model import OnnxModel

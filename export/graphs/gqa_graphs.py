@@ -47,7 +47,6 @@ from torch import nn
 from kztts.bundle.graphs import FUSED_KV
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack, head_norm, rope_cos_sin, rotate_half
-from kztts.export.graphs.cpu_fusion import fuse_cpu_graph
 from kztts.export.graphs.code_predictor_graph import (
     FRAME_INPUTS,
     FRAME_OUTPUTS,
@@ -55,6 +54,7 @@ from kztts.export.graphs.code_predictor_graph import (
     code_predictor_shape,
     sample_rows,
 )
+from kztts.export.graphs.cpu_fusion import fuse_cpu_graph
 from kztts.export.graphs.graph_parts import graph_spec
 from kztts.export.graphs.talker_graph import TalkerGraph, talker_shape
 
