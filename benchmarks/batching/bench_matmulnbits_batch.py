@@ -3,7 +3,8 @@
 
 One MatMul of the 0.6B Talker's shape family (default K 1024, N 3072: its fused q/k/v; ``--k/--n``),
 as fp32 ``MatMul`` and as the bench variants' ``MatMulNBits`` (``kztts.export.tts.variants.quantize_matmuls``:
-8 and 4 bits, blocks of 128, ``accuracy_level`` 4 = int8 activations, and 0 = fp32 compute), run at
+8 and 4 bits, blocks of 128, ``accuracy_level`` 4 = int8 activations, and 0 = fp32 compute), and as
+``quantize_dynamic``'s int8 GEMM (``int8 dynamic``: per-column int8 weights, uint8 activations per tensor), run at
 M = 1, 2, 4, 8 rows, interleaved call by call, ``--threads`` intra-op threads. Prints the median ms
 per call and the cost of M rows relative to one row (1.0 = batching is free: the weights are read
 once for all rows; M = the rows cost as much as M separate calls).
@@ -48,6 +49,24 @@ def _model(k: int, n: int, layers: int, seed: int = 0):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def _dynamic_int8(model):
+    """``model`` with its MatMuls as ``onnxruntime.quantization.quantize_dynamic`` writes them: int8 weights
+    per output column, activations quantized to uint8 per tensor at run time, an integer GEMM
+    (``MatMulInteger``, fused by ONNX Runtime into ``DynamicQuantizeMatMul``; VNNI where the CPU has it)."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "f.onnx", Path(tmp) / "q.onnx"
+        onnx.save(model, str(src))
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
+        return onnx.load(str(dst))
+
+
 def main() -> None:
     import onnxruntime as ort
 
@@ -69,6 +88,7 @@ def main() -> None:
         for acc in (4, 0):
             variants[f"int{bits} acc{acc}"] = quantize_matmuls(_model(args.k, args.n, args.layers), bits,
                                                                accuracy_level=acc)
+    variants["int8 dynamic"] = _dynamic_int8(base)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.inter_op_num_threads = 1
