@@ -4,7 +4,8 @@
 One MatMul of the 0.6B Talker's shape family (default K 1024, N 3072: its fused q/k/v; ``--k/--n``),
 as fp32 ``MatMul`` and as the bench variants' ``MatMulNBits`` (``kztts.export.tts.variants.quantize_matmuls``:
 8 and 4 bits, blocks of 128, ``accuracy_level`` 4 = int8 activations, and 0 = fp32 compute), and as
-``quantize_dynamic``'s int8 GEMM (``int8 dynamic``: per-column int8 weights, uint8 activations per tensor), run at
+``quantize_dynamic``'s int8 GEMM (``int8 dynamic``: per-column int8 weights, uint8 activations per tensor)
+and an integer GEMM whose rows never mix (``int8 per-row GEMM``: ``row_int8.py`` beside this script), run at
 M = 1, 2, 4, 8 rows, interleaved call by call, ``--threads`` intra-op threads. Prints the median ms
 per call and the cost of M rows relative to one row (1.0 = batching is free: the weights are read
 once for all rows; M = the rows cost as much as M separate calls).
@@ -24,6 +25,7 @@ import time
 
 import numpy as np
 import psutil
+from row_int8 import row_int8_matmuls
 
 
 def _model(k: int, n: int, layers: int, seed: int = 0):
@@ -89,6 +91,7 @@ def main() -> None:
             variants[f"int{bits} acc{acc}"] = quantize_matmuls(_model(args.k, args.n, args.layers), bits,
                                                                accuracy_level=acc)
     variants["int8 dynamic"] = _dynamic_int8(base)
+    variants["int8 per-row GEMM"] = row_int8_matmuls(_model(args.k, args.n, args.layers))
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.inter_op_num_threads = 1
