@@ -225,3 +225,25 @@ def test_bench_htp_w8a16_row(tmp_path):
     """The w8a16 (QDQ) row: its own export, calibrated on real prompts."""
     row = _bench_htp(tmp_path / "bench", "w8a16")
     assert 0.99 < row["talker_cos_min"] < 0.99999
+
+
+def test_worker_stream_gives_the_frames_asked_past_a_short_texts_cap():
+    """The bench asks for N frames with EOS blocked; a short text's runaway cap (3x its expected duration)
+    must not end the stream early (it did: ``--frames 250`` on the default sentence stopped at 42)."""
+    import numpy as np
+
+    from kztts.bench.run import DEFAULT_LANGUAGE, DEFAULT_TEXT
+    from kztts.bench.worker import open_instrumented, stream
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.tts.duration import runaway_frames
+    from kztts.tts.request import Voice
+
+    bundle = cached_bundle(cached_tiny("equal"))
+    n = runaway_frames(DEFAULT_TEXT, DEFAULT_LANGUAGE) + 8
+    run = open_instrumented({"bundle": str(bundle), "threads": 1, "cp_mode": "frame"})
+    size = int(run.tts.bundle.manifest.data["config"]["speaker_embedding_size"])
+    voice = Voice(np.random.default_rng(0).standard_normal(size).astype(np.float32))
+    spec = {"text": DEFAULT_TEXT, "language": DEFAULT_LANGUAGE, "chunk": 4}
+    _, result, _ = stream(run, spec, voice, n)
+    assert result.frames == n

@@ -95,7 +95,7 @@ def stream_batch(tts: TTS, spec: dict, voice: Voice, n: int) -> tuple[np.ndarray
     every stream's result, and the wall seconds."""
     batch = int(spec["batch"])
     s = replace(tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
-    req = SynthesisRequest(spec["text"], voice, spec.get("language"), greedy=True, settings=s)
+    req = SynthesisRequest(spec["text"], voice, spec.get("language"), greedy=True, settings=s, max_frames=n)
     results: dict = {}
     audio: list = []
     t = time.perf_counter()

@@ -82,7 +82,8 @@ def run(spec: dict) -> dict:
     prompt = tts.prompt(spec["text"], voice, language=spec.get("language"))
     tf_talker, _ = teacher_forced(tts, prompt, g)
     settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
-    codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings)
+    codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings,
+                               max_frames=frames)
 
     cp_match = None
     cp_device, decoder_device = tts.plan.steps["code_predictor"].device, tts.plan.steps["decoder"].device

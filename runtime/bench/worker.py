@@ -128,8 +128,9 @@ def stream(run: Instrumented, spec: dict, voice: Voice, n: int) -> tuple[np.ndar
     run.chunk_times.clear()
     t = time.perf_counter()
     audio = []
+    # max_frames on the request: the bench's own count, so a short text's runaway cap does not end it early
     for a in run.tts.stream(spec["text"], voice, language=spec.get("language"), greedy=True, settings=s,
-                            chunk_frames=int(spec["chunk"]), result=holder):
+                            max_frames=n, chunk_frames=int(spec["chunk"]), result=holder):
         audio.append(a)
         run.chunk_times.append(time.perf_counter())
     return np.concatenate(audio), holder["result"], time.perf_counter() - t
