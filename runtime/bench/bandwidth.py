@@ -12,8 +12,9 @@ bench measures that bandwidth in the same run and reports each row as a share of
 - ``graph_read_bytes(path)``: the bytes one run of a graph reads from its constants: every
   initializer input of every node, once per node that uses it (the unrolled ``cp_frame``
   reads each layer's weights once per step), at its stored precision (``MatMulNBits``
-  packed weights, scales, zero points); the table a ``Gather`` indexes and ``GroupQueryAttention``'s rotary tables are not counted
-  (they read rows, not the table). Graphs with ``If`` subgraphs (``cp_step``) are refused.
+  packed weights, scales, zero points); the table a ``Gather`` indexes and
+  ``GroupQueryAttention``'s rotary tables are not counted (they read rows, not the table).
+  Graphs with ``If`` subgraphs (``cp_step``) are refused.
 - ``kv_read_bytes``: the KV cache an attention step reads at a given length.
 - ``limit_pct(bytes, ms, bandwidth)``: bytes / time / bandwidth, in percent.
 
@@ -82,11 +83,7 @@ def graph_read_bytes(path: str | Path) -> int:
 
     model = onnx.load(str(path), load_external_data=False)
     g = model.graph
-
-    def nbytes(t) -> int:
-        return int(np.prod(t.dims, dtype=np.int64)) * _DTYPE_BYTES.get(t.data_type, 4)
-
-    sizes = {i.name: nbytes(i) for i in g.initializer}
+    sizes = {i.name: int(np.prod(i.dims, dtype=np.int64)) * _DTYPE_BYTES.get(i.data_type, 4) for i in g.initializer}
     total = 0
     for node in g.node:
         if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):

@@ -9,11 +9,11 @@ probes at its thread count (the limit is what the host can do), and its ``busy``
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from kztts.bench import bandwidth
+from kztts.bundle.manifest import read_manifest
 from kztts.core.metrics import BUSY_MARGIN, as_list, is_busy
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def _graphs(row: dict) -> tuple[str, str | None]:
 def _reference_graphs(bundle: Path) -> tuple[str, str]:
     """The fp32 bundle's Talker and Code Predictor frame graphs whose bytes a reference row is measured
     against: the fused-attention pair when the bundle has it (what the fp32 row runs), else the plain one."""
-    graphs = json.loads((Path(bundle) / "kztts.json").read_text())["graphs"]
+    graphs = read_manifest(bundle).graphs
     return ("talker_gqa", "cp_frame_gqa") if {"talker_gqa", "cp_frame_gqa"} <= set(graphs) else ("talker", "cp_frame")
 
 
