@@ -35,6 +35,19 @@ import psutil
 BITS = {"fp32": None, "int8": 8, "int4": 4}
 
 
+def checkpoint_and_out(args) -> tuple[Path, Path]:
+    """The checkpoint (``--model-dir``, or ``kztts make-tiny``'s ``--size``) and the ``--out`` folder, created."""
+    if args.model_dir:
+        model_dir = Path(args.model_dir)
+    else:
+        from kztts.export.tts.tiny import cached_tiny
+
+        model_dir = cached_tiny(variant="equal" if args.size == "tiny" else None, size=args.size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return model_dir, out
+
+
 def export_pairs(model_dir: Path, out: Path, weights: list[str]) -> dict:
     """{(precision, "traced"|"fused"): {"talker": path, "cp": path}}, exported and quantized once into ``out``."""
     import onnx
@@ -232,14 +245,7 @@ def main(argv=None) -> int:
     weights = [w for w in args.weights.split(",") if w]
     if weights[0] != "fp32":
         ap.error("--weights must start with fp32: the accuracy columns compare against it")
-    if args.model_dir:
-        model_dir = Path(args.model_dir)
-    else:
-        from kztts.export.tts.tiny import cached_tiny
-
-        model_dir = cached_tiny(variant="equal" if args.size == "tiny" else None, size=args.size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    model_dir, out = checkpoint_and_out(args)
     paths = export_pairs(model_dir, out, weights)
 
     from kztts.bench.bandwidth import limit_pct, probe

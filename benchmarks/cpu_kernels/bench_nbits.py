@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fused import TalkerStep, cp_feeds, export_pairs
+from bench_fused import TalkerStep, checkpoint_and_out, cp_feeds, export_pairs
 
 
 def parse_config(text: str) -> tuple[int, int, int]:
@@ -70,14 +70,7 @@ def main(argv=None) -> int:
     from kztts.bench.bandwidth import graph_read_bytes, kv_read_bytes, limit_pct, probe
     from kztts.bundle.sessions import SessionConfig, _session_options
 
-    if args.model_dir:
-        model_dir = Path(args.model_dir)
-    else:
-        from kztts.export.tts.tiny import cached_tiny
-
-        model_dir = cached_tiny(variant="equal" if args.size == "tiny" else None, size=args.size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    model_dir, out = checkpoint_and_out(args)
     base = export_pairs(model_dir, out, ["fp32"])[("fp32", "fused")]
     configs = ["fp32", *[c for c in args.configs.split(",") if c]]
     paths = {c: base if c == "fp32" else quantized(base, out / "fused", c) for c in configs}
