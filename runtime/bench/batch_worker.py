@@ -94,7 +94,7 @@ def stream_batch(tts: TTS, spec: dict, voice: Voice, n: int) -> tuple[np.ndarray
     """``batch`` identical greedy streams of exactly ``n`` frames (EOS blocked): stream 0's audio,
     every stream's result, and the wall seconds."""
     batch = int(spec["batch"])
-    s = replace(tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
+    s = replace(tts.default_settings().greedy(), min_new_tokens=n)
     req = SynthesisRequest(spec["text"], voice, spec.get("language"), greedy=True, settings=s, max_frames=n)
     results: dict = {}
     audio: list = []

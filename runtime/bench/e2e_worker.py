@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     tts = TTS(Bundle.open(spec["bundle"], SessionConfig(threads=int(spec["threads"]))))
     voice = Voice(np.load(spec["xvector"]).astype(np.float32).reshape(-1))
     n = int(spec["frames"])
-    settings = replace(tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
+    settings = replace(tts.default_settings().greedy(), min_new_tokens=n)
     wav = Path(spec["wav"].format(side="kztts"))
 
     def run_once() -> dict:

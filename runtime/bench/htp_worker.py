@@ -81,7 +81,7 @@ def run(spec: dict) -> dict:
     rss_after_open = _open_sessions(tts)
     prompt = tts.prompt(spec["text"], voice, language=spec.get("language"))
     tf_talker, _ = teacher_forced(tts, prompt, g)
-    settings = replace(tts.default_settings().greedy(), max_frames=frames, min_new_tokens=frames)
+    settings = replace(tts.default_settings().greedy(), min_new_tokens=frames)
     codes = tts.generate_codes(spec["text"], voice, language=spec.get("language"), greedy=True, settings=settings,
                                max_frames=frames)
 

@@ -123,7 +123,7 @@ def open_instrumented(spec: dict) -> Instrumented:
 
 def stream(run: Instrumented, spec: dict, voice: Voice, n: int) -> tuple[np.ndarray, object, float]:
     """A greedy stream of exactly ``n`` frames (EOS blocked): its audio, result and wall seconds."""
-    s = replace(run.tts.default_settings().greedy(), max_frames=n, min_new_tokens=n)
+    s = replace(run.tts.default_settings().greedy(), min_new_tokens=n)
     holder: dict = {}
     run.chunk_times.clear()
     t = time.perf_counter()
