@@ -76,6 +76,24 @@ def test_matmuls_become_matmulnbits_everywhere(base_bundle):
         assert b.manifest.graphs[name].precision == "int4"
 
 
+def test_block_size_reaches_every_matmulnbits(base_bundle, tmp_path):
+    """``make_variant(block_size=...)`` (the benchmarks' block-size rows) quantizes with that block, and the
+    manifest says so; the bundles' own variants keep 128."""
+    import onnx
+
+    from kztts.export.tts.variants import BLOCK_SIZE, make_variant
+
+    out = make_variant(base_bundle, tmp_path / "b64", weights="int4", block_size=64)
+    b = Bundle.open(out, load_graphs=False)
+    assert b.manifest.data["variant"]["block_size"] == 64
+    m = onnx.load(str(out / b.manifest.graphs["talker_gqa"].file))
+    blocks = {next(a.i for a in n.attribute if a.name == "block_size") for n in m.graph.node
+              if n.op_type == "MatMulNBits"}
+    assert blocks == {64}
+    default = Bundle.open(variant(base_bundle, weights="int4"), load_graphs=False)
+    assert default.manifest.data["variant"]["block_size"] == BLOCK_SIZE == 128
+
+
 @pytest.mark.parametrize("graph", ["talker", "talker_gqa"])
 @pytest.mark.parametrize("weights, talker_min, cp_min", [("int8", 0.999, 0.995), ("int4", 0.95, 0.85)])
 def test_quantized_bundle_teacher_forced_accuracy(base_bundle, weights, talker_min, cp_min, graph):

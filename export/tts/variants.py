@@ -239,8 +239,9 @@ def _external_data_files(bundle: Path, rel: str) -> set[str]:
 
 
 def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv: str = "fp32",
-                 decoder: str = "fp32") -> Path:
-    """Write the variant of bundle ``base`` into ``out`` (replaced if it exists)."""
+                 decoder: str = "fp32", block_size: int = BLOCK_SIZE) -> Path:
+    """Write the variant of bundle ``base`` into ``out`` (replaced if it exists). ``block_size``: the
+    MatMulNBits blocks along K of the int8/int4 weights (benchmarks compare them; bundles keep 128)."""
     import onnx
 
     _check(weights, kv, decoder)
@@ -268,7 +269,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             bits = {"int8": 8, "int4": 4}.get(what[0])
             if bits is not None:
                 log.info("%s: %d-bit MatMulNBits", name, bits)
-                model = quantize_matmuls(model, bits)
+                model = quantize_matmuls(model, bits, block_size=block_size)
                 precision = what[0]
             if "kv-fp16" in what:
                 model = fp16_gqa(model) if name in FUSED_KV_GRAPHS else fp16_kv_io(model)
@@ -282,6 +283,8 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
                 new["kv_dtype"] = kv
             data["graphs"][name] = new
         data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
+        if weights != "fp32":
+            data["variant"]["block_size"] = int(block_size)
         write_manifest(work, data)
     return out
 
