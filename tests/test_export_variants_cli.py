@@ -46,7 +46,7 @@ def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir)
     assert run.stdout.strip() == str(out)
     manifest = json.loads((out / "kztts.json").read_text())
     assert manifest["variant"] == {"base": model_dir.name, "weights": "int8", "kv": "fp32", "decoder": "fp32",
-                                   "block_size": 128}
+                                   "block_size": 128, "accuracy_level": 4}
     assert manifest["graphs"]["talker"]["precision"] == "int8"
     # the fp32 export it came from is gone, and nothing in the bundle shares it: no link, no other name
     assert [p.name for p in tmp_path.iterdir()] == ["b"]

@@ -77,21 +77,21 @@ def test_matmuls_become_matmulnbits_everywhere(base_bundle):
 
 
 def test_block_size_reaches_every_matmulnbits(base_bundle, tmp_path):
-    """``make_variant(block_size=...)`` (the benchmarks' block-size rows) quantizes with that block, and the
-    manifest says so; the bundles' own variants keep 128."""
+    """``make_variant(block_size=..., accuracy_level=...)`` (the benchmarks' rows) quantizes with those
+    settings, and the manifest says so; the bundles' own variants keep 128 and level 4."""
     import onnx
 
-    from kztts.export.tts.variants import BLOCK_SIZE, make_variant
+    from kztts.export.tts.variants import ACCURACY_LEVEL, BLOCK_SIZE, make_variant
 
-    out = make_variant(base_bundle, tmp_path / "b64", weights="int4", block_size=64)
+    out = make_variant(base_bundle, tmp_path / "b64", weights="int4", block_size=64, accuracy_level=1)
     b = Bundle.open(out, load_graphs=False)
-    assert b.manifest.data["variant"]["block_size"] == 64
+    assert (b.manifest.data["variant"]["block_size"], b.manifest.data["variant"]["accuracy_level"]) == (64, 1)
     m = onnx.load(str(out / b.manifest.graphs["talker_gqa"].file))
-    blocks = {next(a.i for a in n.attribute if a.name == "block_size") for n in m.graph.node
-              if n.op_type == "MatMulNBits"}
-    assert blocks == {64}
-    default = Bundle.open(variant(base_bundle, weights="int4"), load_graphs=False)
-    assert default.manifest.data["variant"]["block_size"] == BLOCK_SIZE == 128
+    nbits = [n for n in m.graph.node if n.op_type == "MatMulNBits"]
+    assert nbits and {tuple(next(a.i for a in n.attribute if a.name == k) for k in ("block_size", "accuracy_level"))
+                      for n in nbits} == {(64, 1)}
+    default = Bundle.open(variant(base_bundle, weights="int4"), load_graphs=False).manifest.data["variant"]
+    assert (default["block_size"], default["accuracy_level"]) == (BLOCK_SIZE, ACCURACY_LEVEL) == (128, 4)
 
 
 @pytest.mark.parametrize("graph", ["talker", "talker_gqa"])

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""MatMulNBits block size on a real causal LM: what each block costs (decode ms per token, interleaved) and
-loses (the ``kztts.eval.lm_accuracy`` rows against the fp32 bundle), in one run.
+"""MatMulNBits block size and accuracy level on a real causal LM: what each costs (decode ms per token,
+interleaved) and loses (the ``kztts.eval.lm_accuracy`` rows against the fp32 bundle), in one run.
 
-The issue's accuracy proxy for the TTS bundles' int8/int4 kernels: the same ``quantize_matmuls`` (8 bits
-symmetric, 4 bits asymmetric, accuracy level 4) on the real Qwen2.5-Coder-1.5B, whose fp32 bundle
-``kztts validate`` checks against transformers. Each ``--configs`` entry ``int{bits}:b{block}`` becomes a variant
-bundle (``kztts.export.tts.variants.make_variant(block_size=...)``, built once into ``--out``); then
+The accuracy proxy for the TTS bundles' int8/int4 kernels (no real Qwen3-TTS checkpoint is reachable here):
+the same ``quantize_matmuls`` (8 bits symmetric, 4 bits asymmetric) on the real Qwen2.5-Coder-1.5B, whose fp32
+bundle ``kztts validate`` checks against transformers. Each ``--configs`` entry ``int{bits}:b{block}[:a{level}]``
+(accuracy level 4 when not given: int8 activations; 1: fp32 compute) becomes a variant bundle
+(``kztts.export.tts.variants.make_variant(block_size=..., accuracy_level=...)``, built once into ``--out``); then
 
 - accuracy: ``run_rows`` over the texts (each prompt prefilled, the rest teacher-forced, 32 greedy tokens), the
   fp32 bundle first (the reference; saved in ``--out`` and reused by a later run on the same bundle and texts);
@@ -32,27 +33,35 @@ from pathlib import Path
 import psutil
 
 
-def parse_config(text: str) -> tuple[str, int]:
-    bits, _, block = text.partition(":")
-    if bits not in ("int8", "int4") or not block.startswith("b") or not block[1:].isdigit():
-        raise SystemExit(f"bad configuration {text!r}: expected int8|int4:bBLOCK, e.g. int4:b256")
-    return bits, int(block[1:])
+def parse_config(text: str) -> tuple[str, int, int]:
+    """``int4:b256`` or ``int8:b128:a1`` -> (weights, block, accuracy level; 4 when not given)."""
+    bits, *rest = text.split(":")
+    block, level = (rest + ["a4"])[:2] if len(rest) in (1, 2) else ("", "")
+    if bits not in ("int8", "int4") or block[:1] != "b" or not block[1:].isdigit() or level[:1] != "a" \
+            or not level[1:].isdigit():
+        raise SystemExit(f"bad configuration {text!r}: expected int8|int4:bBLOCK[:aLEVEL], e.g. int4:b256")
+    return bits, int(block[1:]), int(level[1:])
 
 
-def build_variants(bundle: Path, out: Path, configs: list[tuple[str, int]]) -> dict[tuple[str, int], Path]:
+def label(config: tuple[str, int, int]) -> str:
+    weights, block, level = config
+    return f"{weights} b{block}" + ("" if level == 4 else f" a{level}")
+
+
+def build_variants(bundle: Path, out: Path, configs: list[tuple[str, int, int]]) -> dict[tuple, Path]:
     from kztts.export.tts.variants import make_variant
 
     paths = {}
-    for weights, block in configs:
-        path = out / f"{bundle.name}.{weights}-b{block}"
+    for weights, block, level in configs:
+        path = out / f"{bundle.name}.{weights}-b{block}" if level == 4 else out / f"{bundle.name}.{weights}-b{block}-a{level}"
         if not (path / "kztts.json").exists():  # make_variant stages the bundle: the manifest comes last
-            print(f"quantizing {weights} b{block} -> {path}", flush=True)
-            make_variant(bundle, path, weights=weights, block_size=block)
-        paths[(weights, block)] = path
+            print(f"quantizing {label((weights, block, level))} -> {path}", flush=True)
+            make_variant(bundle, path, weights=weights, block_size=block, accuracy_level=level)
+        paths[(weights, block, level)] = path
     return paths
 
 
-def interleaved_ms(paths: dict[tuple[str, int], Path], threads: int, steps: int) -> tuple[dict, list[float]]:
+def interleaved_ms(paths: dict[tuple, Path], threads: int, steps: int) -> tuple[dict, list[float]]:
     """Median decode ms per token of each variant, single-token steps round-robin after the same prompt."""
     from kztts.bundle.sessions import SessionConfig
     from kztts.eval.lm_accuracy import SAMPLES
@@ -96,18 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     samples = SAMPLES if not args.texts else tuple(s for s in SAMPLES if s.name in args.texts.split(","))
     paths = build_variants(args.bundle.resolve(), args.out, configs)
 
-    specs = [RowSpec("fp32", args.bundle)] + [RowSpec(f"{w} b{b}", p, weights=w) for (w, b), p in paths.items()]
+    specs = [RowSpec("fp32", args.bundle)] + [RowSpec(label(c), p, weights=c[0]) for c, p in paths.items()]
     rows = run_rows(specs, samples=samples, threads=args.threads, reference_file=args.out / "fp32_reference.npz")
     ms, load = interleaved_ms(paths, args.threads, args.timing_steps)
     print(markdown_table(rows))
     print(f"\ninterleaved decode steps ({args.timing_steps - 2} per variant, {args.threads} threads; "
           f"load average {load[0]:.2f} -> {load[1]:.2f}):")
-    print("| variant | ms/token | vs b128 of its bits |\n|---|---:|---:|")
-    for (w, b), v in ms.items():
-        base = ms.get((w, 128))
-        print(f"| {w} b{b} | {v:.2f} | {v / base:.3f} |" if base else f"| {w} b{b} | {v:.2f} | |")
+    print("| variant | ms/token | vs b128 a4 of its bits |\n|---|---:|---:|")
+    for c, v in ms.items():
+        base = ms.get((c[0], 128, 4))
+        print(f"| {label(c)} | {v:.2f} | {v / base:.3f} |" if base else f"| {label(c)} | {v:.2f} | |")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-              "interleaved_ms": {f"{w}:b{b}": v for (w, b), v in ms.items()}, "load": load}
+              "interleaved_ms": {label(c): v for c, v in ms.items()}, "load": load}
     (args.out / "nbits_lm.json").write_text(json.dumps(result, indent=1, default=str))
     return 0
 

@@ -239,9 +239,10 @@ def _external_data_files(bundle: Path, rel: str) -> set[str]:
 
 
 def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv: str = "fp32",
-                 decoder: str = "fp32", block_size: int = BLOCK_SIZE) -> Path:
-    """Write the variant of bundle ``base`` into ``out`` (replaced if it exists). ``block_size``: the
-    MatMulNBits blocks along K of the int8/int4 weights (benchmarks compare them; bundles keep 128)."""
+                 decoder: str = "fp32", block_size: int = BLOCK_SIZE, accuracy_level: int = ACCURACY_LEVEL) -> Path:
+    """Write the variant of bundle ``base`` into ``out`` (replaced if it exists). ``block_size`` and
+    ``accuracy_level``: the int8/int4 weights' MatMulNBits settings (benchmarks compare them; bundles keep
+    the defaults)."""
     import onnx
 
     _check(weights, kv, decoder)
@@ -269,7 +270,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             bits = {"int8": 8, "int4": 4}.get(what[0])
             if bits is not None:
                 log.info("%s: %d-bit MatMulNBits", name, bits)
-                model = quantize_matmuls(model, bits, block_size=block_size)
+                model = quantize_matmuls(model, bits, block_size=block_size, accuracy_level=accuracy_level)
                 precision = what[0]
             if "kv-fp16" in what:
                 model = fp16_gqa(model) if name in FUSED_KV_GRAPHS else fp16_kv_io(model)
@@ -284,7 +285,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             data["graphs"][name] = new
         data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
         if weights != "fp32":
-            data["variant"]["block_size"] = int(block_size)
+            data["variant"].update(block_size=int(block_size), accuracy_level=int(accuracy_level))
         write_manifest(work, data)
     return out
 
