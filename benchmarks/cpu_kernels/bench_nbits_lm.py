@@ -53,7 +53,7 @@ def build_variants(bundle: Path, out: Path, configs: list[tuple[str, int, int]])
 
     paths = {}
     for weights, block, level in configs:
-        path = out / f"{bundle.name}.{weights}-b{block}" if level == 4 else out / f"{bundle.name}.{weights}-b{block}-a{level}"
+        path = out / (f"{bundle.name}.{weights}-b{block}" + ("" if level == 4 else f"-a{level}"))
         if not (path / "kztts.json").exists():  # make_variant stages the bundle: the manifest comes last
             print(f"quantizing {label((weights, block, level))} -> {path}", flush=True)
             make_variant(bundle, path, weights=weights, block_size=block, accuracy_level=level)

@@ -7,7 +7,8 @@
 (t 0.9, top-k 50, top-p 1.0: the checkpoint's defaults) and greedy, interleaved with an ``Identity`` graph's
 run (what any ``session.run`` costs), ``--threads`` threads, spinning off as the runtime's sessions. The
 difference times 15 is the sampler's share of a frame (inside ``cp_frame_gqa`` there is no per-run cost, so
-this is an upper bound).
+this is an upper bound). Every timed draw's token is checked against the host sampler's
+(``kztts.generation.sampling``) on the same inputs, after the timing: the run prints how many agree.
 
     python benchmarks/cpu_kernels/bench_sampler.py --threads 2 --calls 400
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kztts.export.graphs.code_predictor_graph import export_sampler
     from kztts.export.graphs.cpu_fusion import node_counts
+    from kztts.generation.sampling import SamplingParams, repetition_penalty, sample_token
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", type=int, default=2048, help="the Code Predictor's codebook size")
@@ -62,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
                 "uniform": rng.random(1).astype(np.float32)}
 
     x = {"x": np.zeros((1, args.vocab), np.float32)}
-    runs = {"sampled": lambda: s.run(None, feeds(False)), "greedy": lambda: s.run(None, feeds(True)),
-            "identity": lambda: ident.run(None, x)}
+    drawn: list[tuple[dict, int]] = []  # (feeds, the graph's token) of every sampler call, checked after the timing
+
+    def draw(greedy: bool) -> None:
+        f = feeds(greedy)
+        drawn.append((f, int(s.run(None, f)[0][0])))
+
+    runs = {"sampled": lambda: draw(False), "greedy": lambda: draw(True), "identity": lambda: ident.run(None, x)}
     for _ in range(30):
         for run in runs.values():
             run()
@@ -77,12 +84,19 @@ def main(argv: list[str] | None = None) -> int:
             times[k].append(time.perf_counter() - t)
     load.append(psutil.getloadavg()[0])
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    agree = 0
+    for f, token in drawn:
+        params = SamplingParams(float(f["temperature"][0]), int(f["top_k"][0]), float(f["top_p"][0]),
+                                float(f["repetition_penalty"][0]))
+        scores = repetition_penalty(f["logits"][0], np.nonzero(f["seen"][0])[0], params.repetition_penalty)
+        agree += int(token == sample_token(scores, params, float(f["uniform"][0])))
     print(f"sampler graph: {sum(node_counts(onnx.load(str(sampler))).values())} nodes in the file; "
           f"vocab {args.vocab}, {args.threads} threads, {args.calls} calls each, load {load[0]:.2f} -> {load[1]:.2f}")
     for k, v in ms.items():
         print(f"  {k:9s} {v:.3f} ms per call")
     for k in ("sampled", "greedy"):
         print(f"  15 draws ({k}): {15 * (ms[k] - ms['identity']):.2f} ms per frame")
+    print(f"  tokens equal to the host sampler's: {agree}/{len(drawn)}")
     return 0
 
 

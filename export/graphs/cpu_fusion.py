@@ -39,7 +39,7 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 
 log = logging.getLogger(__name__)
 
-_INLINE_BYTES = 1024  # tensors below this stay in the graph file (onnx's own default)
+_INLINE_BYTES = 1024  # initializers from this size on are weights; smaller ones (shapes, eps) stay foldable
 
 
 class _SkipNormFusion(FusionSkipLayerNormalization):
