@@ -288,7 +288,7 @@ def test_a_plan_on_layer_graphs_runs_on_the_simulator_within_its_bounds(qnn, out
                           "--frames", "8"], capture_output=True, text=True)
     print(res.stdout)
     assert "(>= 0.9: ok)" in res.stdout or "(>= 0.9: FAIL)" in res.stdout, res.stdout + res.stderr[-2000:]
-    assert "talker_argmax_match" in res.stdout and "(>= 0.6" in res.stdout
+    assert "talker_argmax_match" in res.stdout and "(>= 0.4" in res.stdout
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
 
 

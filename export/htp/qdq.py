@@ -55,6 +55,7 @@ from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
 from kztts.htp.placement import builtin
 from kztts.htp.weights import QuantizedWeight, matmul_weights, quantize_weight
 from kztts.runners.talker import Talker
+from kztts.runners.talker_prefill_only import PrefillOnlyTalker
 from kztts.runners.talker_segmented import SegmentedTalker
 from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
 from kztts.tts.prompt import build_prompt, language_id
@@ -139,14 +140,25 @@ class RecordingSession:
         return getattr(self.session, name)
 
 
-def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, mask_value: float):
+def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, mask_value: float,
+                     prefill_only: bool = False):
     """A Talker runner over the float graphs in ``work_dir`` on the CPU EP (``config``: the manifest's Talker
     config), and the list it appends ``graph``'s feeds to (copied) on every call: the calibration data of a
     QDQ quantization. The caller drains the list. ``float_files``: the whole-stack static graphs
     (``talker_prefill`` and ``talker_decode``: a :class:`StaticTalker`), or every layer graph and head
     (``kztts.bundle.segments`` names: a :class:`SegmentedTalker` with everything on the CPU), or neither
-    (``graph`` is ``cp_frame``: the dynamic ``talker`` graph, nothing recorded by the runner)."""
+    (``graph`` is ``cp_frame``: the dynamic ``talker`` graph, nothing recorded by the runner).
+
+    ``prefill_only`` (a target with ``talker_graphs: prefill-only``): the prefill graph is recorded as
+    :class:`PrefillOnlyTalker` drives it, decode steps included. Those steps feed it a filled cache,
+    which a prompt's first chunk never does: calibrated on prompts alone, the 16-bit ranges of its
+    past-KV inputs and of the attention over them were too narrow for decoding (a narrow-head model's
+    logits fell to cosine 0.75 against fp32 from the first decode step on)."""
     pending: list[dict] = []
+    if prefill_only and graph == PREFILL and PREFILL in float_files:
+        talker = PrefillOnlyTalker(_cpu_session(work_dir / float_files[PREFILL]), config, mask_value)
+        talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()})
+        return talker, pending
     if graph == CP_FRAME:
         return Talker(_cpu_session(work_dir / "graphs" / "talker.onnx"), config), pending
     if segment_graph_name("prefill", 0) in float_files:
@@ -175,12 +187,13 @@ def _cp_feed(hidden: np.ndarray, c0_embed: np.ndarray, rng: np.random.Generator,
 
 def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph: str, *,
                       prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
-                      mask_value: float = -50.0) -> Iterator[dict]:
+                      mask_value: float = -50.0, prefill_only: bool = False) -> Iterator[dict]:
     """Yield the feeds of ``graph`` (a whole-stack Talker graph, a layer graph, or ``cp_frame``) while the
-    float graphs ``float_files`` speak the calibration prompts (see the module docstring)."""
+    float graphs ``float_files`` speak the calibration prompts (see the module docstring; ``prefill_only``
+    as for :func:`recording_talker`)."""
     sid = special_ids(model)
     cfg = model_config(model)
-    talker, pending = recording_talker(work_dir, float_files, graph, cfg["talker"], mask_value)
+    talker, pending = recording_talker(work_dir, float_files, graph, cfg["talker"], mask_value, prefill_only)
     tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
     tok = TextTokenizer(work_dir / "tokenizer.json")
     languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
@@ -636,7 +649,8 @@ def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], t
     drive = drive or float_files
     return quantize_graphs(work_dir, float_files,
                            lambda name: calibration_feeds(model, work_dir, drive, name, prompts=prompts,
-                                                          frames=frames, mask_value=target.attention_mask_value),
+                                                          frames=frames, mask_value=target.attention_mask_value,
+                                                          prefill_only=target.talker_graphs == "prefill-only"),
                            precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
                            per_channel=per_channel, keep_float=keep_float, tag=tag)
 

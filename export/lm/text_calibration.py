@@ -57,14 +57,14 @@ def _embedder(work_dir: Path):
 
 def lm_calibration_feeds(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, *,
                          texts: Sequence[str] = CALIBRATION_TEXTS, decode_steps: int = DECODE_STEPS,
-                         mask_value: float = -50.0) -> Iterator[dict]:
+                         mask_value: float = -50.0, prefill_only: bool = False) -> Iterator[dict]:
     """Yield the feeds of ``graph`` ("talker_prefill" or "talker_decode") while the float static graphs
     of the LM bundle being written in ``work_dir`` run ``texts`` (module docstring). ``config``: the
     manifest's ``config.lm``."""
     from tokenizers import Tokenizer
 
 
-    talker, pending = recording_talker(work_dir, float_files, graph, config, mask_value)
+    talker, pending = recording_talker(work_dir, float_files, graph, config, mask_value, prefill_only)
     tok = Tokenizer.from_file(str(work_dir / "tokenizer.json"))
     embed = _embedder(work_dir)
     for text in texts:
@@ -95,6 +95,7 @@ def quantize_lm_graphs(config: dict, work_dir: Path, float_files: dict[str, str]
     return quantize_graphs(work_dir, float_files,
                            lambda name: lm_calibration_feeds(work_dir, source, name, config, texts=texts,
                                                              decode_steps=decode_steps,
-                                                             mask_value=target.attention_mask_value),
+                                                             mask_value=target.attention_mask_value,
+                                                             prefill_only=target.talker_graphs == "prefill-only"),
                            precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
                            keep_float=drive is not None, what="the calibration texts")

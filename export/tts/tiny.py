@@ -15,6 +15,11 @@ Sizes
     and a small speech tokenizer. ``variant="proj"``: code predictor hidden 32, so the
     talker -> code predictor ``small_to_mtp_projection`` is a Linear (like 1.7B);
     ``variant="equal"``: code predictor hidden 64 == talker, Identity (like 0.6B).
+``narrow``
+    Widths no other size shares, as a held-out check of every shape assumption: Talker hidden 80
+    (3 layers, 5 heads of 24, one KV head, M-RoPE [6, 3, 3]), Code Predictor hidden 48 behind the
+    projection (3 layers, 4 heads of 12, one KV head), every Talker weight rounded to bf16; the
+    speaker encoder and speech tokenizer of ``tiny``.
 ``0.6b`` / ``1.7b``
     The released shapes (as quoted by several ports of the released config.json): talker 28 layers, 16/8 heads,
     head_dim 128, M-RoPE [24, 20, 20] interleaved, theta 1e6, text hidden 2048, text
@@ -115,9 +120,10 @@ from kztts.export.tts.massive import inject_massive_activation_
 
 logger = logging.getLogger(__name__)
 
-SIZES = ("tiny", "0.6b", "1.7b")
+SIZES = ("tiny", "narrow", "0.6b", "1.7b")
+SMALL_SIZES = ("tiny", "narrow")  # small speaker encoder and speech tokenizer, built in seconds
 VARIANTS = ("proj", "equal")
-_FULL_VARIANT = {"0.6b": "equal", "1.7b": "proj"}
+_FULL_VARIANT = {"narrow": "proj", "0.6b": "equal", "1.7b": "proj"}
 # Recommended eos_bias for a model meant to exercise the stop path (see module docstring).
 EOS_BIAS_DEFAULT = 80.0
 MASSIVE_TINY_LAYERS = 4  # talker layers of a tiny model with an injected massive activation
@@ -200,6 +206,11 @@ def _talker_dims(size: str, variant: str) -> dict:
             text_hidden=32,
             cp=dict(hidden=cp_hidden, inter=2 * cp_hidden, layers=2, heads=4, kv=2, head_dim=16),  # 16: ORT's fused attention
         )
+    if size == "narrow":  # widths no other size shares: heads wider than hidden / heads, one KV head
+        return dict(
+            hidden=80, inter=160, layers=3, heads=5, kv=1, head_dim=24, mrope=[6, 3, 3], text_hidden=32,
+            cp=dict(hidden=48, inter=96, layers=3, heads=4, kv=1, head_dim=12),
+        )
     hidden, inter = (1024, 3072) if size == "0.6b" else (2048, 6144)
     return dict(
         hidden=hidden, inter=inter, layers=28, heads=16, kv=8, head_dim=128, mrope=[24, 20, 20],
@@ -246,7 +257,7 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
         codec_language_id=dict(LANGUAGE_IDS), spk_id={}, spk_is_dialect={},
         position_id_per_seconds=13, **CODEC_IDS,
     )
-    if size == "tiny":
+    if size in SMALL_SIZES:
         speaker_encoder_config = dict(
             mel_dim=128,  # extract_speaker_embedding() hard-codes 128 mels
             enc_dim=d["hidden"], enc_channels=[32, 32, 32, 32, 96], enc_kernel_sizes=[5, 3, 3, 3, 1],
@@ -275,7 +286,7 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
     dec = dict(codebook_size=2048, max_position_embeddings=8000, rope_theta=10000, attention_bias=False,
                sliding_window=72, hidden_act="silu", layer_scale_initial_scale=0.01, rms_norm_eps=1e-5,
                num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], attention_dropout=0.0)
-    if size == "tiny":
+    if size in SMALL_SIZES:
         enc.update(hidden_size=32, num_filters=8, codebook_dim=16, num_quantizers=16,
                    vector_quantization_hidden_dimension=16, upsample_groups=32, num_hidden_layers=1,
                    intermediate_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=16)
@@ -665,7 +676,7 @@ class _Progress:
     def __init__(self, size: str, variant: str, seed: int):
         self.prefix = f"make_tiny {size}/{variant} seed {seed}"
         self.bar = None
-        if size != "tiny":
+        if size not in SMALL_SIZES:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=_BUILD_STEPS, desc=f"make_tiny {size}", unit="step")
@@ -706,6 +717,9 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
             for head in model.talker.code_predictor.lm_head:
                 head.weight.mul_(8.0)
             _round_to_bf16_(model.talker.model.text_embedding.weight)
+            if size == "narrow":  # every Talker weight on the bf16 grid, as in a released checkpoint
+                for p in model.talker.parameters():
+                    _round_to_bf16_(p.data)
             if massive_layer is not None:
                 info["massive"] = inject_massive_activation_(model, massive_layer)
         with progress.step("construct speech tokenizer"):
@@ -713,7 +727,7 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
                 st = Qwen3TTSTokenizerV2Model(st_cfg).eval()
             randomize_(st, seed + 1)
         with progress.step("calibrate decoder"):
-            calibrate_decoder_(st, seed + 2, frames=40 if size == "tiny" else 12)
+            calibrate_decoder_(st, seed + 2, frames=40 if size in SMALL_SIZES else 12)
         with progress.step("eos" if eos_bias is not None else "no eos"):
             if eos_bias is not None:
                 info["eos"] = apply_eos_bias_(model, float(eos_bias))

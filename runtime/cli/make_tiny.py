@@ -25,7 +25,9 @@ def add_command(sub) -> None:
     s.add_argument("--variant", choices=["proj", "equal"], default="proj",
                    help="tiny only: 'proj' = narrower code predictor with projection (like 1.7B), "
                         "'equal' = same width (like 0.6B)")
-    s.add_argument("--size", choices=["tiny", "0.6b", "1.7b"], default="tiny")
+    s.add_argument("--size", choices=["tiny", "narrow", "0.6b", "1.7b"], default="tiny",
+                   help="tiny: the test model; narrow: odd widths (Talker 80 with 5 heads of 24, Code Predictor "
+                        "48 with heads of 12, one KV head, bf16 weights); 0.6b / 1.7b: the released shapes")
     s.add_argument("--massive-layer", type=int, default=None, metavar="L",
                    help="inject a ~1e5 activation into talker layer L (a test model for the fp16 precision "
                         "guard; the tiny talker then has 4 layers)")
