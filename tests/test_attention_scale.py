@@ -56,6 +56,7 @@ def test_scaled_scores_on_the_htp_match_the_cpu(tmp_path, small_target):
 
     from kztts.export.common.onnx_export import export_onnx
     from kztts.htp.qnn import create_session
+    from kztts.htp.targets import load_target
 
     feeds = _inputs()
     graph = _Graph().eval()
@@ -66,6 +67,6 @@ def test_scaled_scores_on_the_htp_match_the_cpu(tmp_path, small_target):
     path = export_onnx(graph, tuple(torch.from_numpy(v) for v in feeds.values()), tmp_path / "attn.onnx",
                        list(feeds), ["out"])
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    got = create_session(path, small_target, strict=True).run(None, feeds)[0]
+    got = create_session(path, load_target(small_target), strict=True).run(None, feeds)[0]
     cos = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)))
     assert cos > 0.999, cos

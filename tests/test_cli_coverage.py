@@ -292,6 +292,7 @@ def test_a_graph_qnn_cannot_prepare_runs_on_the_cpu_unless_strict(qnn_here, smal
     import onnxruntime as ort
 
     from kztts.htp import qnn
+    from kztts.htp.targets import load_target
 
     bad, good = _two_op_model(tmp_path / "refused.onnx"), _two_op_model(tmp_path / "fine.onnx")
     real = ort.InferenceSession
@@ -303,8 +304,8 @@ def test_a_graph_qnn_cannot_prepare_runs_on_the_cpu_unless_strict(qnn_here, smal
 
     monkeypatch.setattr(qnn.ort, "InferenceSession", htp_refuses_one)
     with caplog.at_level(logging.WARNING, logger="kztts.htp.qnn"):
-        on_cpu = qnn.create_session(bad, small_target)
-        on_htp = qnn.create_session(good, small_target)
+        on_cpu = qnn.create_session(bad, load_target(small_target))
+        on_htp = qnn.create_session(good, load_target(small_target))
     assert on_cpu.get_providers() == ["CPUExecutionProvider"]
     assert qnn.EP_NAME in on_htp.get_providers() and qnn.Placement.of(on_htp).qnn_nodes == 2
     warned = [r.getMessage() for r in caplog.records if r.name == "kztts.htp.qnn"]
@@ -315,7 +316,7 @@ def test_a_graph_qnn_cannot_prepare_runs_on_the_cpu_unless_strict(qnn_here, smal
     np.testing.assert_array_equal(on_cpu.run(None, {"x": x})[0], np.maximum(x, 0) + x)
     with pytest.raises(KzttsError, match=r"refused.onnx: the QNN execution provider could not create a session "
                                          r"for target 'simulator': QNN graph finalize failed \(injected\)$"):
-        qnn.create_session(bad, small_target, strict=True)
+        qnn.create_session(bad, load_target(small_target), strict=True)
 
 
 @pytest.mark.parametrize("variant", ["proj"], indirect=True)
@@ -326,6 +327,7 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
     from kztts.bundle.bundle import Bundle
     from kztts.export.tts.bundle_writer import cached_target_bundle
     from kztts.htp import qnn
+    from kztts.htp.targets import load_target
     from kztts.plan.resolve import resolve_plan
 
     htp_bundle = cached_target_bundle(tiny_model_dir, small_target)
@@ -341,7 +343,7 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
     assert {"talker_prefill", "talker_decode", "cp_frame"} <= set(on_htp)  # the plan still says HTP
     with caplog.at_level(logging.WARNING, logger="kztts.htp.qnn"):
         opened = {g: plan.session(g).get_providers() for g in on_htp}
-        qnn.create_session(model, small_target)
+        qnn.create_session(model, load_target(small_target))
     assert set(map(tuple, opened.values())) == {("CPUExecutionProvider",)}, opened  # every one on the CPU EP
     warned = [r.getMessage() for r in caplog.records if "QNN execution provider unavailable" in r.getMessage()]
     assert warned == ["QNN execution provider unavailable: disabled by KZTTS_DISABLE_QNN; running on the CPU "

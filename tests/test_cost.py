@@ -172,7 +172,7 @@ def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(h
     data["shapes"]["context"] = 48
     p = tmp_path / "cpu_small.json"
     p.write_text(json.dumps(data))
-    report = bundle_cost(htp_bundle, str(p))
+    report = bundle_cost(htp_bundle, load_target(p))
     rows = {r["role"]: r for r in report["graphs"]}
     assert rows["talker_decode"]["graph"] == "talker" and rows["talker_decode"]["device"] == "cpu"
     assert rows["talker_decode"]["dims"] == {"seq": 1, "past": 47}
@@ -197,7 +197,7 @@ def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(h
 def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(htp_bundle, small_target, tmp_path):
     t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a", effective_gbps=50.0,
                       effective_source="b", htp_int8_tops=40, tops_source="c")
-    report = bundle_cost(htp_bundle, t)
+    report = bundle_cost(htp_bundle, load_target(t))
     est = report["paper_estimate"]
     assert est["available"] and est["label"] == "paper estimate" and est["bandwidth_kind"] == "effective"
     want = peak = 0.0
@@ -244,5 +244,5 @@ def test_inspect_json_carries_the_cost(htp_bundle, small_target, tmp_path, capsy
     t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a")
     assert main(["inspect", str(htp_bundle), "--target", t, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["cost"] == json.loads(json.dumps(bundle_cost(htp_bundle, t)))
+    assert report["cost"] == json.loads(json.dumps(bundle_cost(htp_bundle, load_target(t))))
     assert report["cost"]["paper_estimate"]["bandwidth_kind"] == "dram"

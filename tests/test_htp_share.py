@@ -137,7 +137,8 @@ def test_prefill_only_on_the_simulator_gives_the_same_codes(htp_bundle, small_ta
 _LOAD_SHARED = r"""
 import sys
 from kztts.htp.qnn import create_session
-create_session(sys.argv[1], sys.argv[2], strict=True, context={"ep.share_ep_contexts": "1"})
+from kztts.htp.targets import load_target
+create_session(sys.argv[1], load_target(sys.argv[2]), strict=True, context={"ep.share_ep_contexts": "1"})
 print("loaded")
 """
 
@@ -157,7 +158,8 @@ _MAKE = r"""
 import json, sys
 from pathlib import Path
 from kztts.export.htp.static_graphs import make_context_binaries
-work, target, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+from kztts.htp.targets import load_target
+work, target, mode = Path(sys.argv[1]), load_target(sys.argv[2]), sys.argv[3]
 names = sys.argv[4:]
 if mode == "separate":
     made = {}

@@ -386,7 +386,7 @@ def test_cost_counts_the_deltanet_states(bundle, small_target):
     from kztts.htp.targets import load_target
 
     cfg = read_manifest(bundle).talker
-    report = bundle_cost(bundle, small_target)
+    report = bundle_cost(bundle, load_target(small_target))
     assert report["unit"] == "token"
     rows = {r["graph"]: r for r in report["graphs"]}
     assert list(rows) == ["hybrid_static_prefill", "hybrid_static_decode"]

@@ -82,10 +82,11 @@ def test_inspect_counts_half_the_kv_bytes_with_fp16_kv(htp_bundle, fp32_kv_bundl
     """``kztts inspect --target`` (kztts.htp.cost): the Talker's KV bytes per call halve with fp16 KV I/O,
     nothing else in the call changes."""
     from kztts.htp.cost import bundle_cost
+    from kztts.htp.targets import load_target
 
     rows = {}
     for name, bundle in (("fp16", htp_bundle), ("fp32", fp32_kv_bundle)):
-        rows[name] = {r["graph"]: r for r in bundle_cost(bundle, str(small_target))["graphs"]}
+        rows[name] = {r["graph"]: r for r in bundle_cost(bundle, load_target(small_target))["graphs"]}
     for g in ("talker_prefill", "talker_decode"):
         a, b = rows["fp16"][g], rows["fp32"][g]
         assert (a["kv_dtype"], b["kv_dtype"]) == ("float16", "float32")

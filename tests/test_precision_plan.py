@@ -175,9 +175,10 @@ def test_cost_on_paper_counts_int4_and_int8_weights_with_their_scales(htp_bundle
     from kztts.bundle.manifest import read_manifest
     from kztts.bundle.onnx_wire import read_graph
     from kztts.htp.cost import bundle_cost
+    from kztts.htp.targets import load_target
     from kztts.htp.weights import matmul_weights
 
-    rows = {p: {r["graph"]: r for r in bundle_cost(htp_bundle, small_target, precision=p)["graphs"]}
+    rows = {p: {r["graph"]: r for r in bundle_cost(htp_bundle, load_target(small_target), precision=p)["graphs"]}
             for p in G.HTP_PRECISIONS}
     dec = {p: rows[p]["talker_decode"]["device_weight_bytes"] for p in rows}
     assert dec["fp16"] > dec["w8a16"] > dec["w4a16"]
@@ -198,7 +199,7 @@ def test_cost_on_paper_counts_int4_and_int8_weights_with_their_scales(htp_bundle
                             "prefill": {"layers": ["w4a16"] * 2, "head": "w4a16"},
                             "decode": {"layers": ["cpu", "w4a16"], "head": "w4a16"},
                             "matmuls": {"1.down_proj": "w8a16"}, "graphs": {"cp_frame": "w4a16"}}, "plan.json", 2)
-    mixed = {r["graph"]: r for r in bundle_cost(htp_bundle, small_target, plan=plan)["graphs"]}
+    mixed = {r["graph"]: r for r in bundle_cost(htp_bundle, load_target(small_target), plan=plan)["graphs"]}
     layer0 = sum(consts[w].elements for w, k in keyed.items() if k.startswith("0."))
     down1 = next(w for w, k in keyed.items() if k == "1.down_proj")
     w4, w8 = G.htp_precision("w4a16"), G.htp_precision("w8a16")

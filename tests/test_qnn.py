@@ -61,12 +61,13 @@ def _hardmax_model(path: Path) -> Path:
 # ------------------------------------------------------------------ session factory
 def test_strict_mode_names_the_unsupported_op(qnn, tmp_path, small_target):
     from kztts.htp.qnn import Placement, QnnPlacementError, create_session
+    from kztts.htp.targets import load_target
 
     model = _hardmax_model(tmp_path / "hardmax.onnx")
     with pytest.raises(QnnPlacementError, match=r"Hardmax.*the_hardmax") as info:
-        create_session(model, small_target, strict=True)
+        create_session(model, load_target(small_target), strict=True)
     assert info.value.cpu_nodes == [("Hardmax", "the_hardmax")]
-    sess = create_session(model, small_target, strict=False)  # non-strict: the op runs on the CPU EP
+    sess = create_session(model, load_target(small_target), strict=False)  # non-strict: the op runs on the CPU EP
     pl = Placement.of(sess)
     assert pl.cpu_op_types == {"Hardmax": 1} and pl.qnn_nodes == 2
     out = sess.run(None, {"x": np.arange(8, dtype=np.float32)[None]})[0]
@@ -88,7 +89,8 @@ else:  # installed but its library does not load
     sys.modules["onnxruntime_qnn"] = fake
 from kztts.core.errors import KzttsError
 from kztts.htp.qnn import create_session, qnn_available
-model, target = sys.argv[2], sys.argv[3]
+from kztts.htp.targets import load_target
+model, target = sys.argv[2], load_target(sys.argv[3])
 assert not qnn_available()
 for _ in range(3):
     s = create_session(model, target)
@@ -119,12 +121,13 @@ def test_missing_qnn_falls_back_with_one_warning(tmp_path, small_target, mode):
 def test_static_graphs_run_wholly_on_qnn_in_strict_mode(qnn, htp_bundle, small_target):
     from kztts.bundle.bundle import Bundle
     from kztts.htp.qnn import EP_NAME, Placement, open_target_session
+    from kztts.htp.targets import load_target
 
     bundle = Bundle.open(htp_bundle, load_graphs=False)
     graphs = {n: g for n, g in bundle.manifest.graphs.items() if g.variant == "static"}
     assert {"talker_prefill", "talker_decode", "cp_frame", "decoder_chunk"} <= set(graphs)
     for name, spec in graphs.items():
-        sess = open_target_session(bundle, name, small_target, strict=True)
+        sess = open_target_session(bundle, name, load_target(small_target), strict=True)
         pl = Placement.of(sess)
         assert pl.cpu_nodes == 0 and pl.qnn_nodes > 0, (name, pl)
         assert sess.get_providers()[0] == EP_NAME
@@ -217,7 +220,9 @@ _CTX_LOAD = r"""
 import sys, time, numpy as np
 from kztts.bundle.bundle import Bundle
 from kztts.htp.qnn import Placement, open_target_session
+from kztts.htp.targets import load_target
 bundle, target, ref = sys.argv[1:4]
+target = load_target(target)
 b = Bundle.open(bundle, load_graphs=False)
 saved = np.load(ref)
 for name in ("talker_prefill", "talker_decode"):

@@ -60,10 +60,11 @@ def test_safe_rmsnorm_on_the_htp_keeps_a_negative_zero_row(norm_graph, small_tar
     square went negative); with the Mul it matches the fp32 norm to fp16 precision."""
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
     from kztts.htp.qnn import create_session
+    from kztts.htp.targets import load_target
 
     ref, path = norm_graph
     x = _rows()
     want = ref(torch.from_numpy(x)).detach().numpy()
-    got = create_session(path, small_target, strict=True).run(None, {"x": x})[0]
+    got = create_session(path, load_target(small_target), strict=True).run(None, {"x": x})[0]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)

@@ -37,14 +37,14 @@ def mb(key):
             return round(int(line.split()[1]) / 1024, 1)
 
 from kztts.htp.qnn import create_session
-d, target, case = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+from kztts.htp.targets import load_target
+d, target, case = Path(sys.argv[1]), load_target(sys.argv[2]), sys.argv[3]
 t = time.time()
 if case == "shared":
     from kztts.export.htp.static_graphs import make_context_binaries
-    from kztts.htp.targets import load_target
     (d / "graphs").mkdir(exist_ok=True)
     ctx = make_context_binaries(d, {n: f"{n}.onnx" for n in ("talker_prefill", "talker_decode")},
-                                load_target(target), share=True)
+                                target, share=True)
     bins = sorted({b for c in ctx.values() for b in c["binaries"]})
     print(json.dumps({"case": case, "open_s": round(time.time() - t, 1), "binaries": bins,
                       "context_binary_bytes": sum((d / b).stat().st_size for b in bins),

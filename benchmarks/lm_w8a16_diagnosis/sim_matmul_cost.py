@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from kztts.htp import qnn
+from kztts.htp.targets import load_target
 
 TARGET = Path(__file__).resolve().parents[1] / "lm_precision" / "simulator_lm512_w8a16.json"
 
@@ -118,7 +119,7 @@ def main() -> None:
             cfg["provider_options"] = dict(base["provider_options"], htp_graph_finalization_optimization_mode=mode)
             tpath = Path(tmp) / "target.json"
             tpath.write_text(json.dumps(cfg))
-            sess = qnn.create_session(path, tpath, strict=True)
+            sess = qnn.create_session(path, load_target(tpath), strict=True)
             y = sess.run(None, {"x": x})[0]
             times = []
             for _ in range(a.repeat):

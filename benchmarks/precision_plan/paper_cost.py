@@ -19,6 +19,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.manifest import read_manifest
 from kztts.htp.cost import bundle_cost
 from kztts.htp.placement import parse_placement
+from kztts.htp.targets import load_target
 
 ROLES = ("talker_decode", "code_predictor", "decoder")
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--plan {item}: expected NAME=PLAN.json")
         plans.append((name, parse_placement(json.loads(Path(path).read_text()), path, layers)))
     rows = []
-    for t in [x for x in args.targets.split(",") if x]:
+    for t in [load_target(x) for x in args.targets.split(",") if x]:
         for p in [x for x in args.precisions.split(",") if x]:
             rows.append(row(bundle_cost(args.bundle, t, precision=p), p))
             print(json.dumps(rows[-1]), flush=True)

@@ -24,7 +24,7 @@ from kztts.htp.qnn import (
     session_precision,
 )
 from kztts.htp.qnn_package import check_target_skel
-from kztts.htp.targets import load_target
+from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_placement, resolve_plan
 
 
@@ -49,7 +49,7 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
 
 
-def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bool = False,
+def inspect_bundle(bundle_dir: str | Path, target: "str | Path | Target | None" = None, strict: bool = False,
                    precision: str | None = None, placement: str | None = None) -> dict:
     """Open every graph as ``synth --target`` would and report its node placement.
 
@@ -64,20 +64,19 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
     plan = resolve_placement(placement, int(bundle.manifest.talker["num_layers"])) if placement else None
     # a plain export's static graphs (cp_frame) run on the CPU: no target, the CPU plan
     exported_for_target = any(g.extra.get("target") for g in graphs.values())
-    tcfg = None
     if target is not None:
-        tcfg = load_target(target)
+        target = load_target(target)
     elif exported_for_target:
-        tcfg = load_target(bundle_target(bundle))
+        target = load_target(bundle_target(bundle))
     # as the plan does: a target whose HTP arch has no skel in the installed QNN package is refused
     # (strict) or shown on the CPU
-    missing_skel = check_target_skel(tcfg, strict) if tcfg is not None else None
+    missing_skel = check_target_skel(target, strict) if target is not None else None
     rows = []
     for name, spec in graphs.items():
         row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
                "bytes": _graph_bytes(bundle.path / spec.file), "attention": _attention(name)}
-        if spec.variant == "static" and tcfg is not None and missing_skel is None:
-            sess = open_target_session(bundle, name, tcfg, strict)
+        if spec.variant == "static" and target is not None and missing_skel is None:
+            sess = open_target_session(bundle, name, target, strict)
             qnn_file, _ = graph_files(bundle, name)
             row["context_binary"] = qnn_file.name != Path(spec.file).name and EP_NAME in sess.get_providers()
         else:
@@ -91,12 +90,12 @@ def inspect_bundle(bundle_dir: str | Path, target: str | None = None, strict: bo
                    precision=session_precision(spec.precision, sess))
         rows.append(row)
 
-    return {"bundle": str(bundle_dir), "target": tcfg.name if tcfg else None,
-            "soc": tcfg.soc.name if tcfg else None, "qnn_available": qnn_available(),
+    return {"bundle": str(bundle_dir), "target": target.name if target else None,
+            "soc": target.soc.name if target else None, "qnn_available": qnn_available(),
             "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
             "random_weights": bundle.manifest.random_weights, "graphs": rows,
-            "cost": bundle_cost(bundle_dir, tcfg, bundle.session_config.threads, precision=precision,
-                                plan=plan) if tcfg else None}
+            "cost": bundle_cost(bundle_dir, target, bundle.session_config.threads, precision=precision,
+                                plan=plan) if target else None}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

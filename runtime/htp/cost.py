@@ -47,7 +47,7 @@ from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.bundle.onnx_wire import read_graph
 from kztts.core.errors import BundleError
 from kztts.htp.placement import LayerPlacement
-from kztts.htp.targets import load_target
+from kztts.htp.targets import Target
 from kztts.htp.weights import HEAD, matmul_weights
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class GraphCost:
 
 
 # ------------------------------------------------------------------ which graphs a frame calls
-def _static_fits(spec, target, role: str) -> bool:
+def _static_fits(spec, target: Target, role: str) -> bool:
     """Whether a static graph was made for the target's shapes (a bundle exported for another target
     has other ones)."""
     x, s = spec.extra, target.shapes
@@ -122,7 +122,7 @@ def _static_fits(spec, target, role: str) -> bool:
     return True
 
 
-def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str]]:
+def frame_graphs(manifest, target: Target) -> list[tuple[str, str, str, dict, float, str]]:
     """(role, graph, device, dims, calls per frame, note) for the Talker prefill (0 calls per frame:
     a prompt's cost), the Talker decode, the Code Predictor and the decoder, as the target places them.
     A role whose HTP graph the bundle lacks (or has for other shapes) is counted on its CPU graph at the
@@ -156,7 +156,7 @@ def frame_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str
     return out
 
 
-def _lm_graphs(manifest, target) -> list[tuple[str, str, str, dict, float, str]]:
+def _lm_graphs(manifest, target: Target) -> list[tuple[str, str, str, dict, float, str]]:
     """An LM bundle's prefill (0 calls per token) and decode graph (1 call per token), as the target places
     them; the CPU graph at the target's shapes when the bundle lacks the static one."""
     s, graphs = target.shapes, manifest.graphs
@@ -387,7 +387,8 @@ def _frame_rate(manifest) -> float:
     return FRAME_RATE
 
 
-def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE, unit: str = "frame") -> dict:
+def paper_estimate(rows: list[GraphCost], target: Target, frame_rate: float = FRAME_RATE,
+                   unit: str = "frame") -> dict:
     """Milliseconds per frame = sum over the frame's graphs of calls x max(bytes / bandwidth, MACs /
     throughput), with the target's published figures; ``available`` False (and why) without them.
     ``unit`` "token" (an LM bundle): per decoded token (``ms_per_token``, ``tokens_per_s``)."""
@@ -444,13 +445,12 @@ def paper_estimate(rows: list[GraphCost], target, frame_rate: float = FRAME_RATE
     return est
 
 
-def bundle_cost(bundle_dir: str | Path, target, threads: int = 0, precision: str | None = None,
+def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precision: str | None = None,
                 plan: LayerPlacement | None = None) -> dict:
-    """Per-graph counts of a bundle at ``target`` (name, file or ``Target``) and the frame's paper estimate. The
+    """Per-graph counts of a bundle at ``target`` and the frame's paper estimate. The
     HTP graphs count at ``precision`` (default: the target's), or as precision plan ``plan`` has them (each
     Talker layer and head at its precision or on the CPU, ``cp_frame`` at its ``graphs`` entry): on paper,
     whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored)."""
-    target = load_target(target)
     if precision is not None:
         G.htp_precision(precision)  # ValueError naming the known ones
     bundle_dir = Path(bundle_dir)

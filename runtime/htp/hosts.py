@@ -27,6 +27,7 @@ import numpy as np
 from kztts.bundle.bundle import Bundle
 from kztts.core.errors import KzttsError, signal_note
 from kztts.htp.qnn import assignment, graph_files, open_target_session
+from kztts.htp.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="kztts-htp-host-parent-watch", daemon=True).start()
 
 
-def host_main(conn, bundle_path: str, session_config, target, strict: bool, log_level: int) -> None:
+def host_main(conn, bundle_path: str, session_config, target: Target, strict: bool, log_level: int) -> None:
     """The host's loop: ``("open", name)``, ``("run", name, outputs, feeds)``, ``("close",)``."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s [htp host]: %(message)s")
     _exit_with_parent()
@@ -136,7 +137,7 @@ def host_main(conn, bundle_path: str, session_config, target, strict: bool, log_
 class _Host:
     """One child process and the graphs it has opened."""
 
-    def __init__(self, index: int, bundle, target, strict: bool):
+    def __init__(self, index: int, bundle, target: Target, strict: bool):
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited QNN state (fp16 mode is per process)
         self.index = index
         self.conn, child = ctx.Pipe()
@@ -212,7 +213,7 @@ class HostedSession:
 class HtpHosts:
     """Opens HTP graphs in host processes of at most ``budget_mb`` of graph files each."""
 
-    def __init__(self, bundle, target, strict: bool, budget_mb: float):
+    def __init__(self, bundle, target: Target, strict: bool, budget_mb: float):
         self.bundle, self.target, self.strict, self.budget = bundle, target, strict, float(budget_mb) * MB
         self.hosts: list[_Host] = []  # daemons: multiprocessing ends any still running at exit
 

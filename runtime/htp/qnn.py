@@ -36,7 +36,7 @@ from kztts.bundle.sessions import SessionConfig, _check_io, _check_stamp, _sessi
 from kztts.core import env
 from kztts.core.errors import BundleError, KzttsError
 from kztts.htp.qnn_package import host_is_simulator
-from kztts.htp.targets import Target, load_target
+from kztts.htp.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def first_line(exc: BaseException, limit: int = 400) -> str:
     return (s.splitlines()[0] if s else type(exc).__name__)[:limit]
 
 
-def create_session(path: str | os.PathLike, target: Target | str, *, strict: bool = False,
+def create_session(path: str | os.PathLike, target: Target, *, strict: bool = False,
                    config: SessionConfig | None = None, context: dict[str, str] | None = None,
                    cpu_path: str | os.PathLike | None = None, fold_weights: bool = True) -> ort.InferenceSession:
     """Open ``path`` on the target's HTP (QNN EP), nodes it cannot run on the CPU EP.
@@ -224,7 +224,6 @@ def create_session(path: str | os.PathLike, target: Target | str, *, strict: boo
     ``context``: extra session config entries (EPContext generation/sharing). ``fold_weights``: on the CPU EP,
     a QDQ graph's weights are dequantized once at load (fast per call, float-sized in memory) rather than per call.
     """
-    target = load_target(target)
     path = Path(path)
     if not qnn_available():
         if strict:
@@ -285,17 +284,13 @@ def graph_files(bundle, graph_name: str) -> tuple[Path, Path]:
     return (Path(bundle.path) / ctx if ctx else plain), plain
 
 
-def open_target_session(bundle, graph_name: str, target_cfg: Target | str | None = None,
-                        strict: bool = False, config: SessionConfig | None = None) -> ort.InferenceSession:
+def open_target_session(bundle, graph_name: str, target: Target, strict: bool = False,
+                        config: SessionConfig | None = None) -> ort.InferenceSession:
     """Open a bundle graph on the target's HTP (see :func:`create_session`), checked
-    against the manifest like CPU graphs. ``target_cfg`` None: the target the bundle
-    was exported for (``kztts.json`` ``targets``)."""
+    against the manifest like CPU graphs."""
     spec = bundle.manifest.graphs.get(graph_name)
     if spec is None:
         graph_files(bundle, graph_name)  # raises the BundleError
-    if target_cfg is None:
-        target_cfg = bundle_target(bundle, spec)
-    target = load_target(target_cfg)
     qnn_file, cpu_file = graph_files(bundle, graph_name)
     built_for = spec.extra.get("context_target", spec.extra.get("target"))
     if qnn_file != cpu_file and built_for and built_for != target.name:
@@ -330,11 +325,9 @@ def open_target_session(bundle, graph_name: str, target_cfg: Target | str | None
     return sess
 
 
-def bundle_target(bundle, spec=None) -> str:
+def bundle_target(bundle) -> str:
     """The target name a bundle's static graphs were exported for."""
-    name = spec.extra.get("target") if spec is not None else None
-    if not name:
-        name = next((g.extra["target"] for g in bundle.manifest.graphs.values() if g.extra.get("target")), None)
+    name = next((g.extra["target"] for g in bundle.manifest.graphs.values() if g.extra.get("target")), None)
     if not name:
         raise BundleError(f"{bundle.manifest.path}: no target recorded for the static graphs; pass --target")
     return name

@@ -28,6 +28,7 @@ from kztts.bundle.embeddings import bf16_to_f32
 from kztts.bundle.manifest import KIND_LM
 from kztts.core.errors import BundleError, ContextOverflowError, KzttsError
 from kztts.generation.sampling import ChainInputs, SamplingParams, XorShift32, choose
+from kztts.htp.targets import Target
 from kztts.lm import chatml
 from kztts.plan.resolve import resolve_plan
 
@@ -64,8 +65,9 @@ class LM:
     (calibration passes its per-layer runner); ``check_saturation`` False runs a placement's whole
     static graphs even when the bundle has the probed layer graphs (as validation does)."""
 
-    def __init__(self, bundle, *, target=None, placement=None, strict: bool = False, context: int | None = None,
-                 session_config=None, attention: str | None = None, talker=None, check_saturation: bool = True):
+    def __init__(self, bundle, *, target: "str | Path | Target | None" = None, placement=None, strict: bool = False,
+                 context: int | None = None, session_config=None, attention: str | None = None, talker=None,
+                 check_saturation: bool = True):
         from tokenizers import Tokenizer
 
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config,

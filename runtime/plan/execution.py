@@ -15,6 +15,7 @@ from kztts.htp.hosts import HtpHosts
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.qnn import open_target_session, qnn_available
 from kztts.htp.saturation import SaturationGuard
+from kztts.htp.targets import Target
 from kztts.runners.batched import BatchedCodePredictor, BatchedTalker
 from kztts.runners.code_predictor import CodePredictor
 from kztts.runners.codec import Decoder, Encoder, StaticChunkDecoder, StreamingDecoder, decoder_kwargs
@@ -54,7 +55,7 @@ class ExecutionPlan:
     """Where each role runs; opens (and keeps) the sessions and builds the runners."""
 
     bundle: Any
-    target: Any  # kztts.htp.targets.Target | None
+    target: Target | None
     placement: LayerPlacement | None
     strict: bool
     cp_mode: str

@@ -37,7 +37,7 @@ from kztts.htp.placement import (
 from kztts.htp.qnn import bundle_target
 from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import SCHEMA as TARGET_SCHEMA
-from kztts.htp.targets import TargetError, load_target, target_path
+from kztts.htp.targets import Target, TargetError, load_target, target_path
 from kztts.plan.execution import ExecutionPlan, Step
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ def resolve_placement(spec: "str | Path | LayerPlacement", num_layers: int) -> L
 
 
 class _Resolver:
-    def __init__(self, bundle, target, placement, strict: bool, cp_mode: str, attention: str, segments: bool):
+    def __init__(self, bundle, target: Target | None, placement: LayerPlacement | None, strict: bool, cp_mode: str,
+                 attention: str, segments: bool):
         self.bundle, self.m = bundle, bundle.manifest
         self.segments = segments
         self.target, self.placement, self.strict = target, placement, strict
@@ -340,10 +341,12 @@ class _Resolver:
         return self.step("speech_encoder", ["encoder"], "cpu", "CPU (dynamic-length input; no HTP graph kind)")
 
 
-def resolve_plan(bundle, *, target=None, placement: "str | LayerPlacement | None" = None, strict: bool = False,
-                 cp_mode: str = "frame", attention: str | None = None, segments: bool = False,
-                 check_saturation: bool = False) -> ExecutionPlan:
+def resolve_plan(bundle, *, target: "str | Path | Target | None" = None,
+                 placement: "str | LayerPlacement | None" = None, strict: bool = False, cp_mode: str = "frame",
+                 attention: str | None = None, segments: bool = False, check_saturation: bool = False) -> ExecutionPlan:
     """Decide where every role of a synthesis runs (module docstring); nothing is opened yet.
+    ``target``: a qnn_configs target (name, file or ``Target``), resolved here once: the plan and
+    everything it opens carry the ``Target`` (``plan.target``).
     ``segments``: run the Talker as its per-layer graphs even when the placement is uniform
     (calibration and per-segment validation read every layer's outputs). ``check_saturation``
     (synthesis): a placement with Talker work on the HTP runs the per-layer graphs when the bundle

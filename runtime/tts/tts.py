@@ -19,6 +19,7 @@ from kztts.core.errors import BundleError, ContextOverflowError, KzttsError
 from kztts.generation.sampling import XorShift32
 from kztts.generation.settings import GenerationSettings, reference_settings, with_environment
 from kztts.htp.placement import LayerPlacement
+from kztts.htp.targets import Target
 from kztts.plan.resolve import resolve_plan
 from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
 from kztts.runners.protocol import TalkerRunner
@@ -116,13 +117,14 @@ class TTS:
     own ``TTS`` for parallel work); in the stream's own thread a new call is refused meanwhile."""
 
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
-                 session_config: SessionConfig | None = None, target: str | None = None, strict: bool = False,
-                 placement: "str | LayerPlacement | None" = None, talker: TalkerRunner | None = None,
-                 pipeline: bool = False, attention: str | None = None):
+                 session_config: SessionConfig | None = None, target: "str | Path | Target | None" = None,
+                 strict: bool = False, placement: "str | LayerPlacement | None" = None,
+                 talker: TalkerRunner | None = None, pipeline: bool = False, attention: str | None = None):
         """Where each graph runs is decided once, by ``kztts.plan.resolve.resolve_plan`` (``self.plan``;
         ``print(tts.plan.table())`` shows it):
-        ``target``: a qnn_configs target; the graphs its placement puts on the HTP run there
-        (its static graphs, exported with ``kztts export --target``), the others on the CPU.
+        ``target``: a qnn_configs target (name, file or ``kztts.htp.targets.Target``); the graphs its
+        placement puts on the HTP run there (its static graphs, exported with ``kztts export --target``),
+        the others on the CPU.
         ``placement``: where the Talker's layers run (a mode, or a file from ``kztts calibrate``;
         see ``kztts.htp.placement``), overriding the target's Talker placement; a placement that
         decodes on the CPU (``prefill-htp-decode-cpu``, ``all-cpu``) keeps the Code Predictor,
