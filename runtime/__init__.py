@@ -23,7 +23,7 @@ _LAZY = {
     "TTS": "kztts.tts.tts",
     "Voice": "kztts.tts.request",
     "SynthesisRequest": "kztts.tts.request",
-    "SynthesisResult": "kztts.tts.tts",
+    "SynthesisResult": "kztts.tts.result",
     "GenerationSettings": "kztts.generation.settings",
     "LM": "kztts.lm.lm",
 }

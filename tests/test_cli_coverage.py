@@ -154,7 +154,7 @@ def test_sampling_flag_beats_environment_beats_default(bundle_args, tmp_path, ca
 @on_equal
 def test_pipeline_flag_decodes_on_a_background_thread_with_the_same_output(bundle_args, tmp_path, capsys,
                                                                           monkeypatch):
-    import kztts.tts.tts
+    import kztts.tts.streaming
     from kztts.runners.codec import BackgroundDecoder
 
     made = []
@@ -164,7 +164,7 @@ def test_pipeline_flag_decodes_on_a_background_thread_with_the_same_output(bundl
             made.append(self)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(kztts.tts.tts, "BackgroundDecoder", Recorded)
+    monkeypatch.setattr(kztts.tts.streaming, "BackgroundDecoder", Recorded)
     plain = synth_codes(capsys, tmp_path, *bundle_args, "--stream", name="plain")
     assert made == []
     piped = synth_codes(capsys, tmp_path, *bundle_args, "--stream", "--pipeline", name="piped")

@@ -157,6 +157,7 @@ def voice(small):
 
 def test_prompt_length_matches_the_built_prompt(small, voice):
     from kztts.core.audio import synthetic_voice
+    from kztts.tts.long_text import text_tokens
     from kztts.tts.prompt import prompt_length
 
     icl = small.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
@@ -166,8 +167,8 @@ def test_prompt_length_matches_the_built_prompt(small, voice):
                 for text in ("Hi.", "A somewhat longer text to speak, with a clause."):
                     built = small.prompt(text, v, language=language, streaming_text=streaming).embeds.shape[0]
                     ref = small.tokenizer.ref_body(small.tokenizer.ref_ids(v.ref_text)) if v.icl else []
-                    assert prompt_length(small._text_tokens(text), language=language is not None, speaker=True,
-                                         mode="icl" if v.icl else "xvector", non_streaming=not streaming,
+                    assert prompt_length(text_tokens(small.tokenizer, text), language=language is not None,
+                                         speaker=True, mode="icl" if v.icl else "xvector", non_streaming=not streaming,
                                          ref_text_tokens=len(ref),
                                          ref_frames=v.ref_codes.shape[0] if v.icl else 0) == built
 

@@ -29,7 +29,8 @@ from kztts.generation.settings import (
     with_overrides,
 )
 from kztts.tts.request import Voice
-from kztts.tts.tts import TTS, SynthesisResult
+from kztts.tts.result import SynthesisResult
+from kztts.tts.tts import TTS
 
 
 def sampling_flags(args: argparse.Namespace) -> tuple[dict, dict]:

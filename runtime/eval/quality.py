@@ -148,7 +148,7 @@ def measure(samples: np.ndarray, sample_rate: int, text: str, language: str | No
 
 
 def measure_result(result, text: str, language: str | None) -> UtteranceQuality:
-    """``measure`` of a ``kztts.tts.tts.SynthesisResult`` (samples, sample_rate, frames, stopped_by_eos)."""
+    """``measure`` of a ``kztts.tts.result.SynthesisResult`` (samples, sample_rate, frames, stopped_by_eos)."""
     return measure(result.samples, result.sample_rate, text, language, result.stopped_by_eos, result.frames)
 
 

@@ -25,7 +25,8 @@ from kztts.server.errors import ApiError
 from kztts.server.scheduler import Job
 from kztts.tts.batch_loop import BatchedRequest, BatchLoop
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.tts import TTS, SynthesisResult
+from kztts.tts.result import SynthesisResult
+from kztts.tts.tts import TTS
 
 log = logging.getLogger(__name__)
 

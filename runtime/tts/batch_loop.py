@@ -28,19 +28,21 @@ import numpy as np
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import SAMPLES_PER_FRAME
 from kztts.tts.audio_join import PieceJoiner, join_pieces
+from kztts.tts.long_text import piece_label
 from kztts.tts.request import SynthesisRequest
+from kztts.tts.result import Run, SynthesisResult, joined
 
-# kztts.tts.tts imports this module: its types (TTS, SynthesisResult, _Run) are named, not imported
+# kztts.tts.tts imports this module: the TTS is named, not imported
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)  # rows are found by identity
 class _Row:
-    """A request in the batch: its run (``kztts.tts.tts._Run``) and where its frame loop stands."""
+    """A request in the batch: its run (``kztts.tts.result.Run``) and where its frame loop stands."""
 
     index: int
-    run: "_Run"
+    run: Run
     logits: np.ndarray
     hidden: np.ndarray
     step: int = 0
@@ -54,12 +56,12 @@ def _check_batch(batch: int) -> int:
     return int(batch)
 
 
-def _ready(run: "_Run") -> "_Run":
+def _ready(run: Run) -> Run:
     run.loop._suppress = run.loop._suppressed()  # what FrameLoop.frames sets before choose_cb0
     return run
 
 
-def start_runs(tts: "TTS", requests: list) -> list["_Run"]:
+def start_runs(tts: "TTS", requests: list) -> list[Run]:
     """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
     runs = []
     for i, item in enumerate(requests):
@@ -68,9 +70,7 @@ def start_runs(tts: "TTS", requests: list) -> list["_Run"]:
             raise KzttsError(f"request {i}: its text needs more than the Talker's context of {tts.talker.context} "
                              "positions; batched synthesis speaks one utterance per request (split the text, or "
                              "use synthesize)")
-        run = tts._start(r)
-        run.label = f"request {i}"
-        runs.append(_ready(run))
+        runs.append(_ready(tts._start(r, f"request {i}")))
     return runs
 
 
@@ -107,7 +107,7 @@ class BatchLoop:
             self.talker.lengths[row] = n
         log.debug("batch KV capacity grown from %d to %d positions per row", old.capacity, capacity)
 
-    def join(self, key, run: "_Run") -> None:
+    def join(self, key, run: Run) -> None:
         """Prefill ``run`` (from ``start_runs`` or ``BatchedRequest``) into the next free row; its frames
         are reported under ``key``."""
         if not self.free:
@@ -174,7 +174,7 @@ class BatchLoop:
             row.run.loop.times.talker += spent
 
 
-def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
+def batch_frames(tts: "TTS", runs: list[Run], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
     """Yield ``(index, frame int64 [16])`` as rows produce frames and ``(index, None)`` when request
     ``index`` is finished (EOS or its ``max_frames``); frames go to ``runs[index].codes`` too."""
     batch = _check_batch(batch)
@@ -190,7 +190,7 @@ def batch_frames(tts: "TTS", runs: list["_Run"], batch: int) -> Iterator[tuple[i
         yield from loop.step()
 
 
-def synthesize_many(tts: "TTS", requests: list, batch: int) -> list["SynthesisResult"]:
+def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisResult]:
     """``tts.synthesize`` of every request, ``batch`` at a time; results in request order."""
     runs = start_runs(tts, requests)
     results: list = [None] * len(runs)
@@ -204,7 +204,7 @@ class _RowStream:
     """One request's audio as ``TTS.stream`` makes it: its own ``StreamingDecoder``, chunks of
     ``chunk_frames`` frames, an ICL reference decoded in front and its samples dropped."""
 
-    def __init__(self, tts: "TTS", run: "_Run", chunk_frames: int):
+    def __init__(self, tts: "TTS", run: Run, chunk_frames: int):
         self.run, self.chunk_frames = run, chunk_frames
         self.dec = tts.plan.open_streaming_decoder()  # a fresh state over the shared session
         self.pending: list[np.ndarray] = []
@@ -293,15 +293,16 @@ class BatchedRequest:
         """Every piece has ended (audio side)."""
         return len(self.results) == len(self.texts)
 
-    def next_run(self) -> "_Run | None":
+    def next_run(self) -> "Run | None":
         """The next piece's run (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
         self.index += 1
         if self.index >= len(self.texts):
             return None
-        many = len(self.texts) > 1
-        run = self.tts._start(replace(self.request, text=self.texts[self.index]) if many else self.request)
-        if many:
-            run.label = f"piece {self.index + 1}/{len(self.texts)}"
+        if len(self.texts) > 1:
+            run = self.tts._start(replace(self.request, text=self.texts[self.index]),
+                                  piece_label(self.index, len(self.texts)))
+        else:
+            run = self.tts._start(self.request)
         self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames) if self.stream else None))
         return run
 
@@ -336,11 +337,11 @@ class BatchedRequest:
                 return self._emit(samples)
         return empty
 
-    def result(self) -> "SynthesisResult":
+    def result(self) -> SynthesisResult:
         """The request's ``SynthesisResult`` once every piece has ended (audio side)."""
         if not self.done:
             raise KzttsError(f"the request has {len(self.texts) - len(self.results)} pieces left to speak")
         if len(self.texts) == 1:
             return self.results[0]
         samples = np.concatenate(self._out) if self._out else np.zeros(0, np.float32)
-        return self.tts._joined(self.results, samples, self.started, self.first_audio)
+        return joined(self.results, samples, self.tts.sample_rate, self.started, self.first_audio)

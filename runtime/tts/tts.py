@@ -1,11 +1,12 @@
-"""``kztts.TTS``: text in, audio out, from a bundle (no torch)."""
+"""``kztts.TTS``: text in, audio out, from a bundle (no torch). The front door: the bundle and its plan
+opened once, voices, a request turned into a run (prompt, settings, frame loop), and the ways to speak
+it: whole (``synthesize``), streamed (``stream``, ``kztts.tts.streaming``), a text longer than one
+context in pieces (``kztts.tts.long_text``), many requests batched (``kztts.tts.batch_loop``)."""
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -21,89 +22,21 @@ from kztts.generation.settings import GenerationSettings, reference_settings, wi
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
 from kztts.plan.resolve import resolve_plan
-from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, Encoder, StaticChunkDecoder, StreamingDecoder
+from kztts.runners.codec import SAMPLES_PER_FRAME, Encoder, StaticChunkDecoder
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.speaker import SpeakerEncoder, load_xvector
 from kztts.runners.talker import DEFAULT_CONTEXT
-from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.batch_loop import stream_many, synthesize_many
-from kztts.tts.duration import FRAMES_PER_SECOND, expected_seconds, runaway_frames
-from kztts.tts.frame_loop import FrameLoop, StageTimes
-from kztts.tts.prompt import Prompt, build_prompt, language_id, prompt_length
+from kztts.tts.duration import runaway_frames
+from kztts.tts.frame_loop import FrameLoop
+from kztts.tts.long_text import split_for_context, stream_pieces, synthesize_pieces
+from kztts.tts.prompt import Prompt, build_prompt, language_id
 from kztts.tts.request import SynthesisRequest, Voice
-from kztts.tts.text import TextTokenizer, assistant_text
-from kztts.tts.text_split import frames_per_token, split_text
+from kztts.tts.result import Run, SynthesisResult
+from kztts.tts.streaming import stream_audio
+from kztts.tts.text import TextTokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One utterance of a text (a long text is spoken in several): its text and how it ended."""
-
-    text: str
-    frames: int
-    stopped_by_eos: bool
-    limit: str | None = None  # the limit that stopped it before its end of speech (also logged)
-
-
-@dataclass
-class SynthesisResult:
-    samples: np.ndarray  # float32 mono in [-1, 1]
-    sample_rate: int
-    codes: np.ndarray  # (frames, 16) int64, the pieces' frames one after the other
-    times: StageTimes
-    total_seconds: float
-    stopped_by_eos: bool  # every piece ended at its end of speech
-    pieces: list[Piece] = field(default_factory=list)
-    fp16_saturations: int | None = None  # HTP graph calls over the guard threshold (None: not checked)
-
-    @property
-    def limits(self) -> list[str]:
-        """What stopped a piece before its end of speech (empty when nothing was cut)."""
-        return [p.limit for p in self.pieces if p.limit]
-
-    @property
-    def frames(self) -> int:
-        return int(self.codes.shape[0])
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.samples.shape[0] / self.sample_rate
-
-    @property
-    def real_time_factor(self) -> float:
-        """Processing seconds per second of audio (below 1 is faster than real time)."""
-        return self.total_seconds / self.audio_seconds if self.audio_seconds else float("inf")
-
-    def summary(self) -> dict:
-        return {"frames": self.frames, "audio_seconds": round(self.audio_seconds, 3),
-                "real_time_factor": round(self.real_time_factor, 3), "stopped_by_eos": self.stopped_by_eos,
-                "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1),
-                "pieces": len(self.pieces), "truncated": bool(self.limits), "limits": self.limits,
-                **({} if self.fp16_saturations is None else {"fp16_saturations": self.fp16_saturations})}
-
-
-@dataclass
-class _Run:
-    """One synthesis in progress: its frame loop, prompt and the voice's ICL codes."""
-
-    loop: FrameLoop
-    prompt: Prompt
-    request: SynthesisRequest
-    started: float
-    limited_by: str  # what sets loop.settings.max_frames: "max_frames", "expected duration" or "context"
-    label: str = "the text"  # "piece 2/5" for a long text's pieces
-    codes: list = field(default_factory=list)
-    audio: list = field(default_factory=list)  # decoded chunks (pipelined stream)
-
-    @property
-    def voice(self) -> Voice:
-        return self.request.voice
-
-    @property
-    def text(self) -> str:
-        return self.request.text
 
 
 class TTS:
@@ -190,7 +123,7 @@ class TTS:
         """The checkpoint's generation settings (as qwen-tts merges them), then $KZTTS_* overrides."""
         return with_environment(reference_settings(self.bundle.manifest.generation))
 
-    # ------------------------------------------------------------ generation
+    # ------------------------------------------------------------ a request becomes a run
     def prompt(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> Prompt:
         """The Talker prompt a request is spoken from (prefill embeddings and trailing text), as
         qwen-tts builds it; benchmarks and validation teacher-force from it."""
@@ -214,7 +147,8 @@ class TTS:
             s = replace(s, max_frames=int(r.max_frames))
         return s.validate()
 
-    def _start(self, r: SynthesisRequest) -> _Run:
+    def _start(self, r: SynthesisRequest, label: str = "the text") -> Run:
+        """One utterance ready to run: its prompt, its settings with the frame cap that fits, its frame loop."""
         started = time.perf_counter()
         if not isinstance(r.voice, Voice):
             raise KzttsError("a voice is required: the Base model clones one (use voice_from_xvector, "
@@ -234,13 +168,31 @@ class TTS:
             limited_by = "expected duration"
         if needed > self.talker.context:
             s = replace(s, max_frames=self.talker.context - prompt.embeds.shape[0] + 1)
-            limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: _limit
+            limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: Run.limit
             log.info("max frames lowered to %d to fit the context of %d", s.max_frames, self.talker.context)
         loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
                          int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(r.seed))
         loop.times.prompt = time.perf_counter() - started
-        return _Run(loop, prompt, r, started, limited_by)
+        return Run(loop, prompt, r, started, limited_by, label)
 
+    def pieces(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> list[str]:
+        """The utterances ``synthesize``/``stream`` speak a request's text in: ``[text]`` itself when its
+        prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
+        at sentence, clause, word, then character boundaries (``kztts.tts.text_split``) that each do.
+
+        Expected frames: ``kztts.tts.text_split.frames_per_token`` (an upper estimate for the language)
+        times the text tokens, at most the utterance's ``max_frames``; the bound is
+        ``prompt + frames - 1 <= context``."""
+        r = SynthesisRequest.make(text, voice, options)
+        if not isinstance(r.voice, Voice) or not isinstance(r.text, str) or not r.text.strip():
+            return [r.text]  # _start rejects it with its usual message
+        s = r.settings or self.default_settings()
+        max_frames = int(r.max_frames) if r.max_frames is not None else s.max_frames
+        language_tag = language_id(self.bundle.manifest.languages, r.language) is not None
+        return split_for_context(r, max_frames, tokenizer=self.tokenizer, language_tag=language_tag,
+                                 context=self.talker.context)
+
+    # ------------------------------------------------------------ decoders, opened on first use
     def _streaming_decoder(self):
         if self._streaming is None:
             self._streaming = self.plan.open_streaming_decoder()
@@ -252,130 +204,7 @@ class TTS:
             self._decoder = self.plan.open_decoder()
         return self._decoder
 
-    @one_call_at_a_time
-    def stream(self, text: str | SynthesisRequest, voice: Voice | None = None, *, chunk_frames: int = 4,
-               result: dict | None = None, pipeline: bool | None = None, **options) -> Iterator[np.ndarray]:
-        """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
-        frames are produced. ``text``, ``voice`` and ``options`` (language, seed, greedy, settings,
-        max_frames, streaming_text) make a :class:`SynthesisRequest`, or pass one instead.
-        If ``result`` is a dict it receives the SynthesisResult at the end.
-        ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
-        the next frames are generated; the samples are the same, a chunk is yielded once decoded.
-        A text longer than one context is streamed piece by piece (``pieces``)."""
-        if chunk_frames < 1:
-            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
-        request = SynthesisRequest.make(text, voice, options)
-        texts = self.pieces(request)
-        if len(texts) > 1:
-            yield from self._stream_pieces(texts, request, chunk_frames, result, pipeline)
-            return
-        yield from self._stream_run(self._start(request), chunk_frames, result, pipeline)
-
-    def _stream_run(self, run: _Run, chunk_frames: int, result: dict | None,
-                    pipeline: bool | None) -> Iterator[np.ndarray]:
-        """``stream`` of one utterance (one piece)."""
-        dec = self._streaming_decoder()
-        dec.reset()
-        if self.pipeline if pipeline is None else pipeline:
-            if isinstance(dec, StaticChunkDecoder):
-                raise KzttsError(f"the pipelined stream decodes on a CPU thread, but target {self.target.name} "
-                                 "places the decoder on the HTP; stream without --pipeline")
-            yield from self._stream_pipelined(run, dec, chunk_frames)
-            if result is not None:
-                samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
-                result["result"] = self._result(run, samples)
-            return
-        times = run.loop.times
-        skip = 0  # samples of the ICL reference, which qwen-tts decodes in front and cuts
-        if run.voice.icl:
-            t = time.perf_counter()
-            skip = run.voice.ref_codes.shape[0] * SAMPLES_PER_FRAME - dec.push(run.voice.ref_codes).shape[0]
-            times.decoder += time.perf_counter() - t
-        pending: list[np.ndarray] = []
-        chunks: list[np.ndarray] = []
-
-        def decoded(audio: np.ndarray) -> np.ndarray:
-            nonlocal skip
-            cut = min(skip, audio.shape[0])
-            skip -= cut
-            audio = audio[cut:]
-            if audio.shape[0] and times.first_audio is None:
-                times.first_audio = time.perf_counter() - run.started
-            chunks.append(audio)
-            return audio
-
-        def flush() -> np.ndarray:
-            t = time.perf_counter()
-            audio = dec.push(np.stack(pending))
-            times.decoder += time.perf_counter() - t
-            pending.clear()
-            return decoded(audio)
-
-        for frame in run.loop.frames(run.prompt):
-            run.codes.append(frame)
-            pending.append(frame)
-            if len(pending) == chunk_frames:
-                audio = flush()
-                if audio.shape[0]:
-                    yield audio
-        if pending:
-            audio = flush()
-            if audio.shape[0]:
-                yield audio
-        if isinstance(dec, StaticChunkDecoder):  # the frames of a last, partial static run
-            t = time.perf_counter()
-            audio = decoded(dec.flush())
-            times.decoder += time.perf_counter() - t
-            if audio.shape[0]:
-                yield audio
-        if result is not None:
-            samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-            result["result"] = self._result(run, samples)
-
-    def _stream_pipelined(self, run: _Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.ndarray]:
-        """``stream`` with ``dec.push`` on a background thread; decoded chunks go to ``run.audio``.
-
-        The first chunk is waited for (time to first audio); later ones are yielded when a
-        poll after a frame finds them done, and all remaining ones at the end."""
-        times = run.loop.times
-        worker = BackgroundDecoder(dec)
-        skip = 0
-        try:
-            if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes]; their samples are dropped
-                worker.submit(run.voice.ref_codes)
-                skip = 1
-
-            def finished(block: bool) -> Iterator[np.ndarray]:
-                nonlocal skip
-                while worker.pending:
-                    out = worker.wait() if block else worker.poll()
-                    if out is None:
-                        return
-                    if skip:
-                        skip -= 1
-                        continue
-                    if times.first_audio is None:
-                        times.first_audio = time.perf_counter() - run.started
-                    run.audio.append(out)
-                    yield out
-
-            pending: list[np.ndarray] = []
-            for frame in run.loop.frames(run.prompt):
-                run.codes.append(frame)
-                pending.append(frame)
-                if len(pending) == chunk_frames:
-                    worker.submit(np.stack(pending))
-                    pending = []
-                    yield from finished(block=not run.audio)  # the first chunk: as soon as possible
-                else:
-                    yield from finished(block=False)
-            if pending:
-                worker.submit(np.stack(pending))
-            yield from finished(block=True)
-        finally:
-            worker.close()
-            times.decoder += worker.busy
-
+    # ------------------------------------------------------------ speaking
     @one_call_at_a_time
     def generate_codes(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> np.ndarray:
         """The frames only ([F, 16] int64), no audio decoding (calibration, code comparisons); one
@@ -383,10 +212,10 @@ class TTS:
         choice here: calibration and comparisons ask for a fixed number of frames)."""
         run = self._start(SynthesisRequest.make(text, voice, options))
         run.codes.extend(run.loop.frames(run.prompt))
-        limit = self._limit(run)
+        limit = run.limit()
         if limit and run.limited_by == "context":
             log.warning("%s", limit)
-        return np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        return run.code_array()
 
     @one_call_at_a_time
     def synthesize(self, text: str | SynthesisRequest, voice: Voice | None = None, *,
@@ -405,10 +234,10 @@ class TTS:
         request = SynthesisRequest.make(text, voice, options)
         texts = self.pieces(request)
         if len(texts) > 1:
-            return self._synthesize_pieces(texts, request, on_frame)
+            return synthesize_pieces(self, texts, request, on_frame)
         return self._synthesize_run(self._start(request), on_frame)
 
-    def _synthesize_run(self, run: _Run, on_frame) -> SynthesisResult:
+    def _synthesize_run(self, run: Run, on_frame) -> SynthesisResult:
         """``synthesize`` of one utterance (one piece)."""
         for frame in run.loop.frames(run.prompt):
             run.codes.append(frame)
@@ -416,11 +245,11 @@ class TTS:
                 on_frame(len(run.codes))
         return self._decoded_result(run)
 
-    def _decoded_result(self, run: _Run) -> SynthesisResult:
+    def _decoded_result(self, run: Run) -> SynthesisResult:
         """The result of a run whose frames are all in ``run.codes``: the whole-utterance decode."""
         decoder = self._full_decoder()
         t = time.perf_counter()
-        codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
+        codes = run.code_array()
         if run.voice.icl:
             ref = run.voice.ref_codes
             samples = decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
@@ -429,6 +258,46 @@ class TTS:
         run.loop.times.decoder += time.perf_counter() - t
         run.loop.times.first_audio = time.perf_counter() - run.started
         return self._result(run, samples)
+
+    def _result(self, run: Run, samples: np.ndarray) -> SynthesisResult:
+        """``run``'s result; a limit that cut it short is logged (one warning per utterance)."""
+        result = run.result(samples, self.sample_rate)
+        if result.pieces[0].limit:
+            log.warning("%s", result.pieces[0].limit)
+        return result
+
+    @one_call_at_a_time
+    def stream(self, text: str | SynthesisRequest, voice: Voice | None = None, *, chunk_frames: int = 4,
+               result: dict | None = None, pipeline: bool | None = None, **options) -> Iterator[np.ndarray]:
+        """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
+        frames are produced. ``text``, ``voice`` and ``options`` (language, seed, greedy, settings,
+        max_frames, streaming_text) make a :class:`SynthesisRequest`, or pass one instead.
+        If ``result`` is a dict it receives the SynthesisResult at the end.
+        ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
+        the next frames are generated; the samples are the same, a chunk is yielded once decoded.
+        A text longer than one context is streamed piece by piece (``pieces``)."""
+        if chunk_frames < 1:
+            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        request = SynthesisRequest.make(text, voice, options)
+        texts = self.pieces(request)
+        if len(texts) > 1:
+            yield from stream_pieces(self, texts, request, chunk_frames, result, pipeline)
+            return
+        yield from self._stream_run(self._start(request), chunk_frames, result, pipeline)
+
+    def _stream_run(self, run: Run, chunk_frames: int, result: dict | None,
+                    pipeline: bool | None) -> Iterator[np.ndarray]:
+        """``stream`` of one utterance (one piece)."""
+        dec = self._streaming_decoder()
+        dec.reset()
+        pipelined = self.pipeline if pipeline is None else pipeline
+        if pipelined and isinstance(dec, StaticChunkDecoder):
+            raise KzttsError(f"the pipelined stream decodes on a CPU thread, but target {self.target.name} "
+                             "places the decoder on the HTP; stream without --pipeline")
+        yield from stream_audio(run, dec, chunk_frames, pipelined=pipelined)
+        if result is not None:
+            samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
+            result["result"] = self._result(run, samples)
 
     @one_call_at_a_time
     def synthesize_many(self, requests: list, *, batch: int = 4) -> list[SynthesisResult]:
@@ -444,129 +313,3 @@ class TTS:
         """Yield ``(request index, audio chunk)`` as each request's chunks are ready (its chunks are
         those of its ``stream`` alone); ``results`` receives each ``SynthesisResult`` by index."""
         yield from stream_many(self, requests, batch, chunk_frames, results)
-
-    def _result(self, run: _Run, samples: np.ndarray) -> SynthesisResult:
-        codes = np.array(run.codes, dtype=np.int64).reshape(-1, 16)
-        piece = Piece(run.text, codes.shape[0], run.loop.stopped_by_eos, self._limit(run))
-        if piece.limit:
-            log.warning("%s", piece.limit)
-        guard = getattr(self.talker, "guard", None)  # kztts.htp.saturation: probes of the HTP layer graphs
-        return SynthesisResult(samples.astype(np.float32, copy=False), self.sample_rate, codes, run.loop.times,
-                               time.perf_counter() - run.started, run.loop.stopped_by_eos, pieces=[piece],
-                               fp16_saturations=None if guard is None else guard.count)
-
-    # ------------------------------------------------------------ long text
-    def pieces(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> list[str]:
-        """The utterances ``synthesize``/``stream`` speak a request's text in: ``[text]`` itself when its
-        prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
-        at sentence, clause, word, then character boundaries (``kztts.tts.text_split``) that each do.
-
-        Expected frames: ``kztts.tts.text_split.frames_per_token`` (an upper estimate for the language)
-        times the text tokens, at most the utterance's ``max_frames``; the bound is
-        ``prompt + frames - 1 <= context``."""
-        r = SynthesisRequest.make(text, voice, options)
-        text, voice, language = r.text, r.voice, r.language
-        if not isinstance(voice, Voice) or not isinstance(text, str) or not text.strip():
-            return [text]  # _start rejects it with its usual message
-        s = r.settings or self.default_settings()
-        frames_cap = int(r.max_frames) if r.max_frames is not None else s.max_frames
-        language_tag = language_id(self.bundle.manifest.languages, language) is not None
-        ref_text = len(self.tokenizer.ref_body(self.tokenizer.ref_ids(voice.ref_text))) if voice.icl else 0
-        ref_frames = voice.ref_codes.shape[0] if voice.icl else 0
-        rate = frames_per_token(language, text)
-        context = self.talker.context
-
-        def needed(tokens: int) -> int:
-            positions = prompt_length(tokens, language=language_tag, speaker=True, mode="icl" if voice.icl else
-                                      "xvector", non_streaming=not r.streaming_text, ref_text_tokens=ref_text,
-                                      ref_frames=ref_frames)
-            return positions + min(math.ceil(rate * tokens), frames_cap) - 1
-
-        tokens = self._text_tokens(text)
-        if needed(tokens) <= context:
-            return [text]
-        if needed(1) > context:
-            raise ContextOverflowError(
-                f"the Talker's context of {context} positions cannot hold the prompt and the frames of even one "
-                f"text token ({needed(1)} positions); use a shorter reference recording or a larger context")
-        lo, hi = 1, tokens  # the most tokens a piece may have: needed() only grows with tokens
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if needed(mid) <= context else (lo, mid - 1)
-        texts = split_text(text, lo, self._text_tokens)
-        log.info("text of %d tokens spoken in %d pieces of at most %d tokens (%.1f frames per token expected, "
-                 "context %d)", tokens, len(texts), lo, rate, context)
-        return texts
-
-    def _text_tokens(self, text: str) -> int:
-        """Text tokens of ``text`` in its prompt (``ids[3:-5]`` of the assistant template)."""
-        return len(self.tokenizer.text_body(self.tokenizer.encode(assistant_text(text)))) if text else 0
-
-    def _limit(self, run: _Run) -> str | None:
-        """What cut the utterance before its end of speech, or None. A stop at ``max_frames`` that
-        the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked for."""
-        s = run.loop.settings
-        if run.loop.stopped_by_eos or len(run.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
-            return None
-        head = f"{run.label} ({run.text[:40]!r}{'...' if len(run.text) > 40 else ''})"
-        if run.limited_by == "context":
-            return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
-                    f"{self.talker.context} positions holds its {run.prompt.embeds.shape[0]}-position prompt and no "
-                    f"more frames; the rest of its text may be unspoken")
-        if run.limited_by == "expected duration":
-            expected = expected_seconds(run.text, run.request.language)
-            return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
-                    f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
-                    f"stop by itself; give max_frames (--max-frames) to allow more")
-        return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
-
-    def _synthesize_pieces(self, texts: list[str], request: SynthesisRequest, on_frame) -> SynthesisResult:
-        """``synthesize`` of each piece (same voice, settings and seed), the audio joined."""
-        started = time.perf_counter()
-        results: list[SynthesisResult] = []
-        for i, text in enumerate(texts):
-            run = self._start(replace(request, text=text))
-            run.label = f"piece {i + 1}/{len(texts)}"
-            done = sum(r.frames for r in results)
-            results.append(self._synthesize_run(run, None if on_frame is None else
-                                                lambda n, done=done: on_frame(done + n)))
-        samples = join_pieces([r.samples for r in results], self.sample_rate)
-        return self._joined(results, samples, started, time.perf_counter() - started)
-
-    def _stream_pieces(self, texts: list[str], request: SynthesisRequest, chunk_frames: int, result: dict | None,
-                       pipeline: bool | None) -> Iterator[np.ndarray]:
-        """``stream`` of each piece in turn (same voice, settings and seed), joined as it goes."""
-        started = time.perf_counter()
-        joiner = PieceJoiner(self.sample_rate, len(texts))
-        results: list[SynthesisResult] = []
-        chunks: list[np.ndarray] = []
-        first_audio = None
-        for i, text in enumerate(texts):
-            run = self._start(replace(request, text=text))
-            run.label = f"piece {i + 1}/{len(texts)}"
-            holder: dict = {}
-            # None after the piece's chunks: its faded end and the silence
-            for chunk in itertools.chain(self._stream_run(run, chunk_frames, holder, pipeline), [None]):
-                audio = joiner.end_piece() if chunk is None else joiner.push(chunk)
-                if audio.shape[0]:
-                    if first_audio is None:
-                        first_audio = time.perf_counter() - started
-                    chunks.append(audio)
-                    yield audio
-            results.append(holder["result"])
-        if result is not None:
-            samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-            result["result"] = self._joined(results, samples, started, first_audio)
-
-    def _joined(self, results: list[SynthesisResult], samples: np.ndarray, started: float,
-                first_audio: float | None) -> SynthesisResult:
-        """One result for a text spoken in pieces: their codes in order, their stage times summed."""
-        times = StageTimes(first_audio=first_audio)
-        for r in results:
-            for name in ("prompt", "talker", "code_predictor", "decoder"):
-                setattr(times, name, getattr(times, name) + getattr(r.times, name))
-        codes = np.concatenate([r.codes for r in results])
-        counts = [r.fp16_saturations for r in results if r.fp16_saturations is not None]
-        return SynthesisResult(samples, self.sample_rate, codes, times, time.perf_counter() - started,
-                               all(r.stopped_by_eos for r in results), pieces=[p for r in results for p in r.pieces],
-                               fp16_saturations=sum(counts) if counts else None)
