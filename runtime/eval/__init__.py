@@ -1,7 +1,8 @@
 """Measuring what was built: teacher forcing (``replay``), the acceptance bounds of ``kztts validate``
-(``acceptance``), ``kztts calibrate`` (``calibrate``), sampled-speech measures (``quality``, ``dnsmos``),
-the ASR round trip (``asr``: Whisper's transcript and WER/CER; ``asr_text`` its normalisation,
-``asr_models`` the model wheels) and the accuracy of an LM's precisions and placements (``lm_accuracy``).
+(``acceptance``), ``kztts calibrate`` (``calibrate``) with each layer's quantization loss (``sqnr``),
+sampled-speech measures (``quality``, ``dnsmos``), the ASR round trip (``asr``: Whisper's transcript
+and WER/CER; ``asr_text`` its normalisation, ``asr_models`` the model wheels) and the accuracy of an
+LM's precisions and placements (``lm_accuracy``).
 
 May import: every runtime layer below it (``core`` .. ``tts``, ``lm``); never ``kztts.export``,
 ``kztts.bench`` or ``kztts.cli``.
