@@ -46,7 +46,7 @@ from kztts.export.lm.lm_parts import (
     special_ids,
     write_token_embedding,
 )
-from kztts.export.lm.text_calibration import quantize_lm_graphs
+from kztts.export.lm.text_calibration import LmTexts
 from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
 from kztts.htp.targets import load_target, target_path
 from kztts.lm import chatml
@@ -184,18 +184,10 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             plan = None
             if placement is not None:
                 plan = resolve_placement(placement, int(cfg["num_layers"]))
-
-            def qdq(_model, work_dir, files, tgt, prec, matmuls=None, drive=None, first_layers=None):
-                # the float graphs are written: from here the LM is read from them (calibration) and only
-                # its config from torch, so its weights go (6.2 GB at 1.5B in fp32, not held beside the
-                # calibration sessions and the quantizer's ModelProto); "meta" keeps their shapes
-                lm.to("meta")
-                return quantize_lm_graphs(cfg, work_dir, files, tgt, precision=prec, matmul_precisions=matmuls,
-                                          first_layers=first_layers, drive=drive)
-
-            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
+                                            calibration=LmTexts(cfg), precision=precision,
                                             context_binary=context_binary, segments=segments, talker_only=True,
-                                            builders={p: qdq for p in G.QUANTIZED_PRECISIONS}, plan=plan))
+                                            plan=plan))
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
         if unknown:

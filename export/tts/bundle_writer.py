@@ -24,6 +24,7 @@ from kztts.export.graphs.graph_parts import graph_spec, model_config, special_id
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
 from kztts.export.graphs.talker_graph import TalkerGraph
 from kztts.export.htp.static_graphs import export_htp_graphs
+from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny import MARKER
 from kztts.htp.targets import load_target, target_path
 from kztts.plan.resolve import resolve_placement
@@ -125,8 +126,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         if target is not None:
             steps.phase(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
-                                            precision=precision, context_binary=context_binary,
-                                            segments=segments, plan=plan))
+                                            calibration=TtsPrompts(model), precision=precision,
+                                            context_binary=context_binary, segments=segments, plan=plan))
             steps.update()
         steps.phase("manifest")
         manifest = {
