@@ -171,7 +171,7 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     from kztts.core.metrics import cosine_rows
     from kztts.eval.replay import teacher_forced_talker as replay
     from kztts.export.common.checkpoint import load_reference
-    from kztts.export.graphs.graph_parts import graph_spec
+    from kztts.export.common.graph_parts import graph_spec
     from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
     from kztts.export.tts.prompt_calibration import TtsPrompts
     from kztts.export.validate.htp import htp_talker_run

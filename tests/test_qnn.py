@@ -266,7 +266,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     from kztts.bundle.bundle import Bundle
     from kztts.bundle.manifest import read_manifest, write_manifest
     from kztts.eval.replay import teacher_forced_talker as replay
-    from kztts.export.graphs.graph_parts import graph_spec
+    from kztts.export.common.graph_parts import graph_spec
     from kztts.export.htp.qdq import quantize_graphs
     from kztts.export.tts.prompt_calibration import TtsPrompts
     from kztts.export.validate.htp import htp_talker_run

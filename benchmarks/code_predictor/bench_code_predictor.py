@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from kztts.core.cache import cache_dir
     from kztts.export.common.checkpoint import load_reference
     from kztts.export.common.reference import reference_run, teacher_forced_talker
-    from kztts.export.graphs.graph_parts import model_config
+    from kztts.export.tts.tts_parts import model_config
     from kztts.generation.sampling import SamplingParams, XorShift32
     from kztts.runners.code_predictor import CodePredictor
 

@@ -1,7 +1,8 @@
 """What every exporter shares: importing the official qwen-tts package (``qwen_import``), reading a
 Qwen3-TTS checkpoint (``checkpoint``) and running it as the reference (``reference``), torch -> ONNX
-(``onnx_export``), the Qwen3 decoder stack with explicit KV I/O (``qwen3_stack``), and writing a
-bundle's embedding tables (``embeddings``) and tokenizer (``tokenizer``).
+(``onnx_export``), the Qwen3 decoder stack with explicit KV I/O (``qwen3_stack``), what a written graph file
+carries (``graph_parts``), and writing a bundle's embedding tables (``embeddings``) and tokenizer
+(``tokenizer``).
 
 May import: the kztts runtime below ``kztts.bench``, and ``kztts.export.common``.
 """

@@ -55,7 +55,7 @@ from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
 from kztts.export.graphs.code_predictor_graph import export_cp_frame
 from kztts.export.graphs.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, _example_codes
-from kztts.export.graphs.graph_parts import graph_spec, stamp_graph
+from kztts.export.common.graph_parts import graph_spec, stamp_graph
 from kztts.export.graphs.segment_graphs import export_talker_segments
 from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape

@@ -34,7 +34,7 @@ from kztts.core.build_cache import build_once, code_key, exclusive_output, stage
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
-from kztts.export.graphs.talker_graph import talker_shape
+from kztts.export.graphs.talker_graph import export_talker, talker_shape
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
 from kztts.export.lm.hybrid import export_hybrid_bundle, is_hybrid_source
@@ -47,7 +47,7 @@ from kztts.export.lm.lm_parts import (
     write_token_embedding,
 )
 from kztts.export.lm.text_calibration import LmTexts
-from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
+from kztts.export.tts.bundle_writer import check_output, exporter_code_key
 from kztts.htp.targets import load_target, target_path
 from kztts.lm import chatml
 from kztts.plan.resolve import resolve_placement

@@ -8,24 +8,23 @@ import shutil
 from pathlib import Path
 
 from kztts.bundle import manifest
-from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, GraphSpec, write_manifest
+from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, write_manifest
 from kztts.core import progress
 from kztts.core.build_cache import build_once, code_key, exclusive_output, staged_dir
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.common.embeddings import export_embeddings
-from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.tokenizer import export_tokenizer
 from kztts.export.graphs.code_predictor_graph import export_code_predictor
 from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
 from kztts.export.graphs.gqa_graphs import export_gqa_graphs
-from kztts.export.graphs.graph_parts import graph_spec, model_config, special_ids
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
-from kztts.export.graphs.talker_graph import TalkerGraph
+from kztts.export.graphs.talker_graph import export_talker
 from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny import MARKER
+from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import load_target, target_path
 from kztts.plan.resolve import resolve_placement
 
@@ -60,17 +59,6 @@ def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") 
     if copied:
         log.warning("%s: %d file(s) of %s copied: neither a hard link nor a symbolic link could be made",
                     dst, copied, src)
-
-
-def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
-    graph = TalkerGraph(model.talker).eval()
-    ins, outs = graph.io_names()
-    dyn = {"inputs_embeds": {1: "seq"}, "rope_cos": {1: "seq"}, "rope_sin": {1: "seq"}}
-    dyn.update({n: {2: "past"} for n in ins[3:]})
-    dyn.update({n: {2: "seq"} for n in outs[2:]})
-    rel = "graphs/talker.onnx"
-    export_onnx(graph, graph.example_inputs(), bundle_dir / rel, ins, outs, dyn)
-    return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)
 
 
 def check_output(out_dir: Path, overwrite: bool) -> None:

@@ -23,8 +23,8 @@ import torch
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.eval.replay import decode_input, greedy_cb0
 from kztts.export.common.reference import synthetic_voice
-from kztts.export.graphs.graph_parts import model_config, special_ids
 from kztts.export.htp.calibration import CP_FRAME, recording_talker
+from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import Target
 from kztts.tts.prompt import build_prompt, language_id
 from kztts.tts.text import TextTokenizer

@@ -36,7 +36,7 @@ from kztts.bundle.graphs import DYNAMIC_KV, FUSED_KV
 from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 from kztts.export.tts.bundle_writer import check_output, export_bundle, link_tree
 
 log = logging.getLogger(__name__)
