@@ -182,6 +182,14 @@ def _talker_at_precision(model, work_dir: Path, float_files: dict[str, str], tar
                            matmul_precisions=matmul_precisions)
 
 
+def check_target_options(target, *, segments: bool, placement) -> None:
+    """``--segments`` and ``--placement`` shape a target's static graphs: refused without ``--target``."""
+    if segments and target is None:
+        raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
+    if placement is not None and target is None:
+        raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
+
+
 def _check_options(target, precision: str, context_binary: bool, calibration: CalibrationSource | None,
                    plan: LayerPlacement | None) -> str:
     """The options checked before the long work: the precision is one QDQ graphs can hold, a QDQ graph has its

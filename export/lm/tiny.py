@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import kztts.export.tts.tiny as tiny
 from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
-from kztts.export.tts.tiny import build_text_tokenizer
+from kztts.export.common import offline_tokenizer
+from kztts.export.common.offline_tokenizer import build_text_tokenizer
 
 KINDS = ("qwen2", "qwen3")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -56,7 +56,7 @@ _CORPUS = (
 def build_tokenizer():
     """A byte-level BPE ``tokenizers.Tokenizer`` of ``VOCAB`` ids with the ChatML specials, trained on
     ``_CORPUS``, with the released Qwen tokenizer's normalizer, pre-tokenizer, decoder and
-    post-processor (taken from ``kztts.export.tts.tiny.build_text_tokenizer``)."""
+    post-processor (taken from ``kztts.export.common.offline_tokenizer.build_text_tokenizer``)."""
     from tokenizers import AddedToken, Tokenizer, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -128,7 +128,7 @@ def save_tiny_lm(model, tok, out: Path, bos: int, eos: int, facts: dict) -> Path
 
 def cached_tiny_lm(kind: str = "qwen3", seed: int = 7) -> Path:
     """``cache_dir()/models/tiny-lm-{kind}-s{seed}-{code key}``, built once."""
-    name = f"tiny-lm-{kind}-s{seed}-{code_key(Path(__file__), tiny, length=10)}"
+    name = f"tiny-lm-{kind}-s{seed}-{code_key(Path(__file__), offline_tokenizer, length=10)}"
     return build_once(cache_dir() / "models" / name, marker="kztts_tiny_lm.json",
                       build=lambda work: make_tiny_lm(work, kind, seed))
 

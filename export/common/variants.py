@@ -39,7 +39,7 @@ from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.graph_parts import graph_spec
-from kztts.export.tts.bundle_writer import check_output, link_tree
+from kztts.export.common.bundle_output import check_output, link_tree
 
 log = logging.getLogger(__name__)
 
