@@ -578,7 +578,8 @@ def test_tts_refuses_an_lm_bundle(lm_bundle):
 
 def _gguf_and_dir_bundles():
     from kztts.export.lm.bundle_writer import cached_lm_bundle
-    from kztts.export.lm.tiny import cached_tiny_gguf, cached_tiny_lm
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.export.lm.tiny_gguf import cached_tiny_gguf
 
     return cached_tiny_gguf(), cached_lm_bundle(cached_tiny_lm("qwen2"))
 

@@ -202,7 +202,7 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     import kztts.export.common.onnx_export as onnx_export
     from kztts.cli.main import main
     from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
-    from kztts.export.lm.tiny import cached_tiny_gguf
+    from kztts.export.lm.tiny_gguf import cached_tiny_gguf
     from kztts.htp.targets import load_target
     from kztts.lm.lm import LM
     from kztts.runners.talker_static import StaticTalker

@@ -21,7 +21,7 @@ from kztts.export.graphs.speaker_graph import export_speaker_encoder
 from kztts.export.graphs.talker_graph import export_talker
 from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
 from kztts.export.tts.prompt_calibration import TtsPrompts
-from kztts.export.tts.tiny import MARKER
+from kztts.export.tts.tiny_build import MARKER
 from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import load_target, target_path
 from kztts.plan.resolve import resolve_placement
