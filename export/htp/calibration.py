@@ -19,6 +19,7 @@ import numpy as np
 from kztts.bundle.segments import segment_graph_name
 from kztts.htp.placement import builtin
 from kztts.htp.targets import Target
+from kztts.runners.protocol import TalkerRunner
 from kztts.runners.talker import Talker
 from kztts.runners.talker_prefill_only import PrefillOnlyTalker
 from kztts.runners.talker_segmented import SegmentedTalker
@@ -74,7 +75,8 @@ def _cpu_session(path: Path):
                                 providers=["CPUExecutionProvider"])
 
 
-def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, target: Target):
+def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict,
+                     target: Target) -> tuple[TalkerRunner, list[dict]]:
     """A Talker runner over the float graphs in ``work_dir`` on the CPU EP (``config``: the manifest's Talker
     config; ``target``: its mask value and Talker graphs), and the list it appends ``graph``'s feeds to (copied)
     on every call: the calibration data of a QDQ quantization. The caller drains the list. ``float_files``: the

@@ -98,7 +98,7 @@ class TtsPrompts:
     ``frames`` greedy frames each (module docstring)."""
 
     model: Any
-    prompts: tuple = CALIBRATION_PROMPTS
+    prompts: tuple[tuple[str, str, bool], ...] = CALIBRATION_PROMPTS  # (text, language, non_streaming)
     frames: int = CALIBRATION_FRAMES
     what: ClassVar[str] = "the calibration prompts"
     reads_torch_model: ClassVar[bool] = True  # the speaker encoder and the Code Predictor's frames
