@@ -87,7 +87,7 @@ def test_staged_dir_in_use_is_one_line(tmp_path, monkeypatch):
 def test_link_tree_copies_when_no_link_can_be_made(tmp_path, monkeypatch, across_fs, caplog):
     """Windows without the symlink privilege, on a file system without hard links: copies."""
     pytest.importorskip("torch")
-    from kztts.export.tts.bundle_writer import link_tree
+    from kztts.export.common.bundle_output import link_tree
 
     src, dst = tmp_path / "base", tmp_path / "new"
     (src / "graphs").mkdir(parents=True)

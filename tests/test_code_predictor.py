@@ -34,7 +34,7 @@ def exported(reference, variant, tmp_path_factory):
     from kztts.export.common.embeddings import export_embeddings
     from kztts.export.graphs.code_predictor_graph import export_code_predictor
     from kztts.export.graphs.gqa_graphs import export_cp_frame_gqa
-    from kztts.export.graphs.graph_parts import model_config, special_ids
+    from kztts.export.tts.tts_parts import model_config, special_ids
 
     model = reference.model
     out = tmp_path_factory.mktemp(f"cp_{variant}")

@@ -94,7 +94,7 @@ def test_fused_graphs_compute_the_same(pairs):
 
 
 def test_fused_quantized_graphs_give_the_same_codes(pairs, tmp_path):
-    from kztts.export.tts.variants import quantize_matmuls
+    from kztts.export.common.variants import quantize_matmuls
 
     paths = []
     for i, src in enumerate(pairs["cp_frame"]):

@@ -38,7 +38,7 @@ def greedy_codes(bundle_dir) -> np.ndarray:
 
 def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir):
     from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     out = tmp_path / "b"
     run = kztts("export", model_dir, "-o", out, "--weights", "int8")

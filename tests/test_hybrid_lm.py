@@ -287,7 +287,7 @@ def test_without_static_graphs_the_plan_falls_back_or_refuses(hybrid_dir, small_
     from kztts.bundle.manifest import read_manifest
     from kztts.core.errors import BundleError
     from kztts.export.lm.hybrid import cached_hybrid_bundle
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
     from kztts.lm.lm import LM
 
     cpu_only = cached_hybrid_bundle(hybrid_dir)

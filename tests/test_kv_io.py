@@ -136,7 +136,7 @@ def test_kv_dtype_target_key_is_validated(small_target, tmp_path):
     # an export's --precision must fit the target's KV type: refused before any work
     with pytest.raises(KzttsError, match=r"kv_dtype: .*'uint8'.*fp16 graphs.*--precision fp16"):
         export_htp_graphs(None, tmp_path, export_id="x", target=target(precision="w8a16", kv_dtype="uint8"),
-                          precision="fp16")
+                          calibration=None, precision="fp16")
 
 
 def test_fp16_kv_on_the_simulator_matches_fp32_kv(htp_bundle, fp32_kv_bundle, small_target, sequences):
@@ -172,9 +172,9 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     from kztts.core.metrics import cosine_rows
     from kztts.eval.replay import teacher_forced_talker as replay
     from kztts.export.common.checkpoint import load_reference
-    from kztts.export.graphs.graph_parts import graph_spec
+    from kztts.export.common.graph_parts import graph_spec
     from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
-    from kztts.export.htp.qdq import CALIBRATION_PROMPTS
+    from kztts.export.tts.prompt_calibration import TtsPrompts
     from kztts.export.validate.htp import htp_talker_run
     from kztts.htp.targets import load_target
     from kztts.runners.talker import Talker
@@ -184,8 +184,8 @@ def test_uint8_kv_w8a16_on_the_simulator(htp_bundle, fp32_kv_bundle, small_targe
     m = read_manifest(bundle)
     floats = {n: m.graphs[n].file for n in ("talker_prefill", "talker_decode")}
     model = load_reference(read_manifest(htp_bundle).data["source"]["path"]).model
-    files = quantize_uint8_kv(model, bundle, floats, load_target(small_target), prompts=CALIBRATION_PROMPTS,
-                              frames=12, precision="w8a16")
+    files = quantize_uint8_kv(bundle, floats, load_target(small_target), TtsPrompts(model, frames=12),
+                              precision="w8a16")
     data = dict(m.data)
     for name, rel in files.items():
         spec = graph_spec(bundle, name, rel, "static", "w8a16", m.graphs[name].extra["export_id"])

@@ -578,7 +578,8 @@ def test_tts_refuses_an_lm_bundle(lm_bundle):
 
 def _gguf_and_dir_bundles():
     from kztts.export.lm.bundle_writer import cached_lm_bundle
-    from kztts.export.lm.tiny import cached_tiny_gguf, cached_tiny_lm
+    from kztts.export.lm.tiny import cached_tiny_lm
+    from kztts.export.lm.tiny_gguf import cached_tiny_gguf
 
     return cached_tiny_gguf(), cached_lm_bundle(cached_tiny_lm("qwen2"))
 
@@ -643,11 +644,11 @@ def test_export_only_the_fused_cpu_graph(tmp_path, tiny_dir, capsys):
 
 @pytest.mark.parametrize("weights, kv", [("int8", "fp16"), ("int4", "fp32")])
 def test_precision_variants_of_an_lm_bundle(small_target, weights, kv):
-    """``--weights`` / ``--kv`` variants (kztts.export.tts.variants) of an LM bundle run and stay near fp32
+    """``--weights`` / ``--kv`` variants (kztts.export.common.variants) of an LM bundle run and stay near fp32
     (measured on the tiny Qwen3, last-position logits: int8 + kv fp16 0.9994, int4 0.926; random weights)."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     from kztts.export.lm.tiny import cached_tiny_lm
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
     from kztts.lm.lm import LM
 
     lm_bundle = cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), segments=True)

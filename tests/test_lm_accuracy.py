@@ -53,7 +53,7 @@ def test_rows_cpu_variant(qwen3_bundle, tmp_path):
     """The reference row agrees with itself exactly; int4 (random weights) drifts and the rows say so.
     The fp32 row saved to a file is reused by a second run (same rows), not by a run with other settings."""
     from kztts.core.cache import portable_path
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     specs = [RowSpec("cpu fp32", qwen3_bundle),
              RowSpec("cpu int4", cached_variant(qwen3_bundle, weights="int4"), weights="int4")]

@@ -1,9 +1,11 @@
-"""kztts.export.tts.tiny: random-weight Qwen3-TTS checkpoints that the official qwen-tts loads and runs."""
+"""kztts.export.tts.tiny, tiny_build and their parts: random-weight Qwen3-TTS checkpoints that the official qwen-tts
+loads and runs."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     pytest.skip(f"qwen-tts unavailable: {exc}", allow_module_level=True)
 
-from kztts.export.tts import tiny  # noqa: E402
+from kztts.export.tts import tiny, tiny_build, tiny_configs, tiny_eos  # noqa: E402
 
 TEXT = "Hello world, this is a tiny test."
 GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=24)
@@ -67,7 +69,7 @@ def generate(tts, *, text=TEXT, non_streaming_mode=False, **overrides):
     model.generate = spy
     try:
         wavs, sr = tts.generate_voice_clone(
-            text=text, language="English", ref_audio=(tiny.reference_wav(), 24000),
+            text=text, language="English", ref_audio=(tiny_eos.reference_wav(), 24000),
             x_vector_only_mode=True, non_streaming_mode=non_streaming_mode, **{**GREEDY, **overrides})
     finally:
         del model.generate
@@ -80,7 +82,7 @@ def generate(tts, *, text=TEXT, non_streaming_mode=False, **overrides):
 @pytest.mark.parametrize("variant", ["proj", "equal"])
 def test_tiny_variants_load_with_released_ids(qwen, variant):
     path = tiny.cached_tiny(variant)
-    assert path.name.startswith(f"tiny-{variant}-s1234-") and path.name.endswith(tiny.source_fingerprint())
+    assert path.name.startswith(f"tiny-{variant}-s1234-") and path.name.endswith(tiny_build.source_fingerprint())
     for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "vocab.json",
               "merges.txt", "tokenizer_config.json", "speech_tokenizer/config.json",
               "speech_tokenizer/model.safetensors", "speech_tokenizer/preprocessor_config.json"]:
@@ -96,7 +98,7 @@ def test_tiny_variants_load_with_released_ids(qwen, variant):
     assert cfg.assistant_token_id == 77091
     assert (tc.codec_pad_id, tc.codec_bos_id, tc.codec_eos_token_id, tc.codec_think_id, tc.codec_nothink_id,
             tc.codec_think_bos_id, tc.codec_think_eos_id) == (2148, 2149, 2150, 2154, 2155, 2156, 2157)
-    assert tc.codec_language_id == tiny.LANGUAGE_IDS
+    assert tc.codec_language_id == tiny_configs.LANGUAGE_IDS
     assert tc.codec_language_id["english"] == 2050 and tc.codec_language_id["beijing_dialect"] == 2074
     assert (tc.vocab_size, tc.text_vocab_size, tc.num_code_groups) == (3072, 151936, 16)
     assert (tc.hidden_size, tc.head_dim, tc.rope_scaling["mrope_section"], tc.rope_theta) == (64, 16, [4, 2, 2], 1e6)
@@ -110,7 +112,7 @@ def test_tiny_variants_load_with_released_ids(qwen, variant):
         assert isinstance(proj, torch.nn.Identity)
         assert tc.code_predictor_config.hidden_size == 64
 
-    assert m.generate_config == tiny.GENERATION_CONFIG
+    assert m.generate_config == tiny_configs.GENERATION_CONFIG
     assert m.generate_config["max_new_tokens"] == 8192 and m.generate_config["do_sample"] is True
 
     w = m.talker.model.text_embedding.weight
@@ -129,13 +131,37 @@ def test_tiny_variants_load_with_released_ids(qwen, variant):
 
 def test_marker_and_cache_reuse():
     path = tiny.cached_tiny("proj")
-    marker = json.loads((path / tiny.MARKER).read_text())
+    marker = json.loads((path / tiny_build.MARKER).read_text())
     assert (marker["size"], marker["variant"], marker["seed"], marker["eos_bias"]) == ("tiny", "proj", 1234, None)
-    assert marker["fingerprint"] == tiny.source_fingerprint()
+    assert marker["fingerprint"] == tiny_build.source_fingerprint()
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     assert tiny.cached_tiny("proj") == path
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt
     assert path.parent == tiny.cache_dir() / "models"
+
+
+def test_the_fingerprint_covers_every_module_the_build_reads():
+    """``source_fingerprint`` keys the files of every kztts module the build imports, directly or through the
+    modules it builds with, so an edit to any of them rebuilds the cached models (and nothing else does)."""
+    import ast
+    import importlib
+
+    def kztts_imports(module) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                and n.module.startswith("kztts.export.")} | \
+               {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                in ("kztts.export.common", "kztts.export.tts") for a in n.names}
+
+    seen, todo = set(), [tiny_build.__name__]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in ("kztts.export.common", "kztts.export.tts"):
+            continue
+        seen.add(name)
+        todo += sorted(kztts_imports(importlib.import_module(name)))
+    files = {Path(importlib.import_module(m).__file__).resolve() for m in seen}
+    assert files == {f.resolve() for f in tiny_build.source_files()}
 
 
 def test_bundle_manifest_marks_random_weights(tmp_path):
@@ -154,16 +180,16 @@ def test_bundle_manifest_marks_random_weights(tmp_path):
 # ---------------------------------------------------------------- determinism
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     ref = tiny.cached_tiny("proj")
-    again = tiny.make_tiny(tmp_path / "again", size="tiny", variant="proj", seed=1234)
+    again = tiny_build.make_tiny(tmp_path / "again", size="tiny", variant="proj", seed=1234)
     assert again == (tmp_path / "again").absolute()
     for f in ["model.safetensors", "speech_tokenizer/model.safetensors", "config.json", "tokenizer.json"]:
         assert (again / f).read_bytes() == (ref / f).read_bytes(), f
-    other = tiny.make_tiny(tmp_path / "other", variant="proj", seed=1235)
+    other = tiny_build.make_tiny(tmp_path / "other", variant="proj", seed=1235)
     assert (other / "model.safetensors").read_bytes() != (ref / "model.safetensors").read_bytes()
     assert (other / "speech_tokenizer/model.safetensors").read_bytes() != \
         (ref / "speech_tokenizer/model.safetensors").read_bytes()
     # rebuilding over a previous make_tiny output replaces it atomically, no leftovers
-    tiny.make_tiny(tmp_path / "other", variant="proj", seed=1234)
+    tiny_build.make_tiny(tmp_path / "other", variant="proj", seed=1234)
     assert (tmp_path / "other" / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "other"]
 
@@ -229,7 +255,7 @@ def test_eos_bias_model_stops_by_eos(qwen):
     path = tiny.cached_tiny("proj", eos_bias=True)
     assert path.name.startswith("tiny-proj-s1234-eos80-")
     assert tiny.cached_tiny("proj", eos_bias=80) == path
-    marker = json.loads((path / tiny.MARKER).read_text())
+    marker = json.loads((path / tiny_build.MARKER).read_text())
     assert 2 <= marker["eos"]["calibration_first_eos_frame"] <= 20
     tts = load(qwen, path)
     codes, wav, logits = generate(tts)
@@ -254,13 +280,13 @@ def test_unwritable_out_dir_raises_kzttserror(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     with pytest.raises(KzttsError, match="a_file"):
-        tiny.make_tiny(blocker / "model")
+        tiny_build.make_tiny(blocker / "model")
     with pytest.raises(KzttsError, match="a_file"):
-        tiny.make_tiny(blocker)
+        tiny_build.make_tiny(blocker)
     # a folder that cannot be created: the name is too long for the file system (root too)
     long = tmp_path / ("x" * 300)
     with pytest.raises(KzttsError, match=r"cannot write the model to .*xxx/model: .*(too long|Invalid)"):
-        tiny.make_tiny(long / "model")
+        tiny_build.make_tiny(long / "model")
     assert list(tmp_path.iterdir()) == [blocker]
 
 
@@ -276,7 +302,7 @@ def test_read_only_location_raises_kzttserror_and_leaves_nothing(tmp_path, monke
 
     monkeypatch.setattr(build_cache.tempfile, "mkdtemp", refuse)
     with pytest.raises(KzttsError, match=r"cannot write the model to .*/ro/model: Read-only file system$"):
-        tiny.make_tiny(tmp_path / "ro" / "model")
+        tiny_build.make_tiny(tmp_path / "ro" / "model")
     monkeypatch.undo()
     assert [p.name for p in tmp_path.rglob("*")] == ["ro"]  # the parent is made first; nothing inside it
     if os.geteuid() != 0:  # the real thing where permission bits apply (root ignores them)
@@ -284,7 +310,7 @@ def test_read_only_location_raises_kzttserror_and_leaves_nothing(tmp_path, monke
         ro.chmod(0o500)
         try:
             with pytest.raises(KzttsError, match="ro/model: Permission denied"):
-                tiny.make_tiny(ro / "model")
+                tiny_build.make_tiny(ro / "model")
         finally:
             ro.chmod(0o700)
 
@@ -294,24 +320,24 @@ def test_refuses_to_replace_foreign_directory(tmp_path):
     d.mkdir()
     (d / "precious.txt").write_text("keep")
     with pytest.raises(KzttsError, match="mine"):
-        tiny.make_tiny(d)
+        tiny_build.make_tiny(d)
     assert (d / "precious.txt").read_text() == "keep"
 
 
 def test_bad_arguments_and_variant_resolution():
     with pytest.raises(ValueError, match="unknown model size"):
-        tiny.make_tiny("/nonexistent/x", size="3b")
+        tiny_build.make_tiny("/nonexistent/x", size="3b")
     with pytest.raises(KzttsError, match="unknown variant"):
-        tiny.make_tiny("/nonexistent/x", variant="wide")
-    with pytest.raises(tiny.TinyConfigError, match="eos_bias"):
-        tiny.make_tiny("/nonexistent/x", eos_bias="lots")
+        tiny_build.make_tiny("/nonexistent/x", variant="wide")
+    with pytest.raises(tiny_configs.TinyConfigError, match="eos_bias"):
+        tiny_build.make_tiny("/nonexistent/x", eos_bias="lots")
     # full sizes use the released layout whatever the (CLI default) variant says
-    assert tiny.resolve_variant("0.6b", "proj") == tiny.resolve_variant("0.6b", None) == "equal"
-    assert tiny.resolve_variant("1.7b", "equal") == tiny.resolve_variant("1.7b", None) == "proj"
-    assert tiny.resolve_variant("tiny", None) == "proj"
-    assert tiny.resolve_eos_bias(True) == tiny.EOS_BIAS_DEFAULT
-    assert tiny.resolve_eos_bias(False) is None and tiny.resolve_eos_bias(None) is None
-    assert tiny.resolve_eos_bias(60) == 60.0
+    assert tiny_configs.resolve_variant("0.6b", "proj") == tiny_configs.resolve_variant("0.6b", None) == "equal"
+    assert tiny_configs.resolve_variant("1.7b", "equal") == tiny_configs.resolve_variant("1.7b", None) == "proj"
+    assert tiny_configs.resolve_variant("tiny", None) == "proj"
+    assert tiny_eos.resolve_eos_bias(True) == tiny_eos.EOS_BIAS_DEFAULT
+    assert tiny_eos.resolve_eos_bias(False) is None and tiny_eos.resolve_eos_bias(None) is None
+    assert tiny_eos.resolve_eos_bias(60) == 60.0
 
 
 # ---------------------------------------------------------------- full sizes (slow)
@@ -328,7 +354,7 @@ def big_tmp(tmp_path):
 
 @pytest.mark.slow
 def test_full_0_6b_has_released_shapes(qwen, big_tmp):
-    path = tiny.make_tiny(big_tmp / "m06", size="0.6b", variant="proj", seed=1)  # variant ignored
+    path = tiny_build.make_tiny(big_tmp / "m06", size="0.6b", variant="proj", seed=1)  # variant ignored
     cj = json.loads((path / "config.json").read_text())
     assert cj["tts_model_size"] == "0b6"
     tts = qwen.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
@@ -367,7 +393,7 @@ def test_full_0_6b_has_released_shapes(qwen, big_tmp):
 def test_full_1_7b_has_released_shapes(big_tmp):
     from safetensors import safe_open
 
-    path = tiny.make_tiny(big_tmp / "m17", size="1.7b", seed=1)
+    path = tiny_build.make_tiny(big_tmp / "m17", size="1.7b", seed=1)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     assert shapes["talker.model.text_embedding.weight"] == (151936, 2048)

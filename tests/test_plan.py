@@ -199,16 +199,17 @@ def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, ht
             assert set(G.GRAPHS[name].inputs) <= ins and set(G.GRAPHS[name].outputs) <= outs, name
 
 
-def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch, tmp_path, small_target):
+def test_a_new_htp_precision_is_one_registry_entry_plus_its_weight_writer(monkeypatch, tmp_path, small_target):
     """What adding a precision touches: its registry entry makes every CLI choice, the target schema, the bench
-    axis and the cost on paper accept it; the export refuses it until its builder exists. Every precision
-    of the registry has a builder (w4a16 was added so)."""
+    axis and the cost on paper accept it; the export refuses it until the QDQ graphs can hold its weights. The QDQ
+    graphs hold every quantized precision of the registry (w4a16 was added so)."""
     from kztts.bench.grid import parse_htp_precisions
     from kztts.cli.main import build_parser
     from kztts.export.htp import static_graphs as htp_export
+    from kztts.export.htp.qdq import QDQ_WEIGHT_BITS
     from kztts.htp.targets import load_target
 
-    assert set(htp_export.TALKER_PRECISION_BUILDERS) == set(G.HTP_PRECISIONS)
+    assert {G.htp_precision(p).weight_bits for p in G.QUANTIZED_PRECISIONS} <= set(QDQ_WEIGHT_BITS)
     w2 = G.HtpPrecision("w2a16", "2-bit weights", ("fp32",), 2, True, 1.0, "htp-w4a16", "lm-w4a16", "tab:gray")
     monkeypatch.setitem(G.HTP_PRECISION_ENTRIES, "w2a16", w2)
     monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w2a16"))
@@ -220,8 +221,9 @@ def test_a_new_htp_precision_is_one_registry_entry_plus_its_builder(monkeypatch,
     data["precision"] = "w2a16"
     (tmp_path / "t.json").write_text(json.dumps(data))
     assert load_target(tmp_path / "t.json").precision == "w2a16"
-    with pytest.raises(KzttsError, match="no builder for it"):
-        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, precision="w2a16")
+    with pytest.raises(KzttsError, match="writes no 2-bit weights"):
+        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, calibration=None,
+                                     precision="w2a16")
     # bytes on the device: 2 bits per weight + one fp32 scale per column
     assert w2.matmul_weight_bytes(64, 8) == 64 * 8 / 4 + 8 * 4
     assert G.least_precise(["fp16", "w2a16", "w8a16"]) == "w2a16"

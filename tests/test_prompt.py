@@ -50,7 +50,7 @@ def exported(ref_model, tiny_model_dir, tmp_path_factory):
     """Embedding tables + tokenizer.json exported into a temp bundle dir."""
     from kztts.export.common.embeddings import export_embeddings
     from kztts.export.common.tokenizer import export_tokenizer
-    from kztts.export.graphs.graph_parts import special_ids
+    from kztts.export.tts.tts_parts import special_ids
 
     out = tmp_path_factory.mktemp("bundle")
     spec = export_embeddings(ref_model.model, out)

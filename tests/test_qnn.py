@@ -271,8 +271,9 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     from kztts.bundle.bundle import Bundle
     from kztts.bundle.manifest import read_manifest, write_manifest
     from kztts.eval.replay import teacher_forced_talker as replay
-    from kztts.export.graphs.graph_parts import graph_spec
-    from kztts.export.htp.qdq import CALIBRATION_PROMPTS, quantize_talker_graphs
+    from kztts.export.common.graph_parts import graph_spec
+    from kztts.export.htp.qdq import quantize_graphs
+    from kztts.export.tts.prompt_calibration import TtsPrompts
     from kztts.export.validate.htp import htp_talker_run
     from kztts.htp.targets import load_target
     from kztts.runners.talker import Talker
@@ -282,8 +283,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     m = read_manifest(bundle)
     floats = {n: m.graphs[n].file for n in ("talker_prefill", "talker_decode")}
     model = reference_tts.model
-    q = quantize_talker_graphs(model, bundle, floats, load_target(small_target), prompts=CALIBRATION_PROMPTS,
-                               frames=12, precision="w8a16")
+    q = quantize_graphs(bundle, floats, TtsPrompts(model, frames=12), load_target(small_target), precision="w8a16")
     data = dict(m.data)
     for name, rel in q.items():
         spec = graph_spec(bundle, name, rel, "static", "w8a16", m.graphs[name].extra["export_id"])

@@ -23,7 +23,7 @@ def base_bundle():
 
 
 def variant(base, **kw):
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     return cached_variant(base, **kw)
 
@@ -81,7 +81,7 @@ def test_block_size_reaches_every_matmulnbits(base_bundle, tmp_path):
     settings, and the manifest says so; the bundles' own variants keep 128 and level 4."""
     import onnx
 
-    from kztts.export.tts.variants import ACCURACY_LEVEL, BLOCK_SIZE, make_variant
+    from kztts.export.common.variants import ACCURACY_LEVEL, BLOCK_SIZE, make_variant
 
     out = make_variant(base_bundle, tmp_path / "b64", weights="int4", block_size=64, accuracy_level=1)
     b = Bundle.open(out, load_graphs=False)

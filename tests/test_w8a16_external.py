@@ -8,6 +8,7 @@ results must equal the inline path's exactly (same code after the weights' locat
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -135,7 +136,9 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     feeds = {name: _feeds(_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
     out = {}
     for work in (inline, external):
-        out[work] = quantize_graphs(work, files, lambda name: iter(feeds[name]), precision="w8a16")
+        given = SimpleNamespace(what="the test feeds",  # a calibration source of given feeds
+                                feeds=lambda work_dir, drive, graph, target: iter(feeds[graph]))
+        out[work] = quantize_graphs(work, files, given, None, precision="w8a16")
     assert out[inline] == out[external]
     assert sorted(p.name for p in (external / "graphs").iterdir()) == sorted(
         n for rel in out[external].values() for n in (Path(rel).name, Path(rel).name + ".data"))
@@ -199,7 +202,7 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     import kztts.export.common.onnx_export as onnx_export
     from kztts.cli.main import main
     from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
-    from kztts.export.lm.tiny import cached_tiny_gguf
+    from kztts.export.lm.tiny_gguf import cached_tiny_gguf
     from kztts.htp.targets import load_target
     from kztts.lm.lm import LM
     from kztts.runners.talker_static import StaticTalker

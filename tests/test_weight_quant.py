@@ -2,6 +2,8 @@
 (``kztts.htp.weights``), and the registry's bytes per weight the cost on paper counts (``kztts.bundle.graphs``)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -115,7 +117,9 @@ def test_qdq_graph_holds_exactly_the_numpy_int4_weights(tmp_path, k):
                           [numpy_helper.from_array(w, "w")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "g.onnx"))
     xs = [rng.standard_normal((8, k)).astype(np.float32) for _ in range(4)]
-    out = quantize_graphs(tmp_path, {"g": "g.onnx"}, lambda name: iter({"x": x} for x in xs), precision="w4a16")
+    given = SimpleNamespace(what="the test feeds",  # a calibration source of given feeds
+                            feeds=lambda work_dir, drive, graph, target: ({"x": x} for x in xs))
+    out = quantize_graphs(tmp_path, {"g": "g.onnx"}, given, None, precision="w4a16")
     q = onnx.load(str(tmp_path / out["g"]))
     types = {t.data_type for t in q.graph.initializer}
     assert TensorProto.INT4 in types and TensorProto.FLOAT not in {t.data_type for t in q.graph.initializer

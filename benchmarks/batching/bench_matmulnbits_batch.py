@@ -2,7 +2,7 @@
 """What a batch of B rows costs one weight matrix, per precision: why batched int8/int4 frames gain less.
 
 One MatMul of the 0.6B Talker's shape family (default K 1024, N 3072: its fused q/k/v; ``--k/--n``),
-as fp32 ``MatMul`` and as the bench variants' ``MatMulNBits`` (``kztts.export.tts.variants.quantize_matmuls``:
+as fp32 ``MatMul`` and as the bench variants' ``MatMulNBits`` (``kztts.export.common.variants.quantize_matmuls``:
 8 and 4 bits, blocks of 128, ``accuracy_level`` 4 = int8 activations, and 0 = fp32 compute), and as
 ``quantize_dynamic``'s int8 GEMM (``int8 dynamic``: per-column int8 weights, uint8 activations per tensor)
 and an integer GEMM whose rows never mix (``int8 per-row GEMM``: ``row_int8.py`` beside this script), run at
@@ -72,7 +72,7 @@ def _dynamic_int8(model):
 def main() -> None:
     import onnxruntime as ort
 
-    from kztts.export.tts.variants import quantize_matmuls
+    from kztts.export.common.variants import quantize_matmuls
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=1024)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Code Predictor per-frame latency: qwen-tts (PyTorch) vs kztts step mode vs kztts frame mode.
 
-On the full-size 0.6B architecture with random weights (``kztts.export.tts.tiny.make_tiny(size="0.6b")``,
+On the full-size 0.6B architecture with random weights (``kztts.export.tts.tiny_build.make_tiny(size="0.6b")``,
 cached), everything at the same thread count (default 2: ``torch.set_num_threads`` and ONNX
 Runtime ``intra_op_num_threads``), run one after the other in one process:
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from kztts.core.cache import cache_dir
     from kztts.export.common.checkpoint import load_reference
     from kztts.export.common.reference import reference_run, teacher_forced_talker
-    from kztts.export.graphs.graph_parts import model_config
+    from kztts.export.tts.tts_parts import model_config
     from kztts.generation.sampling import SamplingParams, XorShift32
     from kztts.runners.code_predictor import CodePredictor
 

@@ -52,7 +52,7 @@ def export_pair(model_dir: Path, out: Path, revision: str, bits: int | None) -> 
     from kztts.export.common.checkpoint import load_reference
     from kztts.export.graphs import code_predictor_graph as cpg
     from kztts.export.graphs.gqa_graphs import export_cp_frame_gqa
-    from kztts.export.tts.variants import _save, quantize_matmuls
+    from kztts.export.common.variants import _save, quantize_matmuls
 
     old = _old_module(revision, out)
     model = load_reference(model_dir).model

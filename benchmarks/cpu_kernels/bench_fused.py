@@ -53,7 +53,7 @@ def export_pairs(model_dir: Path, out: Path, weights: list[str]) -> dict:
     import onnx
 
     from kztts.export.graphs import gqa_graphs
-    from kztts.export.tts.variants import _save, quantize_matmuls
+    from kztts.export.common.variants import _save, quantize_matmuls
 
     model = None
     paths = {}

@@ -2,7 +2,7 @@
 """What each MatMulNBits block size and accuracy level costs and loses, on the fused CPU graphs, in one run.
 
 Quantizes the fused ``talker_gqa`` and ``cp_frame_gqa`` (``bench_fused.py``'s export, shared through
-``--out``) once per configuration ``int{bits}:b{block}:a{level}`` (``kztts.export.tts.variants.
+``--out``) once per configuration ``int{bits}:b{block}:a{level}`` (``kztts.export.common.variants.
 quantize_matmuls``: 8 bits symmetric, 4 bits asymmetric, as the bundles' variants), opens every
 configuration at once and runs them round-robin frame by frame on the same inputs (the order rotates):
 the Talker decode step (one position, ``--positions`` cached, KV bound in place) and the Code Predictor
@@ -43,7 +43,7 @@ def parse_config(text: str) -> tuple[int, int, int]:
 def quantized(base: dict, out: Path, config: str) -> dict:
     import onnx
 
-    from kztts.export.tts.variants import _save, quantize_matmuls
+    from kztts.export.common.variants import _save, quantize_matmuls
 
     bits, block, level = parse_config(config)
     paths = {g: out / f"{g}_{config.replace(':', '_')}.onnx" for g in base}

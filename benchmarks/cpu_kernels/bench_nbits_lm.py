@@ -6,7 +6,7 @@ The accuracy proxy for the TTS bundles' int8/int4 kernels (no real Qwen3-TTS che
 the same ``quantize_matmuls`` (8 bits symmetric, 4 bits asymmetric) on the real Qwen2.5-Coder-1.5B, whose fp32
 bundle ``kztts validate`` checks against transformers. Each ``--configs`` entry ``int{bits}:b{block}[:a{level}]``
 (accuracy level 4 when not given: int8 activations; 1: fp32 compute) becomes a variant bundle
-(``kztts.export.tts.variants.make_variant(block_size=..., accuracy_level=...)``, built once into ``--out``); then
+(``kztts.export.common.variants.make_variant(block_size=..., accuracy_level=...)``, built once into ``--out``); then
 
 - accuracy: ``run_rows`` over the texts (each prompt prefilled, the rest teacher-forced, 32 greedy tokens), the
   fp32 bundle first (the reference; saved in ``--out`` and reused by a later run on the same bundle and texts);
@@ -49,7 +49,7 @@ def label(config: tuple[str, int, int]) -> str:
 
 
 def build_variants(bundle: Path, out: Path, configs: list[tuple[str, int, int]]) -> dict[tuple, Path]:
-    from kztts.export.tts.variants import make_variant
+    from kztts.export.common.variants import make_variant
 
     paths = {}
     for weights, block, level in configs:

@@ -68,7 +68,7 @@ def fp32_kv_copy(bundle: Path, out: Path) -> Path:
     from kztts.bundle.manifest import read_manifest, write_manifest
     from kztts.core.build_cache import build_once
     from kztts.export.htp.kv_io import retype_bundle_kv
-    from kztts.export.tts.bundle_writer import link_tree
+    from kztts.export.common.bundle_output import link_tree
 
     m = read_manifest(bundle)
     talkers = [n for n in ("talker_prefill", "talker_decode") if n in m.graphs]

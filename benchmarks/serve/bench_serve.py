@@ -59,7 +59,7 @@ PROMPTS = [
 def default_bundle() -> Path:
     from kztts.export.tts.bundle_writer import cached_bundle
     from kztts.export.tts.tiny import cached_tiny
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     return cached_variant(cached_bundle(cached_tiny(size="0.6b")), weights="int8")
 

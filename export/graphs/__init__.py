@@ -1,7 +1,7 @@
-"""The graph definitions: each wrapper module that becomes one ONNX graph kind (Talker, Code
-Predictor, codec, speaker encoder, fused-attention CPU graphs, static HTP layers and per-layer
-segments; a hybrid LM's stack, ``hybrid_stack``, and its graphs, ``hybrid_graphs``), and what a written graph file
-carries (``graph_parts``).
+"""The graph definitions: each wrapper module that becomes one ONNX graph kind, with its exporter (Talker,
+Code Predictor, codec, speaker encoder, fused-attention CPU graphs, static HTP layers and per-layer segments; a
+hybrid LM's stack, ``hybrid_stack``, and its graphs, ``hybrid_graphs``), and the fused CPU forms of the traced
+graphs (``cpu_fusion``).
 
 May import: the kztts runtime below ``kztts.bench``, ``kztts.export.common``.
 """

@@ -58,7 +58,7 @@ from torch import nn
 from kztts.bundle.manifest import GraphSpec
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 from kztts.generation import sampling as S
 from kztts.generation import sampling_chain
 from kztts.generation.sampling_chain import PROCESSOR

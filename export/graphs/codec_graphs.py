@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kztts.export.common.onnx_export import export_onnx
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 
 SAMPLES_PER_FRAME = 1920
 # qwen-tts: Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, used by Qwen3TTSTokenizerV2Model.decode

@@ -55,7 +55,7 @@ from kztts.export.graphs.code_predictor_graph import (
     sample_rows,
 )
 from kztts.export.graphs.cpu_fusion import fuse_cpu_graph
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 from kztts.export.graphs.talker_graph import TalkerGraph, talker_shape
 
 log = logging.getLogger(__name__)

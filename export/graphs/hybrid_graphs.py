@@ -30,7 +30,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.segments import LAYER_STATS, STATIC_STATS
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 from kztts.export.graphs.hybrid_stack import SUB_CHUNK, HybridStack, mlp_forward
 from kztts.export.graphs.static_layers import MagnitudeProbe, check_static
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.graphs.codec_graphs import _static_outputs
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 
 
 class SpeakerEncoderGraph(nn.Module):

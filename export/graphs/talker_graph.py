@@ -1,12 +1,18 @@
-"""The Talker as an exportable module: embeddings in, last-position logits/hidden and new KV out."""
+"""The Talker as an exportable module: embeddings in, last-position logits/hidden and new KV out
+(``TalkerGraph``), and its export as the dynamic CPU graph ``talker`` (``export_talker``: a TTS Talker, or a
+causal LM's decoder stack seen as one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from kztts.bundle.manifest import GraphSpec
+from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack, example_stack_inputs, kv_io_names
+from kztts.export.common.graph_parts import graph_spec
 
 
 @dataclass(frozen=True)
@@ -68,3 +74,15 @@ class TalkerGraph(nn.Module):
     def example_inputs(self, t: int = 3, p: int = 2) -> tuple[torch.Tensor, ...]:
         s = self.shape
         return example_stack_inputs(t, p, s.hidden, s.head_dim, s.num_kv_heads, s.num_layers)
+
+
+def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
+    """``model.talker`` as ``graphs/talker.onnx``: one graph for prefill (T = prompt length) and decode (T = 1)."""
+    graph = TalkerGraph(model.talker).eval()
+    ins, outs = graph.io_names()
+    dyn = {"inputs_embeds": {1: "seq"}, "rope_cos": {1: "seq"}, "rope_sin": {1: "seq"}}
+    dyn.update({n: {2: "past"} for n in ins[3:]})
+    dyn.update({n: {2: "seq"} for n in outs[2:]})
+    rel = "graphs/talker.onnx"
+    export_onnx(graph, graph.example_inputs(), bundle_dir / rel, ins, outs, dyn)
+    return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)

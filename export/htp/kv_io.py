@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import read_manifest, write_manifest
-from kztts.export.graphs.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec
 
 _ONNX_TYPES = {"fp32": 1, "fp16": 10}  # onnx.TensorProto.FLOAT / FLOAT16
 

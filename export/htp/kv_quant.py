@@ -6,7 +6,7 @@ inputs and the new-KV outputs get 8-bit symmetric encodings, calibrated once (mi
 and each layer's past input shares its quantizer with its new output, so the host copies the
 graph's 8-bit new entries into its 8-bit cache as they are.
 
-Here: one extra pass of the float static graphs over the calibration prompts measures max |K| and
+Here: one extra pass of the float static graphs over the calibration data measures max |K| and
 max |V| per layer (scale ``max / 127``, zero point 128, the same numbers for a layer's past input
 and new output: the tie); the graphs are quantized at their precision as usual, then :func:`uint8_io` makes
 ``past_{kind}_{l}_in`` and ``new_{kind}_{l}`` uint8 tensors: a DequantizeLinear after each past
@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from kztts.bundle import graphs as G
-from kztts.export.htp.qdq import calibration_feeds, quantize_talker_graphs
+from kztts.export.htp.calibration import CalibrationSource
+from kztts.export.htp.qdq import quantize_graphs
+from kztts.htp.targets import Target
 from kztts.runners.talker_static import DECODE
 
 log = logging.getLogger(__name__)
@@ -31,13 +33,13 @@ log = logging.getLogger(__name__)
 QMAX = 127  # symmetric: q - 128 in -127..127
 
 
-def measure_kv_scales(model, work_dir: Path, float_files: dict[str, str], target, **calibration) -> dict:
-    """{"key": [scale per layer], "value": [...]}: max |x| / 127 of the cache over the calibration
-    prompts (the decode graph's past inputs hold every cached position)."""
+def measure_kv_scales(work_dir: Path, float_files: dict[str, str], target: Target,
+                      calibration: CalibrationSource) -> dict:
+    """{"key": [scale per layer], "value": [...]}: max |x| / 127 of the cache over ``calibration``'s data (the
+    decode graph's past inputs hold every cached position)."""
     L = None
     peaks: dict[str, np.ndarray] = {}
-    for feed in calibration_feeds(model, work_dir, float_files, DECODE, mask_value=target.attention_mask_value,
-                                  **calibration):
+    for feed in calibration.feeds(work_dir, float_files, DECODE, target):
         if L is None:
             L = sum(1 for k in feed if k.startswith("past_key_"))
             peaks = {kind: np.zeros(L) for kind in ("key", "value")}
@@ -46,7 +48,7 @@ def measure_kv_scales(model, work_dir: Path, float_files: dict[str, str], target
                 x = feed[G.STATIC_KV.past_name(kind, i)]
                 peaks[kind][i] = max(peaks[kind][i], float(np.abs(x).max()))
     if L is None:
-        raise RuntimeError("no calibration data for the KV scales: the prompts do not fit the static context")
+        raise RuntimeError(f"no calibration data for the KV scales: {calibration.what} do not fit the static context")
     # a layer whose cache stayed 0 still needs a positive scale
     return {kind: [float(max(p, 1e-6) / QMAX) for p in peaks[kind]] for kind in ("key", "value")}
 
@@ -105,13 +107,14 @@ def read_kv_scales(path: Path, num_layers: int) -> dict:
     return out
 
 
-def quantize_uint8_kv(model, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
-                      matmul_precisions: dict | None = None, **calibration) -> dict[str, str]:
-    """QDQ graphs at ``precision`` with uint8 KV I/O: ``{graph name: rel file}`` (see the module docstring)."""
-    scales = measure_kv_scales(model, work_dir, float_files, target, **calibration)
+def quantize_uint8_kv(work_dir: Path, float_files: dict[str, str], target: Target, calibration: CalibrationSource, *,
+                      precision: str, matmul_precisions: dict | None = None) -> dict[str, str]:
+    """QDQ graphs at ``precision`` with uint8 KV I/O, both calibrated on ``calibration``: ``{graph name: rel file}``
+    (see the module docstring)."""
+    scales = measure_kv_scales(work_dir, float_files, target, calibration)
     log.info("8-bit KV scales: keys %s, values %s", scales["key"], scales["value"])
-    files = quantize_talker_graphs(model, work_dir, float_files, target, precision=precision,
-                                   matmul_precisions=matmul_precisions, **calibration)
+    files = quantize_graphs(work_dir, float_files, calibration, target, precision=precision,
+                            matmul_precisions=matmul_precisions)
     for rel in files.values():
         uint8_io(work_dir / rel, scales)
     return files

@@ -1,5 +1,5 @@
 """QDQ quantization of the static HTP graphs at a quantized HTP precision (w8a16, w4a16: the entries of
-``kztts.bundle.graphs.HTP_PRECISION_ENTRIES`` with ``quantized``), calibrated on real prompts.
+``kztts.bundle.graphs.HTP_PRECISION_ENTRIES`` with ``quantized``), calibrated on real data.
 
 ``onnxruntime.quantization``'s QNN configuration (``qnn_preprocess_model`` -> ``get_qnn_qdq_config`` ->
 ``quantize_static``): 16-bit activations (the com.microsoft Q/DQ ops), MinMax calibration, every MatMul
@@ -21,209 +21,31 @@ both run on QNN and agree with the CPU EP on the same QDQ graph to cosine 0.9999
 non-zero weight offset (ORT's default per-tensor QInt4) runs but is off by a systematic error (cosine
 0.9927 against the CPU EP, mean output shift -0.011), and per-channel int4 with offsets is refused.
 
-Calibration data are the graphs' own inputs while the model speaks: real text
-prompts (several languages, x-vector streaming and non-streaming, the speaker
-vector from the model's speaker encoder on a voiced test signal) through the
-float graphs on the CPU EP, then greedy frames (CB0 from the Talker with a
-repetition penalty, CB1..15 from the PyTorch Code Predictor) fed back as the
-decode inputs, exactly as the runtime does. Each calibration pass drives a fresh
-Talker runner (the whole-stack :class:`kztts.runners.talker_static.StaticTalker`, or the layer graphs'
-:class:`kztts.runners.talker_segmented.SegmentedTalker` for their quantized variants) and yields the
-recorded graph's feeds one by one, so no KV-cache snapshot is kept in memory. ``cp_frame`` is calibrated on
-its inputs at each frame (the Talker's hidden state, CB0's embedding, the default sampling settings, seeded
-uniforms); only its stack and heads are quantized, its in-graph sampling stays float.
+Calibration data are the graphs' own inputs while the float graphs run real data, from the export's
+``kztts.export.htp.calibration.CalibrationSource`` (the TTS prompts spoken by the model, or an LM's texts):
+:func:`quantize_graphs` takes the source, so every quantized graph of every bundle kind takes this one route.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
-import torch
 
 from kztts.bundle import graphs as G
-from kztts.bundle.embeddings import EmbeddingTables
 from kztts.bundle.onnx_wire import tensor_arrays
-from kztts.bundle.segments import segment_graph_name
-from kztts.eval.replay import decode_input, greedy_cb0
 from kztts.export.common.onnx_export import data_file, has_external_data, share_external_data
-from kztts.export.common.reference import synthetic_voice
-from kztts.export.graphs.graph_parts import model_config, special_ids
 from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
-from kztts.htp.placement import builtin
+from kztts.export.htp.calibration import CalibrationSource, calibration_session_options
+from kztts.htp.targets import Target
 from kztts.htp.weights import QuantizedWeight, matmul_weights, quantize_weight
-from kztts.runners.talker import Talker
-from kztts.runners.talker_prefill_only import PrefillOnlyTalker
-from kztts.runners.talker_segmented import SegmentedTalker
-from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
-from kztts.tts.prompt import build_prompt, language_id
-from kztts.tts.text import TextTokenizer
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_PROMPTS = (  # (text, language, non_streaming)
-    ("Hello world, this is a tiny test.", "english", True),
-    ("The weather is lovely today; shall we take a walk along the river before dinner?", "english", False),
-    ("Bonjour je m'appelle Kazeia, et je lis ce texte à voix haute.", "french", True),
-    ("Guten Morgen! Wie geht es Ihnen heute?", "german", False),
-    ("今天天气很好，我们去公园散步吧。", "chinese", True),
-    ("Numbers like 1, 2, 3 and 2048 should be read clearly.", "auto", True),
-)
-CALIBRATION_FRAMES = 24
-REPETITION_PENALTY = 1.05  # the released checkpoints' Talker setting
 QDQ_OPSET = 21  # 16-bit and 4-bit Q/DQ, blocked DequantizeLinear (quantize_static moves models to it)
-CP_FRAME = "cp_frame"
-CP_QUANTIZED_SCOPES = ("/proj", "/stack", "/heads.")  # cp_frame's nodes a QDQ graph quantizes: its sampler stays float
-# The Code Predictor's sampling settings while calibrating cp_frame: the released checkpoints' defaults.
-CP_CALIBRATION_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-
-
-def _tables_spec(work_dir: Path) -> dict:
-    """The manifest ``embeddings`` entry, rebuilt from the exported tables."""
-    kinds = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
-    spec = {}
-    for f in sorted((work_dir / "embeddings").glob("*.npy")):
-        a = np.load(f, mmap_mode="r")
-        spec[f.stem] = {"file": f"embeddings/{f.name}", "dtype": kinds[a.dtype], "shape": list(a.shape)}
-    return spec
-
-
-class _Frames:
-    """Greedy CB1..15 from the PyTorch Code Predictor (its own modules, fresh cache per frame)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    @torch.no_grad()
-    def codes(self, hidden: np.ndarray, c0: int) -> np.ndarray:
-        from transformers.cache_utils import DynamicCache
-
-        tk = self.model.talker
-        cp = tk.code_predictor
-        h = torch.from_numpy(np.asarray(hidden, np.float32)).view(1, 1, -1)
-        e0 = tk.get_input_embeddings()(torch.tensor([[c0]]))
-        cache = DynamicCache()
-        o = cp.model(inputs_embeds=cp.small_to_mtp_projection(torch.cat([h, e0], dim=1)), past_key_values=cache,
-                     use_cache=True)
-        groups = len(cp.lm_head)
-        out = []
-        for g in range(groups):
-            c = int(torch.argmax(cp.lm_head[g](o.last_hidden_state[:, -1])[0]))
-            out.append(c)
-            if g + 1 < groups:
-                emb = cp.model.codec_embedding[g](torch.tensor([[c]]))
-                o = cp.model(inputs_embeds=cp.small_to_mtp_projection(emb), past_key_values=cache, use_cache=True)
-        return np.asarray(out, np.int64)
-
-
-def _cpu_session(path: Path):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), sess_options=calibration_session_options(),
-                                providers=["CPUExecutionProvider"])
-
-
-class RecordingSession:
-    """An ONNX Runtime session that appends a copy of every feed it runs to ``sink`` (a layer graph's
-    calibration data while the float layer graphs speak)."""
-
-    def __init__(self, session, sink: list):
-        self.session, self.sink = session, sink
-
-    def run(self, output_names, feed, *args, **kwargs):
-        self.sink.append({k: np.array(v) for k, v in feed.items()})
-        return self.session.run(output_names, feed, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.session, name)
-
-
-def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, mask_value: float,
-                     prefill_only: bool = False):
-    """A Talker runner over the float graphs in ``work_dir`` on the CPU EP (``config``: the manifest's Talker
-    config), and the list it appends ``graph``'s feeds to (copied) on every call: the calibration data of a
-    QDQ quantization. The caller drains the list. ``float_files``: the whole-stack static graphs
-    (``talker_prefill`` and ``talker_decode``: a :class:`StaticTalker`), or every layer graph and head
-    (``kztts.bundle.segments`` names: a :class:`SegmentedTalker` with everything on the CPU), or neither
-    (``graph`` is ``cp_frame``: the dynamic ``talker`` graph, nothing recorded by the runner).
-
-    ``prefill_only`` (a target with ``talker_graphs: prefill-only``): the prefill graph is recorded as
-    :class:`PrefillOnlyTalker` drives it, decode steps included. Those steps feed it a filled cache,
-    which a prompt's first chunk never does: calibrated on prompts alone, the 16-bit ranges of its
-    past-KV inputs and of the attention over them were too narrow for decoding (a narrow-head model's
-    logits fell to cosine 0.75 against fp32 from the first decode step on)."""
-    pending: list[dict] = []
-    if prefill_only and graph == PREFILL and PREFILL in float_files:
-        talker = PrefillOnlyTalker(_cpu_session(work_dir / float_files[PREFILL]), config, mask_value)
-        talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()})
-        return talker, pending
-    if graph == CP_FRAME:
-        return Talker(_cpu_session(work_dir / "graphs" / "talker.onnx"), config), pending
-    if segment_graph_name("prefill", 0) in float_files:
-        sessions = {n: _cpu_session(work_dir / rel) for n, rel in float_files.items()}
-        sessions[graph] = RecordingSession(sessions[graph], pending)
-        placement = builtin("all-cpu", int(config["num_layers"]))
-        return SegmentedTalker(sessions, placement, config, mask_value), pending
-    if PREFILL not in float_files or DECODE not in float_files:
-        raise RuntimeError("QDQ calibration drives both static Talker graphs: place talker_prefill and "
-                           "talker_decode on the HTP")
-    talker = StaticTalker(_cpu_session(work_dir / float_files[PREFILL]), _cpu_session(work_dir / float_files[DECODE]),
-                          config, mask_value)
-    talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
-        if name == graph else None
-    return talker, pending
-
-
-def _cp_feed(hidden: np.ndarray, c0_embed: np.ndarray, rng: np.random.Generator, groups: int) -> dict:
-    s = CP_CALIBRATION_SAMPLING
-    return {"hidden": np.asarray(hidden, np.float32).reshape(1, -1), "c0_embed": c0_embed.reshape(1, -1),
-            "temperature": np.array([s["temperature"]], np.float32), "top_k": np.array([s["top_k"]], np.int64),
-            "top_p": np.array([s["top_p"]], np.float32),
-            "repetition_penalty": np.array([s["repetition_penalty"]], np.float32),
-            "uniforms": rng.random(groups, dtype=np.float32)}
-
-
-def calibration_feeds(model, work_dir: Path, float_files: dict[str, str], graph: str, *,
-                      prompts=CALIBRATION_PROMPTS, frames: int = CALIBRATION_FRAMES,
-                      mask_value: float = -50.0, prefill_only: bool = False) -> Iterator[dict]:
-    """Yield the feeds of ``graph`` (a whole-stack Talker graph, a layer graph, or ``cp_frame``) while the
-    float graphs ``float_files`` speak the calibration prompts (see the module docstring; ``prefill_only``
-    as for :func:`recording_talker`)."""
-    sid = special_ids(model)
-    cfg = model_config(model)
-    talker, pending = recording_talker(work_dir, float_files, graph, cfg["talker"], mask_value, prefill_only)
-    tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
-    tok = TextTokenizer(work_dir / "tokenizer.json")
-    languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
-    with torch.no_grad():
-        speaker = model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
-    cp = _Frames(model)
-    rng = np.random.default_rng(0)
-    for text, lang, non_streaming in prompts:
-        lid = None if lang == "auto" else language_id(languages, lang)
-        prompt = build_prompt(tables, tok.assistant_ids(text), special_ids=sid, language_id=lid, speaker=speaker,
-                              mode="xvector", non_streaming=non_streaming)
-        room = talker.context - prompt.embeds.shape[0] - 1
-        if room < 1:
-            log.warning("calibration prompt %r does not fit the static context; skipped", text[:30])
-            continue
-        logits, hidden = talker.prefill(prompt.embeds)
-        yield from pending
-        pending.clear()
-        history: list[int] = []
-        for k in range(min(frames, room)):
-            # the reference's repetition penalty keeps greedy decoding from looping; EOS suppressed
-            c0 = greedy_cb0(logits, sid["codec_eos"], history=history, repetition_penalty=REPETITION_PENALTY)
-            history.append(c0)
-            if graph == CP_FRAME:
-                c0_embed = np.asarray(tables.codec([c0]), np.float32)
-                yield _cp_feed(hidden, c0_embed, rng, tables.num_cp_groups)
-            frame = np.concatenate([[c0], cp.codes(hidden, c0)])
-            logits, hidden = talker.decode(decode_input(tables, prompt, frame, k))
-            yield from pending
-            pending.clear()
+QDQ_WEIGHT_BITS = (8, 4)  # the MatMul weights a QDQ graph is written with: ORT's int8, rewritten int4
 
 
 @contextlib.contextmanager
@@ -238,18 +60,6 @@ def _quiet_root_warnings():
         yield
     finally:
         root.removeFilter(drop)
-
-
-def calibration_session_options():
-    """Session options of the float graphs run for calibration: weights not pre-packed, so the sessions
-    over a graph with external data map its ``.data`` file (one shared, reclaimable copy in the page
-    cache) instead of each holding a packed copy (6.2 GB per session for a 1.5B LM in fp32)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.disable_prepacking", "1")
-    return so
 
 
 def _scratch(graph: Path, tag: str) -> Path:
@@ -534,13 +344,15 @@ def write_int4_weights(qdq_path: Path, float_path: Path, weights: dict[str, G.Ht
     return done
 
 
-def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable[[str], Iterator[dict]], *,
-                    precision: str, matmul_precisions: dict[str, dict[str, str]] | None = None,
+def quantize_graphs(work_dir: Path, float_files: dict[str, str], calibration: CalibrationSource,
+                    target: Target | None, *, precision: str, drive: dict[str, str] | None = None,
+                    matmul_precisions: dict[str, dict[str, str]] | None = None,
                     first_layers: dict[str, int] | None = None, scopes: dict[str, tuple[str, ...]] | None = None,
                     per_channel: bool = True, float_norms: bool = True, keep_float: bool = False,
-                    what: str = "the calibration prompts", tag: str | None = None) -> dict[str, str]:
-    """QDQ versions at ``precision`` of the float static graphs ``{graph name: rel file}``, each calibrated
-    on ``feeds(name)`` (a fresh generator of that graph's input feeds per call): ``{graph name: rel file}``
+                    tag: str | None = None) -> dict[str, str]:
+    """QDQ versions at ``precision`` of the float static graphs ``{graph name: rel file}``, each calibrated on
+    the feeds ``calibration`` records of it while the float graphs ``drive`` of ``target`` run its data (default
+    ``float_files`` themselves; the layer graphs and head for their QDQ variants): ``{graph name: rel file}``
     (``<rel>.<tag or precision>.onnx``). ``matmul_precisions[graph]``: {MatMul key: precision} where a MatMul
     takes another quantized precision than ``precision`` (keys of ``kztts.htp.weights.matmul_keys``,
     numbered from ``first_layers[graph]``, default 0). ``scopes[graph]``: quantize only the nodes whose names
@@ -553,14 +365,14 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
     ``quantize_static``, whose quantizer needs the weights (one fp32 ModelProto in memory, no session
     open then); the QDQ graph keeps external data too (``get_qnn_qdq_config`` decides it from the input),
     in ``<rel_q>.data``. Calibration: :func:`minmax_ranges`, handed to ``quantize_static`` as its
-    calibration cache. The float graphs are removed afterwards unless ``keep_float``. ``what`` names
-    the calibration data in the error raised when a graph got no feed."""
+    calibration cache. The float graphs are removed afterwards unless ``keep_float``."""
     from onnxruntime.quantization import QuantType, quantize_static, save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     entry = G.htp_precision(precision)
     if not entry.quantized:
         raise ValueError(f"{precision} graphs are float graphs: nothing to quantize")
+    drive = float_files if drive is None else drive
     rels = list(float_files.values())
     for rel in rels[1:]:  # one copy of the weights on disk and in the page cache while calibrating
         if share_external_data(work_dir / rels[0], work_dir / rel):
@@ -596,6 +408,9 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
                     if not p.quantized:
                         raise ValueError(f"{name}: MatMul {keys.get(w, w)} at {p.name}: a QDQ graph's MatMuls are "
                                          f"quantized ({', '.join(G.QUANTIZED_PRECISIONS)})")
+                    if p.weight_bits not in QDQ_WEIGHT_BITS:
+                        raise ValueError(f"{name}: MatMul {keys.get(w, w)} at {p.name}: QDQ graphs hold "
+                                         f"{' or '.join(map(str, QDQ_WEIGHT_BITS))}-bit weights, not {p.weight_bits}")
                     if p.weight_bits == 4:
                         int4[w] = p
                 log.info("%s: %d MatMul weights per output channel, %d of them at 4 bits", name, len(weights),
@@ -604,10 +419,12 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
                 raise ValueError(f"per-tensor MatMul weights are the 8-bit diagnosis path, not {precision}")
             qcfg.nodes_to_exclude = [*(qcfg.nodes_to_exclude or ()), *excluded]
             del lazy
-            log.info("%s: calibrating (MinMax ranges over %s)", name, what)
-            ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, feeds(name))
+            log.info("%s: calibrating (MinMax ranges over %s)", name, calibration.what)
+            ranges, count = minmax_ranges(model_in, qcfg.op_types_to_quantize,
+                                          calibration.feeds(work_dir, drive, name, target))
             if count == 0:
-                raise RuntimeError(f"no calibration data for {name}: {what} do not fit the static context")
+                raise RuntimeError(f"no calibration data for {name}: {calibration.what} do not fit the static "
+                                   "context")
             save_tensors_data(ranges, cache)
             log.info("%s: quantizing (%d ranges from %d feeds)", name, len(ranges.keys()), count)
             with _quiet_root_warnings():  # "consider pre-processing" notes: handled here
@@ -636,32 +453,3 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], feeds: Callable
             (work_dir / rel).unlink()
             data_file(work_dir / rel).unlink(missing_ok=True)
     return out
-
-
-def quantize_talker_graphs(model, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
-                           matmul_precisions: dict[str, dict[str, str]] | None = None,
-                           first_layers: dict[str, int] | None = None, prompts=CALIBRATION_PROMPTS,
-                           frames: int = CALIBRATION_FRAMES, per_channel: bool = True, keep_float: bool = False,
-                           drive: dict[str, str] | None = None, tag: str | None = None) -> dict[str, str]:
-    """QDQ versions at ``precision`` of the TTS Talker's float static graphs ``float_files`` (``quantize_graphs``),
-    calibrated while the float graphs ``drive`` (default ``float_files``: the whole-stack graphs; every
-    layer graph and head for layer graphs) speak ``prompts`` (``calibration_feeds``)."""
-    drive = drive or float_files
-    return quantize_graphs(work_dir, float_files,
-                           lambda name: calibration_feeds(model, work_dir, drive, name, prompts=prompts,
-                                                          frames=frames, mask_value=target.attention_mask_value,
-                                                          prefill_only=target.talker_graphs == "prefill-only"),
-                           precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
-                           per_channel=per_channel, keep_float=keep_float, tag=tag)
-
-
-def quantize_cp_frame(model, work_dir: Path, rel: str, target, *, precision: str, prompts=CALIBRATION_PROMPTS,
-                      frames: int = CALIBRATION_FRAMES) -> str:
-    """A QDQ ``cp_frame`` at ``precision`` beside the float one (which the CPU keeps running): its stack and
-    heads quantized (``CP_QUANTIZED_SCOPES``), its sampler float, calibrated on its inputs while the CPU
-    Talker speaks ``prompts``. Returns the QDQ graph's rel path."""
-    out = quantize_graphs(work_dir, {CP_FRAME: rel},
-                          lambda name: calibration_feeds(model, work_dir, {}, CP_FRAME, prompts=prompts, frames=frames,
-                                                         mask_value=target.attention_mask_value),
-                          precision=precision, scopes={CP_FRAME: CP_QUANTIZED_SCOPES}, keep_float=True)
-    return out[CP_FRAME]

@@ -55,12 +55,13 @@ from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
 from kztts.export.graphs.code_predictor_graph import export_cp_frame
 from kztts.export.graphs.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, _example_codes
-from kztts.export.graphs.graph_parts import graph_spec, stamp_graph
+from kztts.export.common.graph_parts import graph_spec, stamp_graph
 from kztts.export.graphs.segment_graphs import export_talker_segments
 from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
+from kztts.export.htp.calibration import CP_FRAME, CalibrationSource
 from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
-from kztts.export.htp.qdq import quantize_cp_frame, quantize_talker_graphs
+from kztts.export.htp.qdq import QDQ_WEIGHT_BITS, quantize_graphs
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.qnn import bundle_target, create_session, qnn_available, qnn_unavailable_reason
 from kztts.htp.targets import Target, load_target
@@ -71,6 +72,7 @@ PREFILL = "talker_prefill"
 DECODE = "talker_decode"
 DECODER_CHUNK = "decoder_chunk"
 HTP_DECODER_OPTIONS = DecoderOptions(fold_snake=True)  # no Pow on the HTP: see export_decoder_chunk
+CP_QUANTIZED_SCOPES = ("/proj", "/stack", "/heads.")  # cp_frame's nodes a QDQ graph quantizes: its sampler stays float
 
 
 class TalkerStaticGraph(nn.Module):
@@ -154,37 +156,54 @@ def _spec(work_dir: Path, name: str, rel: str, precision: str, export_id: str, t
                                 "htp_arch": target.soc.htp_arch, **extra})
 
 
-def _float_talker(model, work_dir: Path, files: dict[str, str], target: Target, precision: str,
-                  matmul_precisions: dict | None = None) -> dict[str, str]:
-    """A float precision (fp16): the float graphs as they are (the HTP computes them in fp16)."""
-    return dict(files)
+def _release_torch_weights(model, calibration: CalibrationSource) -> None:
+    """Once the float graphs are written, a calibration source that reads only them (an LM's texts) lets the
+    torch weights go: 6.2 GB at 1.5B in fp32, not held beside the calibration sessions and the quantizer's
+    ModelProto. "meta" keeps their shapes (the manifest reads the config only)."""
+    if not calibration.reads_torch_model:
+        model.talker.to("meta")
 
 
-def _qdq_talker(model, work_dir: Path, files: dict[str, str], target: Target, precision: str,
-                matmul_precisions: dict | None = None) -> dict[str, str]:
-    """A quantized precision: QDQ graphs calibrated on real prompts (``kztts.export.htp.qdq``; ``matmul_precisions``
-    {graph: {MatMul key: precision}} from a precision plan); with the target's ``kv_dtype: uint8`` their KV I/O is
-    8-bit with fixed scales (``kztts.export.htp.kv_quant``)."""
-    if G.htp_kv_dtype(precision, target.kv_dtype) == "uint8":
-        return quantize_uint8_kv(model, work_dir, files, target, precision=precision,
+def _talker_at_precision(model, work_dir: Path, float_files: dict[str, str], target: Target, precision: str,
+                         kv: str, calibration: CalibrationSource | None,
+                         matmul_precisions: dict | None = None) -> dict[str, str]:
+    """{graph: file to ship} of the Talker's float static graphs ``float_files`` at ``precision``. A float precision
+    (fp16) ships them as they are: the HTP computes them in fp16. A quantized one ships QDQ graphs calibrated on
+    ``calibration`` (``kztts.export.htp.qdq``; ``matmul_precisions`` {graph: {MatMul key: precision}} from a
+    precision plan), with 8-bit KV I/O of fixed scales where the target's KV type is uint8
+    (``kztts.export.htp.kv_quant``)."""
+    if not G.htp_precision(precision).quantized:
+        return dict(float_files)
+    _release_torch_weights(model, calibration)
+    if kv == "uint8":
+        return quantize_uint8_kv(work_dir, float_files, target, calibration, precision=precision,
                                  matmul_precisions=matmul_precisions)
-    return quantize_talker_graphs(model, work_dir, files, target, precision=precision,
-                                  matmul_precisions=matmul_precisions)
+    return quantize_graphs(work_dir, float_files, calibration, target, precision=precision,
+                           matmul_precisions=matmul_precisions)
 
 
-# One builder per ``kztts.bundle.graphs.HTP_PRECISIONS`` entry: {graph: float file} -> {graph: file to ship}.
-TALKER_PRECISION_BUILDERS = {n: _qdq_talker if p.quantized else _float_talker
-                             for n, p in G.HTP_PRECISION_ENTRIES.items()}
+def check_target_options(target, *, segments: bool, placement) -> None:
+    """``--segments`` and ``--placement`` shape a target's static graphs: refused without ``--target``."""
+    if segments and target is None:
+        raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
+    if placement is not None and target is None:
+        raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
 
 
-def _check_options(target, precision: str, context_binary: bool) -> str:
-    """The options checked before the long work: the precision has a builder, the QNN EP is there for
-    context binaries, the target's KV type suits the precision. Returns the Talker's KV I/O type."""
+def _check_options(target, precision: str, context_binary: bool, calibration: CalibrationSource | None,
+                   plan: LayerPlacement | None) -> str:
+    """The options checked before the long work: the precision is one QDQ graphs can hold, a QDQ graph has its
+    calibration data, the QNN EP is there for context binaries, the target's KV type suits the precision. Returns
+    the Talker's KV I/O type."""
     if precision not in G.HTP_PRECISIONS:
         raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    if precision not in TALKER_PRECISION_BUILDERS:
+    entry = G.htp_precision(precision)
+    if entry.quantized and entry.weight_bits not in QDQ_WEIGHT_BITS:
         raise KzttsError(f"HTP precision {precision!r} is listed in kztts.bundle.graphs.HTP_PRECISIONS but "
-                         "kztts.export.htp.static_graphs has no builder for it (TALKER_PRECISION_BUILDERS)")
+                         f"kztts.export.htp.qdq writes no {entry.weight_bits}-bit weights (QDQ_WEIGHT_BITS)")
+    if calibration is None and (entry.quantized or (plan is not None and plan.quantized)):
+        raise ValueError("QDQ graphs need calibration data: export_htp_graphs(calibration=None) writes float "
+                         "graphs only")
     if context_binary and not qnn_available():
         raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
     try:
@@ -195,7 +214,7 @@ def _check_options(target, precision: str, context_binary: bool) -> str:
 
 
 def _static_talker(model, work_dir: Path, export_id: str, target, precision: str, kv: str,
-                   builders: dict | None, plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
+                   calibration: CalibrationSource | None, plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
     """The whole-stack Talker graphs the target places on the HTP, float then built at ``precision`` (a quantized
     ``plan``: each MatMul at its ``whole_stack_precisions``)."""
     S, C = target.shapes.prefill_chunk, target.shapes.context
@@ -219,8 +238,8 @@ def _static_talker(model, work_dir: Path, export_id: str, target, precision: str
         common["matmul_precisions"] = {k: p for k, p in per_matmul.items() if p != precision}
         log.info("whole-stack Talker graphs at %s, %d MatMuls at another precision (plan %s)", precision,
                  len(common["matmul_precisions"]), plan.source or plan.mode)
-    build = {**TALKER_PRECISION_BUILDERS, **(builders or {})}[precision]
-    files = build(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target, precision, matmuls)
+    files = _talker_at_precision(model, work_dir, {n: r for n, (r, _) in float_files.items()}, target, precision, kv,
+                                 calibration, matmuls)
     for name, (rel, seq) in float_files.items():
         if kv == "uint8":  # the fixed scales the host needs to read the cache back as floats
             common["kv_scales"] = read_kv_scales(work_dir / files[name], talker_shape(model.talker).num_layers)
@@ -237,10 +256,9 @@ def plan_precision(plan: LayerPlacement) -> str:
 
 
 def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: LayerPlacement, target,
-                      seg_spec, builders: dict | None) -> dict[str, GraphSpec]:
+                      seg_spec, calibration: CalibrationSource) -> dict[str, GraphSpec]:
     """The QDQ layer graphs ``plan`` runs (``quantized_units``): ``talker_{phase}_layer_{l}_{precision}`` beside the
-    float ones, each calibrated on its own inputs while the float layer graphs speak (``builders`` as for the
-    whole-stack graphs: an LM calibrates on text)."""
+    float ones, each calibrated on its own inputs while the float layer graphs run ``calibration``'s data."""
     from kztts.bundle.segments import segment_graph_name
 
     drive = {n: s.file for n, s in specs.items() if s.extra.get("segment")}
@@ -252,12 +270,9 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
         files = {name: drive[name] for name in units}
         matmuls = {name: plan.unit_matmuls(ph, u) for name, (ph, u) in units.items()}
         first = {name: (u if u != "head" else 0) for name, (_, u) in units.items()}
-        build = (builders or {}).get(precision)
-        if build is not None:
-            q = build(model, work_dir, files, target, precision, matmuls, drive=drive, first_layers=first)
-        else:
-            q = quantize_talker_graphs(model, work_dir, files, target, precision=precision, matmul_precisions=matmuls,
-                                       first_layers=first, keep_float=True, drive=drive)
+        _release_torch_weights(model, calibration)
+        q = quantize_graphs(work_dir, files, calibration, target, precision=precision, drive=drive,
+                            matmul_precisions=matmuls, first_layers=first, keep_float=True)
         for name, (phase, unit) in units.items():
             base = specs[name].extra
             variant = segment_graph_name(phase, unit, precision)
@@ -267,20 +282,19 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
     return out
 
 
-def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precision: str | None = None,
-                      context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False, builders: dict | None = None,
-                      plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
+def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibration: CalibrationSource | None,
+                      precision: str | None = None, context_binary: bool = False, segments: bool = False,
+                      talker_only: bool = False, plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
-    Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode``
-    (when placed on the HTP) at ``precision`` (``kztts.bundle.graphs.HTP_PRECISIONS``: a float graph the HTP
-    computes in fp16, or a QDQ graph calibrated on real prompts). ``context_binary`` adds
-    EPContext models prepared for the target (``extra.context_file``). ``segments`` adds the
-    Talker as per-layer graphs (``kztts.export.graphs.segment_graphs``; float, fp16 on the HTP) so a
-    layer placement can be chosen at load time. ``talker_only``: no Code Predictor or decoder
-    graphs (a causal LM, ``kztts.export.lm.bundle_writer``, is a Talker-shaped stack only). ``builders``
-    replaces entries of ``TALKER_PRECISION_BUILDERS`` (an LM calibrates on text, not speech).
+    Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode`` (when placed on the HTP) at
+    ``precision`` (``kztts.bundle.graphs.HTP_PRECISIONS``: a float graph the HTP computes in fp16, or a QDQ graph
+    calibrated on ``calibration``'s data, ``kztts.export.htp.calibration``: the TTS prompts or an LM's texts; None
+    writes float graphs only). ``context_binary`` adds EPContext models prepared for the target
+    (``extra.context_file``). ``segments`` adds the Talker as per-layer graphs
+    (``kztts.export.graphs.segment_graphs``; float, fp16 on the HTP) so a layer placement can be chosen at load
+    time. ``talker_only``: no Code Predictor or decoder graphs (a causal LM, ``kztts.export.lm.bundle_writer``, is
+    a Talker-shaped stack only).
     ``plan``: a precision plan (``kztts.htp.placement``): with ``segments`` the QDQ variants of the layer graphs
     it runs quantized, else whole-stack QDQ graphs with its precision per MatMul (at ``plan_precision``
     unless ``precision`` is given); its ``graphs.cp_frame`` precision for the Code Predictor.
@@ -292,14 +306,14 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
             raise KzttsError(f"--precision {precision} with a quantized precision plan: whole-stack graphs with a "
                              "precision per MatMul are QDQ graphs; drop --precision or export with --segments")
     precision = precision or target.precision
-    kv = _check_options(target, precision, context_binary)
+    kv = _check_options(target, precision, context_binary, calibration, plan)
     work_dir = Path(work_dir)
     limit = int(model.config.talker_config.max_position_embeddings)
     if target.shapes.context - 1 > limit:
         raise KzttsError(f"{target.path}: shapes.context {target.shapes.context} exceeds the model's {limit} "
                          "positions")
     whole_plan = plan if plan is not None and not segments else None
-    specs = _static_talker(model, work_dir, export_id, target, precision, kv, builders, whole_plan)
+    specs = _static_talker(model, work_dir, export_id, target, precision, kv, calibration, whole_plan)
     if segments:
         def seg_spec(name: str, rel: str, precision: str = G.FLOAT_HTP_PRECISION, **extra) -> GraphSpec:
             return _spec(work_dir, name, rel, precision, export_id, target, mask_value=target.attention_mask_value,
@@ -307,12 +321,12 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, precisio
 
         specs.update(export_talker_segments(model, work_dir, export_id=export_id, target=target, spec_fn=seg_spec))
         if plan is not None and plan.quantized_units():
-            specs.update(_segment_variants(model, work_dir, specs, plan, target, seg_spec, builders))
+            specs.update(_segment_variants(model, work_dir, specs, plan, target, seg_spec, calibration))
 
     if target.on_htp("cp_frame") and not talker_only:
         cp_precision = (plan.graphs.get("cp_frame") if plan is not None else None) or \
             (precision if plan is None else G.FLOAT_HTP_PRECISION)
-        spec = export_cp_frame_htp(model, work_dir, export_id, target, cp_precision)
+        spec = export_cp_frame_htp(model, work_dir, export_id, target, cp_precision, calibration)
         if spec is not None:
             specs["cp_frame"] = spec
     if target.on_htp("decoder") and not talker_only:
@@ -334,19 +348,22 @@ def _drop_graph(work_dir: Path, specs: dict[str, GraphSpec], name: str, files: s
 
 
 def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target,
-                        precision: str = G.FLOAT_HTP_PRECISION) -> GraphSpec | None:
+                        precision: str = G.FLOAT_HTP_PRECISION,
+                        calibration: CalibrationSource | None = None) -> GraphSpec | None:
     """The Code Predictor frame graph (15 unrolled steps, in-graph sampling) for the HTP.
 
     It is static already, so the CPU bundle's ``graphs/cp_frame.onnx`` is reused when the CPU export wrote
-    it, and the CPU keeps running it (fp32). At a quantized ``precision`` the HTP runs a QDQ version
-    (``extra.htp_file``, ``kztts.export.htp.qdq.quantize_cp_frame``): its stack and heads quantized, its
-    in-graph sampling (TopK, CumSum, comparisons) float (fp16 on the HTP)."""
+    it, and the CPU keeps running it (fp32). At a quantized ``precision`` the HTP runs a QDQ version beside it
+    (``extra.htp_file``, calibrated on ``calibration``'s data at each frame while the CPU Talker speaks): its stack
+    and heads quantized (``CP_QUANTIZED_SCOPES``), its in-graph sampling (TopK, CumSum, comparisons) float (fp16
+    on the HTP)."""
     rel = "graphs/cp_frame.onnx"
     if not (work_dir / rel).is_file():
         export_cp_frame(model, work_dir / rel)
     extra = {}
     if G.htp_precision(precision).quantized:
-        htp_rel = quantize_cp_frame(model, work_dir, rel, target, precision=precision)
+        htp_rel = quantize_graphs(work_dir, {CP_FRAME: rel}, calibration, target, precision=precision, drive={},
+                                  scopes={CP_FRAME: CP_QUANTIZED_SCOPES}, keep_float=True)[CP_FRAME]
         stamp_graph(work_dir / htp_rel, "cp_frame", export_id)
         extra["htp_file"] = htp_rel
     return _spec(work_dir, "cp_frame", rel, precision, export_id, target, cpu_precision="fp32", **extra)

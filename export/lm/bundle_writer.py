@@ -30,12 +30,14 @@ from torch import nn
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, KIND_LM, write_manifest
 from kztts.core import progress
-from kztts.core.build_cache import build_once, code_key, exclusive_output, staged_dir
+from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
+from kztts.export.common.bundle_output import bundle_output, check_output
+from kztts.export.common.export_key import exporter_code_key
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
-from kztts.export.graphs.talker_graph import talker_shape
-from kztts.export.htp.static_graphs import export_htp_graphs
+from kztts.export.graphs.talker_graph import export_talker, talker_shape
+from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
 from kztts.export.lm.hybrid import export_hybrid_bundle, is_hybrid_source
 from kztts.export.lm.lm_parts import (
@@ -46,8 +48,7 @@ from kztts.export.lm.lm_parts import (
     special_ids,
     write_token_embedding,
 )
-from kztts.export.lm.text_calibration import quantize_lm_graphs
-from kztts.export.tts.bundle_writer import check_output, export_talker, exporter_code_key
+from kztts.export.lm.text_calibration import LmTexts
 from kztts.htp.targets import load_target, target_path
 from kztts.lm import chatml
 from kztts.plan.resolve import resolve_placement
@@ -141,18 +142,14 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
         return export_hybrid_bundle(source, out_dir, overwrite=overwrite, target=target, precision=precision,
                                     context_binary=context_binary, segments=segments)
     check_output(out_dir, overwrite)
-    if segments and target is None:
-        raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
-    if placement is not None and target is None:
-        raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
+    check_target_options(target, segments=segments, placement=placement)
     target_cfg = None
     if target is not None:
         target_cfg = load_target(target)
         if placement is None or segments:  # a whole-stack plan picks its precision (plan_precision)
             precision = precision or target_cfg.precision
             check_lm_precision(precision, target_cfg, segments)
-    with exclusive_output(out_dir), staged_dir(out_dir) as work:
-        check_output(out_dir, overwrite)
+    with bundle_output(out_dir, overwrite) as work:
         steps = progress.Steps(4 + (target is not None), "export")
         steps.phase("loading checkpoint")
         lm, tokenizer, hf_tok = _load(source)
@@ -184,18 +181,10 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             plan = None
             if placement is not None:
                 plan = resolve_placement(placement, int(cfg["num_layers"]))
-
-            def qdq(_model, work_dir, files, tgt, prec, matmuls=None, drive=None, first_layers=None):
-                # the float graphs are written: from here the LM is read from them (calibration) and only
-                # its config from torch, so its weights go (6.2 GB at 1.5B in fp32, not held beside the
-                # calibration sessions and the quantizer's ModelProto); "meta" keeps their shapes
-                lm.to("meta")
-                return quantize_lm_graphs(cfg, work_dir, files, tgt, precision=prec, matmul_precisions=matmuls,
-                                          first_layers=first_layers, drive=drive)
-
-            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg, precision=precision,
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
+                                            calibration=LmTexts(cfg), precision=precision,
                                             context_binary=context_binary, segments=segments, talker_only=True,
-                                            builders={p: qdq for p in G.QUANTIZED_PRECISIONS}, plan=plan))
+                                            plan=plan))
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
         if unknown:
@@ -219,7 +208,8 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
 def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments: bool = False,
                      precision: str | None = None, placement: str | Path | None = None) -> Path:
     """``model_dir`` exported once into the cache (tests, demos), keyed by the checkpoint path, the
-    exporter code, the target file, the HTP precision and the precision plan (its file's bytes)."""
+    exporter code (``exporter_code_key``, and ``kztts.lm.chatml``), the target file, the HTP precision and the
+    precision plan (its file's bytes)."""
     model_dir = Path(model_dir).resolve()
     extra = str(model_dir).encode()
     tfile = None
@@ -228,8 +218,8 @@ def cached_lm_bundle(model_dir: str | Path, target: str | None = None, segments:
         extra += tfile.read_bytes() + (b"|segments" if segments else b"") + (f"|{precision}".encode() if precision else b"")
         if placement is not None:
             extra += b"|plan" + (Path(placement).read_bytes() if Path(placement).is_file() else str(placement).encode())
-    key = code_key(*sorted(Path(__file__).parent.glob("*.py")), chatml, extra=extra, length=10)
-    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{key}"
+    key = code_key(chatml, extra=extra, length=10)
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key('lm')}-{key}"
     return build_once(out, lambda work: export_lm_bundle(model_dir, work, overwrite=True,
                                                          target=str(tfile) if tfile else None, segments=segments,
                                                          precision=precision,

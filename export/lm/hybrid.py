@@ -27,16 +27,16 @@ from pathlib import Path
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, KIND_LM, write_manifest
 from kztts.core import progress
-from kztts.core.build_cache import build_once, code_key, exclusive_output, staged_dir
+from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
-from kztts.export.graphs import hybrid_graphs, hybrid_stack
+from kztts.export.common.bundle_output import bundle_output, check_output
+from kztts.export.common.export_key import exporter_code_key
 from kztts.export.graphs.hybrid_graphs import STATIC_DECODE, STATIC_PREFILL, export_hybrid_cpu, export_hybrid_static
 from kztts.export.graphs.hybrid_stack import hybrid_shape
 from kztts.export.htp.static_graphs import _spec, _with_context_binaries
 from kztts.export.lm import lm_parts
 from kztts.export.lm.checkpoint import load_causal_lm
-from kztts.export.tts.bundle_writer import check_output, exporter_code_key
 from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 from kztts.htp.targets import Target, load_target, target_path
 from kztts.lm import chatml
@@ -109,8 +109,7 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
     check_output(out_dir, overwrite)
     target_cfg = load_target(target) if target is not None else None
     check_hybrid_options(target_cfg, precision, segments)
-    with exclusive_output(out_dir), staged_dir(out_dir) as work:
-        check_output(out_dir, overwrite)
+    with bundle_output(out_dir, overwrite) as work:
         steps = progress.Steps(4 + (target_cfg is not None), "export")
         steps.phase("loading checkpoint")
         # transformers warns that its CUDA fast path (fla, causal-conv1d) is missing: the export traces the torch path
@@ -153,11 +152,12 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
 
 def cached_hybrid_bundle(model_dir: str | Path, target: str | None = None) -> Path:
     """``model_dir`` exported once into the cache (tests, demos), keyed by the checkpoint path, the exporter
-    code (this module, the hybrid graphs, the shared exporter) and the target file."""
+    code (``exporter_code_key``: the hybrid graphs and this module among it, and ``kztts.lm.chatml``) and the
+    target file."""
     model_dir = Path(model_dir).resolve()
     extra = str(model_dir).encode() + (target_path(target).read_bytes() if target is not None else b"")
-    key = code_key(Path(__file__), lm_parts, hybrid_graphs, hybrid_stack, chatml, extra=extra, length=10)
-    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{key}"
+    key = code_key(chatml, extra=extra, length=10)
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key('lm')}-{key}"
     return build_once(out, lambda work: export_hybrid_bundle(
         model_dir, work, overwrite=True, target=str(target_path(target)) if target else None))
 

@@ -1,7 +1,7 @@
-"""QDQ static HTP graphs of an LM bundle (any quantized precision), calibrated on real text through the float
-graphs.
+"""The calibration data of an LM bundle's QDQ static HTP graphs (any quantized precision): real text through the
+float graphs (:class:`LmTexts`, a ``kztts.export.htp.calibration.CalibrationSource``).
 
-The quantize loop is :func:`kztts.export.htp.qdq.quantize_graphs` (the TTS Talker's); only the
+The QDQ route is the TTS Talker's (``kztts.export.htp.qdq.quantize_graphs``); only the
 calibration data differ: :data:`CALIBRATION_TEXTS`, a fixed multilingual set (code, English,
 French, German, Chinese, a ChatML conversation), tokenized with the LM's own tokenizer
 (``tokenizer.json`` of the bundle being written) and embedded from its ``token_embedding``
@@ -16,13 +16,15 @@ the graphs on the data they were calibrated on.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import ClassVar, Iterator
 
 import numpy as np
 
 from kztts.bundle.embeddings import bf16_to_f32
-from kztts.export.htp.qdq import quantize_graphs, recording_talker
+from kztts.export.htp.calibration import recording_talker
+from kztts.htp.targets import Target
 from kztts.lm.lm import TOKEN_EMBEDDING
 
 log = logging.getLogger(__name__)
@@ -55,47 +57,36 @@ def _embedder(work_dir: Path):
     return embed
 
 
-def lm_calibration_feeds(work_dir: Path, float_files: dict[str, str], graph: str, config: dict, *,
-                         texts: Sequence[str] = CALIBRATION_TEXTS, decode_steps: int = DECODE_STEPS,
-                         mask_value: float = -50.0, prefill_only: bool = False) -> Iterator[dict]:
-    """Yield the feeds of ``graph`` ("talker_prefill" or "talker_decode") while the float static graphs
-    of the LM bundle being written in ``work_dir`` run ``texts`` (module docstring). ``config``: the
+@dataclass(frozen=True, eq=False)
+class LmTexts:
+    """The calibration texts run through an LM bundle's float static graphs (module docstring). ``config``: the
     manifest's ``config.lm``."""
-    from tokenizers import Tokenizer
 
+    config: dict
+    texts: tuple[str, ...] = CALIBRATION_TEXTS
+    decode_steps: int = DECODE_STEPS
+    what: ClassVar[str] = "the calibration texts"
+    reads_torch_model: ClassVar[bool] = False  # the bundle's tokenizer, token table and float graphs only
 
-    talker, pending = recording_talker(work_dir, float_files, graph, config, mask_value, prefill_only)
-    tok = Tokenizer.from_file(str(work_dir / "tokenizer.json"))
-    embed = _embedder(work_dir)
-    for text in texts:
-        ids = tok.encode(text, add_special_tokens=False).ids[:talker.context]
-        if len(ids) < 2:
-            log.warning("calibration text %r has fewer than 2 tokens; skipped", text[:30])
-            continue
-        half = len(ids) // 2
-        embeds = embed(ids)
-        talker.prefill(embeds[:half])
-        yield from pending
-        pending.clear()
-        for e in embeds[half:half + decode_steps]:
-            talker.decode(e)
+    def feeds(self, work_dir: Path, drive: dict[str, str], graph: str, target: Target) -> Iterator[dict]:
+        """Yield the feeds of ``graph`` (a whole-stack Talker graph or a layer graph) while the float graphs
+        ``drive`` of the LM bundle being written in ``work_dir`` run the texts."""
+        from tokenizers import Tokenizer
+
+        talker, pending = recording_talker(work_dir, drive, graph, self.config, target)
+        tok = Tokenizer.from_file(str(work_dir / "tokenizer.json"))
+        embed = _embedder(work_dir)
+        for text in self.texts:
+            ids = tok.encode(text, add_special_tokens=False).ids[:talker.context]
+            if len(ids) < 2:
+                log.warning("calibration text %r has fewer than 2 tokens; skipped", text[:30])
+                continue
+            half = len(ids) // 2
+            embeds = embed(ids)
+            talker.prefill(embeds[:half])
             yield from pending
             pending.clear()
-
-
-def quantize_lm_graphs(config: dict, work_dir: Path, float_files: dict[str, str], target, *, precision: str,
-                       matmul_precisions: dict | None = None, first_layers: dict | None = None,
-                       drive: dict[str, str] | None = None, texts: Sequence[str] = CALIBRATION_TEXTS,
-                       decode_steps: int = DECODE_STEPS) -> dict[str, str]:
-    """QDQ versions at ``precision`` of an LM bundle's float static graphs (``kztts.export.htp.qdq.quantize_graphs``;
-    ``matmul_precisions`` / ``first_layers`` as there): ``{graph name: rel file}``. ``drive``: the float graphs
-    that speak (default ``float_files``, which are then removed; the layer graphs and head for their QDQ
-    variants, which keep the float ones)."""
-    source = drive or float_files
-    return quantize_graphs(work_dir, float_files,
-                           lambda name: lm_calibration_feeds(work_dir, source, name, config, texts=texts,
-                                                             decode_steps=decode_steps,
-                                                             mask_value=target.attention_mask_value,
-                                                             prefill_only=target.talker_graphs == "prefill-only"),
-                           precision=precision, matmul_precisions=matmul_precisions, first_layers=first_layers,
-                           keep_float=drive is not None, what="the calibration texts")
+            for e in embeds[half:half + self.decode_steps]:
+                talker.decode(e)
+                yield from pending
+                pending.clear()

@@ -3,79 +3,30 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
-from kztts.bundle import manifest
-from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, GraphSpec, write_manifest
+from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, write_manifest
 from kztts.core import progress
-from kztts.core.build_cache import build_once, code_key, exclusive_output, staged_dir
+from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
-from kztts.core.errors import KzttsError
+from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.common.embeddings import export_embeddings
-from kztts.export.common.onnx_export import export_onnx
+from kztts.export.common.export_key import exporter_code_key
 from kztts.export.common.tokenizer import export_tokenizer
 from kztts.export.graphs.code_predictor_graph import export_code_predictor
 from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
 from kztts.export.graphs.gqa_graphs import export_gqa_graphs
-from kztts.export.graphs.graph_parts import graph_spec, model_config, special_ids
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
-from kztts.export.graphs.talker_graph import TalkerGraph
-from kztts.export.htp.static_graphs import export_htp_graphs
-from kztts.export.tts.tiny import MARKER
+from kztts.export.graphs.talker_graph import export_talker
+from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
+from kztts.export.tts.prompt_calibration import TtsPrompts
+from kztts.export.tts.tiny_build import MARKER
+from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import load_target, target_path
 from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
-
-
-def link_tree(src: Path, dst: Path, skip: set[str], *, across_fs: str = "copy") -> None:
-    """Hard-link every file of bundle ``src`` into ``dst`` except its manifest and ``skip``
-    (paths relative to ``src``). Where a hard link fails (across file systems, or a file system
-    without them) a file is copied (``across_fs="copy"``) or symbolically linked (``"symlink"``:
-    avoids copying a base's gigabytes); where a symlink fails too (Windows without the
-    privilege to create one), it is copied."""
-    copied = 0
-    for f in Path(src).rglob("*"):
-        rel = f.relative_to(src).as_posix()
-        if f.is_dir() or rel in skip or rel == "kztts.json":
-            continue
-        target = Path(dst) / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(f, target)
-            continue
-        except OSError:
-            pass
-        if across_fs == "symlink":
-            try:
-                target.symlink_to(f.resolve())
-                continue
-            except OSError:
-                copied += 1
-        shutil.copy2(f, target)
-    if copied:
-        log.warning("%s: %d file(s) of %s copied: neither a hard link nor a symbolic link could be made",
-                    dst, copied, src)
-
-
-def export_talker(model, bundle_dir: Path, export_id: str) -> GraphSpec:
-    graph = TalkerGraph(model.talker).eval()
-    ins, outs = graph.io_names()
-    dyn = {"inputs_embeds": {1: "seq"}, "rope_cos": {1: "seq"}, "rope_sin": {1: "seq"}}
-    dyn.update({n: {2: "past"} for n in ins[3:]})
-    dyn.update({n: {2: "seq"} for n in outs[2:]})
-    rel = "graphs/talker.onnx"
-    export_onnx(graph, graph.example_inputs(), bundle_dir / rel, ins, outs, dyn)
-    return graph_spec(bundle_dir, "talker", rel, "dynamic", "fp32", export_id)
-
-
-def check_output(out_dir: Path, overwrite: bool) -> None:
-    """Refuse to replace a non-empty ``out_dir`` unless ``overwrite`` (``--overwrite``)."""
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
 
 
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
@@ -88,12 +39,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
-    with exclusive_output(out_dir), staged_dir(out_dir) as work:  # a second export of out_dir fails at once
-        check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
-        if segments and target is None:
-            raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
-        if placement is not None and target is None:
-            raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
+    check_target_options(target, segments=segments, placement=placement)
+    with bundle_output(out_dir, overwrite) as work:
         plan = None
         if target is not None:
             target_cfg = load_target(target)  # fail on a bad target before the long work
@@ -125,8 +72,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         if target is not None:
             steps.phase(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
-                                            precision=precision, context_binary=context_binary,
-                                            segments=segments, plan=plan))
+                                            calibration=TtsPrompts(model), precision=precision,
+                                            context_binary=context_binary, segments=segments, plan=plan))
             steps.update()
         steps.phase("manifest")
         manifest = {
@@ -155,27 +102,11 @@ def random_weight_provenance(model_dir: Path) -> dict | None:
     return {"made_by": "kztts make-tiny", **{k: info.get(k) for k in ("size", "variant", "seed", "eos_bias")}}
 
 
-# The folders whose modules shape a TTS bundle. Left out: the LM exporter (LM bundles add their own
-# key), validation, and the modules that derive from an exported bundle (quantized variants carry
-# their own code key) or run the reference for benchmarks: editing them must not re-export every
-# cached bundle.
-_SHAPING_FOLDERS = ("common", "graphs", "htp", "tts")
-_DERIVED_ONLY = frozenset({"variants.py", "bench_reference.py"})
-
-
-def exporter_code_key() -> str:
-    """Code key of the exporter's own source: a cached bundle is rebuilt when the exporter changes."""
-    export = Path(__file__).resolve().parents[1]
-    files = [f for folder in _SHAPING_FOLDERS for f in sorted((export / folder).glob("*.py"))
-             if f.name not in _DERIVED_ONLY]
-    return code_key(*files, manifest)
-
-
 def cached_bundle(model_dir: str | Path) -> Path:
     """Export ``model_dir`` once into the cache (keyed by checkpoint path and exporter code)."""
     model_dir = Path(model_dir).resolve()
     where = code_key(extra=str(model_dir).encode(), length=8)  # two checkpoints may share a name
-    out = cache_dir() / "bundles" / f"{model_dir.name}-{where}-{exporter_code_key()}"
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{where}-{exporter_code_key('tts')}"
     return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True))
 
 
@@ -190,7 +121,7 @@ def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision
     if placement is not None:
         opts += "|plan" + (Path(placement).read_text() if Path(placement).is_file() else str(placement))
     h = code_key(tfile, extra=opts.encode(), length=8)
-    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key()}-{tfile.stem}-{h}"
+    out = cache_dir() / "bundles" / f"{model_dir.name}-{exporter_code_key('tts')}-{tfile.stem}-{h}"
     return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True, target=str(tfile),
                                                       precision=precision, context_binary=context_binary,
                                                       segments=segments,

@@ -128,7 +128,7 @@ def row_specs(bundle: Path, weights: list[str], target: str | None, placements: 
     ``kztts-placement/1`` file, e.g. one layer of a per-layer sweep on the HTP, or a precision plan) is a row of its
     own on ``bundle``, named after the file and run as the guarded row is. ``qdq_on_cpu``: the quantized rows are
     named ``qdq-cpu ...`` and run without strict mode (their graphs open on the CPU EP by design)."""
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     specs = [RowSpec(f"cpu {w}", cached_variant(bundle, weights=w), weights=w) for w in weights]
     layers = target is not None and layer_graphs_only(bundle)

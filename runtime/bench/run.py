@@ -216,7 +216,7 @@ def prepare(o: BenchOptions, grid: Grid, steps: Steps) -> Prepared:
     # the export extra (torch) is optional for kztts: loaded once check() found it
     from kztts.export.tts.bundle_writer import cached_bundle
     from kztts.export.tts.tiny import cached_tiny
-    from kztts.export.tts.variants import cached_variant
+    from kztts.export.common.variants import cached_variant
 
     steps.phase("model + fp32 bundle")
     model_dir = Path(o.model_dir) if o.model_dir else cached_tiny(

@@ -29,7 +29,7 @@ def lm_export_requested(args: argparse.Namespace) -> bool:
 def export_lm(args: argparse.Namespace) -> Path:
     # the export extra (torch): checked by cmd_export
     from kztts.export.lm.bundle_writer import export_lm_bundle
-    from kztts.export.tts.variants import export_variant
+    from kztts.export.common.variants import variant_output
 
     source = Path(args.gguf or args.model_dir)
     if not (source.is_file() if args.gguf else source.is_dir()):
@@ -46,16 +46,20 @@ def export_lm(args: argparse.Namespace) -> Path:
             raise KzttsError(f"--kv {args.kv}: a hybrid LM's graphs keep their KV and DeltaNet states in fp32 (no fp16 "
                              "cache variant); export without --kv")
     progress.phase("exporting the causal LM %s to %s", source, args.output)
-    return export_variant(source, Path(args.output), weights=args.weights, kv=args.kv, overwrite=args.overwrite,
-                          exporter=export_lm_bundle, target=args.target, precision=args.precision,
-                          context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs,
-                          placement=args.placement)
+    out = Path(args.output)
+    with variant_output(out, base_name=source.name, weights=args.weights, kv=args.kv,
+                        overwrite=args.overwrite) as fp32_out:
+        export_lm_bundle(source, fp32_out, overwrite=args.overwrite, target=args.target, precision=args.precision,
+                         context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs,
+                         placement=args.placement)
+    return out
 
 
 def export_tts(args: argparse.Namespace) -> Path:
     # the export extra (torch): checked by cmd_export
     from kztts.export.common.checkpoint import read_config
-    from kztts.export.tts.variants import export_variant
+    from kztts.export.tts.bundle_writer import export_bundle
+    from kztts.export.common.variants import variant_output
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
     if args.cpu_graphs != "all":
@@ -63,10 +67,13 @@ def export_tts(args: argparse.Namespace) -> Path:
                          "use the plain and the fused graphs both; --cpu-graphs applies to LM exports")
     progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
                    args.model_dir, args.output)
-    return export_variant(Path(args.model_dir), Path(args.output), weights=args.weights, kv=args.kv,
-                          decoder=args.decoder, overwrite=args.overwrite, target=args.target,
-                          precision=args.precision, context_binary=args.context_binary, segments=args.segments,
-                          placement=args.placement)
+    out = Path(args.output)
+    with variant_output(out, base_name=Path(args.model_dir).name, weights=args.weights, kv=args.kv,
+                        decoder=args.decoder, overwrite=args.overwrite) as fp32_out:
+        export_bundle(Path(args.model_dir), fp32_out, overwrite=args.overwrite, target=args.target,
+                      precision=args.precision, context_binary=args.context_binary, segments=args.segments,
+                      placement=args.placement)
+    return out
 
 
 def cmd_export(args: argparse.Namespace) -> int:

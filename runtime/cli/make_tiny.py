@@ -11,7 +11,7 @@ from kztts.core.extras import need_export_extra
 def cmd_make_tiny(args: argparse.Namespace) -> int:
     check_writable_dir(args.out_dir, "checkpoint", create_parents=True)
     need_export_extra()
-    from kztts.export.tts.tiny import make_tiny  # the export extra (torch): checked just above
+    from kztts.export.tts.tiny_build import make_tiny  # the export extra (torch): checked just above
 
     print(make_tiny(Path(args.out_dir), size=args.size, variant=args.variant, seed=args.seed,
                     massive_layer=args.massive_layer))

@@ -2,9 +2,9 @@
 
 A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
 changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
-``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``export_variant``
-exports a checkpoint and writes its variant as a bundle of its own
-(``kztts export --weights/--kv/--decoder``).
+``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``variant_output`` is where
+``kztts export --weights/--kv/--decoder`` exports a checkpoint (TTS or LM) so that its variant becomes a bundle
+of its own.
 
 - weights ``int8`` / ``int4``: every MatMul with a constant weight in ``talker``,
   ``cp_step`` (the 15 heads inside the ``If`` tree included) and ``cp_frame`` becomes a
@@ -27,17 +27,19 @@ is refused at open; unchanged graphs keep the base's entries. The manifest gains
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
+from typing import Iterator
 
 from kztts.bundle import graphs as G
 from kztts.bundle.graphs import DYNAMIC_KV, FUSED_KV
 from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
-from kztts.export.graphs.graph_parts import graph_spec
-from kztts.export.tts.bundle_writer import check_output, export_bundle, link_tree
+from kztts.export.common.graph_parts import graph_spec
+from kztts.export.common.bundle_output import check_output, link_tree
 
 log = logging.getLogger(__name__)
 
@@ -303,23 +305,23 @@ def cached_variant(base: str | Path, *, weights: str, kv: str = "fp32", decoder:
                       replaces=f"{name}-*")  # older variant code, same base
 
 
-def export_variant(model_dir: str | Path, out_dir: str | Path, *, weights: str = "fp32", kv: str = "fp32",
-                   decoder: str = "fp32", overwrite: bool = False, exporter=None, **export_options) -> Path:
-    """``kztts export --weights/--kv/--decoder``: export ``model_dir`` at fp32 next to ``out_dir``,
-    write its variant to ``out_dir``, remove the fp32 export. ``out_dir`` is self-contained: its
-    unchanged files are hard links (copies across file systems) whose other name is removed.
-    ``export_options`` go to ``exporter`` (default ``export_bundle``; an LM bundle's is
-    ``kztts.export.lm.bundle_writer.export_lm_bundle``): ``target``, ``precision``, ..."""
-    exporter = exporter or export_bundle
-
+@contextlib.contextmanager
+def variant_output(out_dir: str | Path, *, base_name: str, weights: str = "fp32", kv: str = "fp32",
+                   decoder: str = "fp32", overwrite: bool = False) -> Iterator[Path]:
+    """``kztts export --weights/--kv/--decoder``: where to export the fp32 bundle that ``out_dir`` is made from.
+    The fp32 variant is ``out_dir`` itself (the exporter checks and locks it). Any other is a scratch folder
+    ``base_name`` beside ``out_dir`` (the manifest's ``variant.base``), under ``out_dir``'s lock: when the block
+    ends its variant is written to ``out_dir`` and the scratch folder removed. ``out_dir`` is self-contained: its
+    unchanged files are hard links (copies across file systems) whose other name is removed."""
     _check(weights, kv, decoder)
     out_dir = Path(out_dir)
     if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
-        return exporter(model_dir, out_dir, overwrite=overwrite, **export_options)
+        yield out_dir
+        return
     check_output(out_dir, overwrite)  # before the long export
     with exclusive_output(out_dir), scratch_dir(out_dir) as tmp:  # a second export of out_dir fails at once
         check_output(out_dir, overwrite)  # again: another export may have finished while we took the lock
-        base = exporter(model_dir, tmp / Path(model_dir).name, **export_options)
+        base = tmp / base_name
+        yield base
         make_variant(base, out_dir, weights=weights, kv=kv, decoder=decoder)
     log.info("%s bundle written to %s", variant_tag(weights, kv, decoder), out_dir)
-    return out_dir

@@ -1,0 +1,45 @@
+"""What every graph exporter needs to describe its output: the stamp a graph file carries and its
+manifest entry as ONNX Runtime sees it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+from kztts.bundle.manifest import GraphSpec, TensorSpec
+from kztts.bundle.sessions import _ORT_DTYPES, EXPORT_ID_KEY, GRAPH_KEY
+
+
+def stamp_graph(path: Path, name: str, export_id: str) -> None:
+    """Record which bundle and graph a file belongs to, in the ONNX model metadata.
+
+    The runtime compares the stamp with the manifest, so a graph copied in from
+    another export (same I/O, other weights) is refused instead of run.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    meta.update({GRAPH_KEY: name, EXPORT_ID_KEY: export_id})
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(path))
+
+
+def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precision: str,
+               export_id: str) -> GraphSpec:
+    """Stamp an exported graph and describe its I/O as ONNX Runtime sees it."""
+    path = bundle_dir / rel_file
+    stamp_graph(path, name, export_id)
+    so = ort.SessionOptions()  # only the I/O is read: no optimization, weights mapped (external data), not packed
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    def spec(args):
+        return tuple(TensorSpec(a.name, _ORT_DTYPES.get(a.type, a.type),
+                                tuple(d if isinstance(d, (int, str)) else "?" for d in a.shape)) for a in args)
+
+    return GraphSpec(name, rel_file, variant, precision, spec(sess.get_inputs()), spec(sess.get_outputs()),
+                     {"bytes": path.stat().st_size, "export_id": export_id})
