@@ -1,5 +1,5 @@
 """The ASR judge (kztts.eval.asr) on speech with a known text and no TTS model: espeak-ng speaks three
-English sentences and one French one (the sentences of tests/test_asr.py), then white noise and
+English sentences and one French one (the sentences of tests/eval/test_asr.py), then white noise and
 silence; prints a markdown table of text, transcript, WER/CER and the judge's time per utterance.
 
     .venv/bin/python benchmarks/asr/espeak_round_trip.py [--threads N] [--repeats R]

@@ -12,17 +12,17 @@ and its cached fp32 bundle get the static graphs of the shipped simulator target
 prefill chunk ``--chunk`` and ``decoder_chunk`` 5 with the decoder placed on the HTP
 (``kztts.bench.htp.cached_htp_bundle``: fp16 KV I/O, the exporter's default; ``talker_graphs`` as
 shipped, prefill-only). A copy with the Talker graph retyped to fp32 KV (``kztts.export.htp.kv_io``) is the
-baseline. Then, all HTP work in child processes (``kztts.export.validate.htp``, as tests/test_kv_io.py):
+baseline. Then, all HTP work in child processes (``kztts.export.validate.htp``, as tests/export/htp/test_kv_io.py):
 
 - teacher-forced Talker logits of each bundle on the simulator (strict: every node on QNN) against the
   CPU fp32 bundle's ``talker`` over one prompt + ``--frames`` frames (``bundle_sequences``): cosine min,
   greedy CB0 agreement, and max |fp16 KV - fp32 KV| of the logits;
 - KV bytes one Talker call moves (past inputs + new outputs) from each graph's manifest I/O;
 - the ``decoder_chunk`` graph on the simulator against the fp32 CPU decoder over ``--decoder-frames``
-  seeded random frames (``kztts.export.validate.decoder.htp_decoder_snr``, as tests/test_htp_decoder.py).
+  seeded random frames (``kztts.export.validate.decoder.htp_decoder_snr``, as tests/export/validate/test_decoder.py).
 
 ``count``: per graph of the frame that ``kztts inspect --json`` costed (``kztts.htp.cost``), its byte and MAC
-counts against an independent count with the ``onnx`` package: tests/test_cost.py's counter (constants,
+counts against an independent count with the ``onnx`` package: tests/htp/test_cost.py's counter (constants,
 their uses and gathered tables, declared I/O, the Talker's MatMul weights and attention shapes), plus
 MACs of every MatMul/Gemm/Conv/ConvTranspose from ONNX shape inference (kztts.htp.cost takes them from an
 ONNX Runtime profile); the frame's paper estimate and its inputs are copied from the inspect report.
@@ -205,8 +205,8 @@ def count(bundle: Path, report: dict) -> dict:
 
     from kztts.bundle.manifest import read_manifest
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    import test_cost as tc  # the independent counter of tests/test_cost.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "htp"))
+    import test_cost as tc  # the independent counter of tests/htp/test_cost.py
 
     cost = report["cost"]
     manifest = read_manifest(bundle)

@@ -17,7 +17,7 @@ the residual ``Add`` before each norm, which stays a node of its own at every la
    next residual needs), with ``onnxruntime.transformers``' own pattern fusions.
 
 Both kernels compute what the nodes they replace compute, in fp32: the same codes, and logits equal up
-to the order the fused norm sums its squares in (``tests/test_cpu_fusion.py``). Only the CPU graphs get it (``talker_gqa``,
+to the order the fused norm sums its squares in (``tests/export/graphs/test_cpu_fusion.py``). Only the CPU graphs get it (``talker_gqa``,
 ``cp_frame_gqa`` and their batched forms); the HTP graphs keep standard ops for QNN.
 """
 from __future__ import annotations

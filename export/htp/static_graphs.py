@@ -378,7 +378,7 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
     Why folded: SnakeBeta's ``pow(sin(x * alpha), 2)`` is inexact on the HTP in fp16 (measured on the
     simulator, tiny model, one 5-frame run, per-tensor SNR vs the CPU EP: 55 dB at the third ``Sin``,
     25.7 dB at the ``Add`` after its ``Pow``); written ``s * s`` it stays exact to fp16. Whole
-    decoder on 10 frames: 21 dB plain, 46.9 dB folded (``tests/test_htp_decoder.py``)."""
+    decoder on 10 frames: 21 dB plain, 46.9 dB folded (``tests/export/validate/test_decoder.py``)."""
     st = _decoder_of(model)
     step = DecoderStep(st.decoder, HTP_DECODER_OPTIONS).eval()
     frames = target.shapes.decoder_chunk

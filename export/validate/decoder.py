@@ -1,5 +1,5 @@
 """The speech decoder of an HTP target against the fp32 CPU decoder: the SNR of its audio
-(``kztts validate --target``, ``tests/test_htp_decoder.py``).
+(``kztts validate --target``, ``tests/export/validate/test_decoder.py``).
 
 The HTP side runs in a child process (QNN.md: fp16 mode leaks across the sessions of one
 process): the execution plan's decoder, i.e. the static ``decoder_chunk`` when the target puts

@@ -37,7 +37,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # shortfall (0.441 -> 0.6). A mixed precision plan is bounded as its least precise member
     "htp-w4a16": {"talker_logits_cos_min": (">=", 0.90), "talker_argmax_match": (">=", 0.4)},
     # the decoder on the HTP (fp16) vs the fp32 CPU decoder, when the target places it there: measured
-    # 46.9 dB on the tiny model (tests/test_htp_decoder.py); 21 dB before SnakeBeta was folded
+    # 46.9 dB on the tiny model (tests/export/validate/test_decoder.py); 21 dB before SnakeBeta was folded
     "htp-decoder": {"decoder_snr_db": (">=", 40.0)},
     "placement": {"talker_logits_cos_min": (">=", 0.999)},
     # an LM bundle's CPU graphs against transformers (>= 0.9999 on the real 1.5B checkpoint)

@@ -1,7 +1,7 @@
 """Accuracy of an LM bundle's precisions and placements against its fp32 CPU bundle.
 
 numpy + onnxruntime only: the reference is the **fp32 CPU bundle** itself (``kztts.lm.lm.LM`` on the
-CPU graphs), which ``kztts validate`` and ``tests/test_lm.py`` check against transformers. Each
+CPU graphs), which ``kztts validate`` and ``tests/lm/test_lm.py`` check against transformers. Each
 row (a bundle variant, a target and a placement) runs over :data:`SAMPLES`, a fixed multilingual
 text set (code, English, French, Chinese):
 

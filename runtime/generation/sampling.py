@@ -2,7 +2,7 @@
 
 Everything works on one float32 score vector ``[V]`` and returns a new array.
 
-Processors (each equals its transformers counterpart, see tests/test_sampling.py):
+Processors (each equals its transformers counterpart, see tests/generation/test_sampling.py):
 
 - ``repetition_penalty(scores, prev_ids, penalty, window=None)``  RepetitionPenaltyLogitsProcessor
 - ``min_new_tokens(scores, step, min_tokens, eos_id)``            MinNewTokensLengthLogitsProcessor

@@ -12,7 +12,7 @@ copied), so a decode never computes a finished row.
 hidden, c0, sampling settings and 15 uniforms.
 
 Rows never mix inside the graphs, so each row gets the numbers its stream would get alone
-(the batch-1 graphs ``talker_gqa`` / ``cp_frame_gqa``): ``tests/test_batch.py`` checks the codes.
+(the batch-1 graphs ``talker_gqa`` / ``cp_frame_gqa``): ``tests/tts/test_batch_loop.py`` checks the codes.
 """
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def language_id(languages: dict, language: str | None) -> int | None:
 def prompt_length(text_tokens: int, *, language: bool, speaker: bool, mode: str, non_streaming: bool,
                   ref_text_tokens: int = 0, ref_frames: int = 0) -> int:
     """Positions of ``build_prompt``'s prefill for ``text_tokens`` text tokens (``ids[3:-5]``), without
-    building it: the layout in the module docstring (``tests/test_long_text.py`` checks the two agree)."""
+    building it: the layout in the module docstring (``tests/tts/test_long_text.py`` checks the two agree)."""
     n = (4 if language else 3) + (1 if speaker else 0) + 2  # codec prefix: tags, speaker, pad/bos
     head = 3 + n - 1  # role + prefix
     if mode == "icl":

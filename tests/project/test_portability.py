@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 SOURCES = ("runtime", "export", "benchmarks", "scripts")
 
 UNIX_ONLY_MODULES = frozenset({"fcntl", "resource", "pwd", "grp", "termios", "tty", "pty", "posix", "syslog",

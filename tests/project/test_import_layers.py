@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 
 # The layers, lowest first. Folders of one rank (tts, lm; export.tts, export.lm) are siblings: neither imports the
 # other.

@@ -18,7 +18,8 @@ from kztts.cli import export as cli_export
 from kztts.cli import main as cli
 from kztts.core.audio import synthetic_voice
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

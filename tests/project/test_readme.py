@@ -3,11 +3,12 @@ placeholder bundles replaced by the tiny test bundles, speaks a WAV and gets a c
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from support import ROOT
+
+README = ROOT / "README.md"
 FIRST_COMMANDS = ['bash scripts/setup.sh && .venv/bin/kztts synth "Hello from kztts." -o hello.wav',
                   ".venv/bin/python -m pytest -q"]
 MAX_LINES = 150
@@ -38,7 +39,7 @@ def test_readme_links_point_at_files():
 @pytest.fixture(scope="module")
 def readme_bundles():
     """Plain exports, as the example's comments make them: the tiny random TTS ('equal' variant) and
-    the tiny random Qwen2 LM (the cached builds tests/conftest.py and tests/test_lm.py use)."""
+    the tiny random Qwen2 LM (the cached builds tests/conftest.py and tests/lm/test_lm.py use)."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
     from kztts.export.lm.tiny import cached_tiny_lm
     from kztts.export.tts.bundle_writer import cached_bundle

@@ -4,9 +4,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+from support import ROOT
+
+RUNTIME = ROOT / "runtime"
 
 
 def test_no_torch_import_statement():

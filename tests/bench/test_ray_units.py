@@ -41,7 +41,7 @@ def qwen3_dir():
 
 @pytest.fixture(scope="module")
 def qwen3_bundle(qwen3_dir, small_target):
-    """tests/test_lm_accuracy.py's bundle (the same cached one)."""
+    """tests/eval/test_lm_accuracy.py's bundle (the same cached one)."""
     from kztts.export.lm.bundle_writer import cached_lm_bundle
 
     return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)

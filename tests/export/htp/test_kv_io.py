@@ -2,7 +2,7 @@
 
 fp16 graphs take and return float16 KV by default; the same bundle retyped to float32 KV
 (``kztts.export.htp.kv_io``) is the pre-change baseline. The simulator side runs in child processes
-(``kztts.export.validate.htp``), as in tests/test_qnn.py.
+(``kztts.export.validate.htp``), as in tests/htp/test_qnn.py.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """LM accuracy rows (``kztts.eval.lm_accuracy``) and ``kztts validate`` on LM bundles, on the
-tiny random Qwen2 / Qwen3 LMs of tests/test_lm.py (same cached bundles)."""
+tiny random Qwen2 / Qwen3 LMs of tests/lm/test_lm.py (same cached bundles)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from kztts.eval.lm_accuracy import SAMPLES, RowSpec, common_prefix, markdown_table, perplexity, run_rows
+
+from support import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +153,10 @@ def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys
     """benchmarks/lm_precision/README.md's full-set w8a16 all-htp row of the real 1.5B is what ``--merge``
     makes of the shard reports kept in benchmarks/lm_precision/w8a16_fullset (the simulator row takes 6 h, so
     the published figures must stay reproducible from the kept sums, not from run directories that are gone)."""
-    from pathlib import Path
 
     from kztts.bench.lm import main
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision"
+    root = ROOT / "benchmarks" / "lm_precision"
     shards = [root / "w8a16_fullset" / t for t in ("code", "english", "french", "chinese")]
     assert main(["--merge", *map(str, shards), "--out", str(tmp_path)]) == 0
     capsys.readouterr()
@@ -176,9 +177,8 @@ def test_published_ray_rows_of_the_15b_equal_its_sequential_rows():
     """benchmarks/lm_precision/ray_15b: the real 1.5B's CPU rows through ``--ray`` (one unit per row and text) hold
     the sequential run's figures and per-text sums exactly, and its HTP simulator row through Ray the figures of
     the sequential row published in benchmarks/lm_precision/README.md."""
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision"
+    root = ROOT / "benchmarks" / "lm_precision"
     runs = {d: json.loads((root / "ray_15b" / d / "lm_accuracy.json").read_text())
             for d in ("sequential_cpu", "ray_cpu", "ray_htp")}
     assert "ray" not in runs["sequential_cpu"] and not runs["ray_cpu"]["ray"]["failed"]
@@ -202,13 +202,12 @@ def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     guarded (kztts calibrate + the fp16 guard) and prefill-htp-decode-cpu; w8a16 under all-htp and
     prefill-htp-decode-cpu (no guarded row: the exporter's refusal of w8a16 layer graphs is quoted)."""
     import importlib.util
-    from pathlib import Path
 
     from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
-    path = Path(__file__).parent.parent / "benchmarks" / "lm_precision" / "bench_lm.py"
+    path = ROOT / "benchmarks" / "lm_precision" / "bench_lm.py"
     spec = importlib.util.spec_from_file_location("bench_lm", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

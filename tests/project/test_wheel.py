@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 # what the build reads; copied so a stale build/ or egg-info in the work tree cannot leak into the wheel
 BUILD_INPUTS = ("setup.cfg", "pyproject.toml", "README.md", "runtime", "export", "qnn_configs")
 # source folder -> where its files land in the wheel

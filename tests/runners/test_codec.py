@@ -11,6 +11,8 @@ from kztts.core import audio
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import Decoder, Encoder, StreamingDecoder, check_codes
 
+from support import ROOT
+
 on_proj = pytest.mark.parametrize("variant", ["proj"], indirect=True)
 FRAMES = 310  # crosses qwen-tts's 300-frame decode segment (left context 25)
 
@@ -212,14 +214,13 @@ def test_default_export_is_the_benchmarked_choice(codec_dir):
     and chose, read from the ONNX graph itself (the plain graph of this decoder has 6 ConvTranspose,
     58 Exp, a Pow on every Sin and only 3-D Conv weights), and its manifest entry names them."""
     import collections
-    from pathlib import Path
 
     import onnx
 
     from kztts.export.graphs.codec_graphs import DEFAULT_OPTIONS
 
     out, specs = codec_dir
-    benchmarked = Path(__file__).resolve().parents[1] / "benchmarks" / "decoder" / "README.md"
+    benchmarked = ROOT / "benchmarks" / "decoder" / "README.md"
     assert "| conv2d+tconv_as_conv+fold_snake | 1 | 4 |" in benchmarked.read_text()
     assert DEFAULT_OPTIONS.name == "conv2d+tconv_as_conv+fold_snake"
     for name in ("decoder", "decoder_stream"):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 # Home and work folders of a machine (Linux, macOS, Windows). Spelt in pieces so this file does not match.
 MACHINE_PATH = re.compile("(?<![\\w.$~-])(/" + "root/|/" + "home/[\\w.-]+/|/" + "Users/[\\w.-]+/|/" + "work/|/"
                           + "mnt/[\\w.-]+/|[A-Za-z]:\\\\" + "Users\\\\)")

@@ -2,7 +2,7 @@
 
 The syntheses run in a child process that imports the runtime only (the demo bundle is built
 here, with torch), so its RSS is that of an application using ``kztts.TTS``.
-Slow (several minutes): ``python -m pytest -m slow -s tests/test_load.py`` prints the figures."""
+Slow (several minutes): ``python -m pytest -m slow -s tests/tts/test_load.py`` prints the figures."""
 from __future__ import annotations
 
 import json

@@ -372,7 +372,7 @@ def test_validate_placement_cli_rejects_a_bad_file(massive_bundle, massive_model
 
 def test_synth_cli_with_a_guarded_placement(qnn, massive_bundle, talker_only_target, guarded_file, tmp_path):
     """``kztts synth --placement``: the guarded run speaks the fp32 codes; all-htp does not, and says so
-    (the run-time saturation guard; under --strict it refuses, tests/test_saturation.py)."""
+    (the run-time saturation guard; under --strict it refuses, tests/htp/test_saturation.py)."""
     from kztts.core.audio import synthetic_voice, write_wav
 
     target = talker_only_target

@@ -165,7 +165,7 @@ def test_quality_rows_on_the_tiny_model(tmp_path, monkeypatch):
     np.save(xv, SpeakerEncoder.from_bundle(Bundle.open(base, load_graphs=False)).xvector(synthetic_voice(), SR))
     configs = [Config(weights="fp32", kv="fp32", threads=1), Config(weights="fp32", kv="fp32", threads=2)]
     # DNSMOS cells as without the extra (scores take ~0.5 s a clip; the slow bench test has them), and the
-    # ASR columns too (~1 s a clip; tests/test_asr.py runs the judge on this model)
+    # ASR columns too (~1 s a clip; tests/eval/test_asr.py runs the judge on this model)
     monkeypatch.setattr(dnsmos, "model_path", lambda personalized=False: None)
     monkeypatch.setattr(asr, "available", lambda: False)
     prompts = (("english", "Hi."), ("chinese", "你好。"))  # short: each capped at MIN_MAX_FRAMES frames

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 
+from support import ROOT
+
 
 def test_metric_lines_mark_each_bounded_value_ok_or_fail():
     report = {"talker_logits_cos_min": 0.9985, "talker_logits_cos_mean": 0.99991, "talker_argmax_match": 1.0,
@@ -71,9 +73,8 @@ def test_a_mixed_plan_is_bounded_as_its_least_precise_member(tmp_path):
 
 def _published_lm_rows() -> dict[str, dict]:
     """The 1.5B's HTP-simulator rows as benchmarks/lm_precision/README.md publishes them."""
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "benchmarks" / "lm_precision" / "README.md").read_text()
+    readme = (ROOT / "benchmarks" / "lm_precision" / "README.md").read_text()
     # the full-set table: the one holding the QNN-defaults row
     table = next(t for t in readme.split("\n\n") if "QNN defaults (#4) |" in t)
     rows = {}
@@ -104,9 +105,8 @@ def test_w4a16_lm_bounds_pass_the_measured_rows_and_fail_the_qnn_defaults_build(
     """The real 1.5B's measured w4a16 rows (its QDQ graphs on the CPU EP, kept in benchmarks/precision_plan) pass
     ``lm-w4a16``; the QNN-defaults w8a16 build fails it on every bounded metric."""
     import json
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "precision_plan" / "qwen25_coder_15b"
+    root = ROOT / "benchmarks" / "precision_plan" / "qwen25_coder_15b"
     measured = []
     for report in sorted(root.glob("*_qdq_cpu/lm_accuracy.json")):
         data = json.loads(report.read_text())
