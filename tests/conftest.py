@@ -45,6 +45,33 @@ def tiny_bundle_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def equal_bundle():
+    """The tiny "equal" checkpoint's CPU bundle (not parametrized; the demo's model, fp32 weights)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("equal"))
+
+
+@pytest.fixture(scope="module")
+def plain_bundle(equal_bundle):
+    """``equal_bundle`` opened without loading its graphs: what plan and registry checks read."""
+    from kztts.bundle.bundle import Bundle
+
+    return Bundle.open(equal_bundle, load_graphs=False)
+
+
+@pytest.fixture(scope="session")
+def eos_bundle():
+    """The tiny "proj" checkpoint with the EOS bias (greedy speech ends by EOS after a few frames), its CPU
+    bundle (cached)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    return cached_bundle(cached_tiny("proj", eos_bias=True))
+
+
+@pytest.fixture(scope="session")
 def reference(tiny_model_dir):
     """The official qwen-tts wrapper on the tiny checkpoint (fp32, eager)."""
     from kztts.export.common.checkpoint import load_reference
@@ -82,3 +109,20 @@ def htp_bundle(tiny_dir, small_target):
     from kztts.export.tts.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(tiny_dir, small_target)
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir():
+    """The tiny random Qwen3 causal LM (a Hugging Face directory, cached)."""
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    return cached_tiny_lm("qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_bundle(qwen3_dir, small_target):
+    """``qwen3_dir`` exported with the CPU graphs, the static HTP graphs and the layer segments of
+    ``small_target`` (cached): the LM tests' bundle."""
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+
+    return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)

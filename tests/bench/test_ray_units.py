@@ -33,21 +33,6 @@ TTS_ACCURACY = ("name", "kind", "error", "talker_cos_min", "cp_cos_min", "talker
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir():
-    from kztts.export.lm.tiny import cached_tiny_lm
-
-    return cached_tiny_lm("qwen3")
-
-
-@pytest.fixture(scope="module")
-def qwen3_bundle(qwen3_dir, small_target):
-    """tests/eval/test_lm_accuracy.py's bundle (the same cached one)."""
-    from kztts.export.lm.bundle_writer import cached_lm_bundle
-
-    return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)
-
-
-@pytest.fixture(scope="module")
 def local_ray():
     """A local Ray with 2 CPUs in this process (the bench uses it: ``--ray`` joins the Ray it finds); its address."""
     old = {k: os.environ.get(k) for k in RAY_ENV}

@@ -11,15 +11,6 @@ from kztts.core.errors import KzttsError
 from kztts.htp.targets import load_target
 
 
-@pytest.fixture(scope="module")
-def plain_bundle():
-    from kztts.bundle.bundle import Bundle
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return Bundle.open(cached_bundle(cached_tiny("equal")), load_graphs=False)
-
-
 @pytest.fixture
 def v73_package(tmp_path, monkeypatch):
     """A fake onnxruntime_qnn folder laid out like the win_arm64 wheel, with the v73 skel only."""

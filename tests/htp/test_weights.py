@@ -1,5 +1,5 @@
 """The numpy weight quantization the w8a16 / w4a16 QDQ graphs are written with and ``kztts calibrate`` emulates
-(``kztts.htp.weights``), and the registry's bytes per weight the cost on paper counts (``kztts.bundle.graphs``)."""
+(``kztts.htp.weights``; the registry's bytes per weight: tests/bundle/test_graphs.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -63,18 +63,6 @@ def test_row_sqnr_counts_each_row_alike():
     test = ref + np.array([[1.0, 0.0], [0.1, 0.0]])
     np.testing.assert_allclose(row_sqnr_db(ref, test), [60.0, 20.0], atol=1e-9)
     assert row_sqnr_db(ref, ref).tolist() == [150.0, 150.0]  # exact: the cap, not infinity
-
-
-def test_registry_bytes_per_weight():
-    """What ``inspect --target`` counts for a [K, N] MatMul weight on the HTP at each precision."""
-    fp16, k, n = G.htp_precision("fp16"), 1536, 256
-    assert fp16.matmul_weight_bytes(k, n) == k * n * 2
-    assert W8.matmul_weight_bytes(k, n) == k * n + n * 4  # int8 codes + one fp32 scale per column
-    # int4 codes, an fp32 scale per column and a 4-bit scale per block of 64 rows
-    assert W4.matmul_weight_bytes(k, n) == k * n / 2 + n * 4 + (k // 64) * n / 2
-    assert W4.matmul_weight_bytes(48, n) == 48 * n / 2 + n * 4  # no whole block pair: per column
-    with pytest.raises(ValueError, match="unknown HTP precision 'w3a16'"):
-        G.htp_precision("w3a16")
 
 
 class _N:

@@ -1,5 +1,5 @@
-"""The execution plan (``kztts.plan.resolve``) and the graph registry (``kztts.bundle.graphs``): one place decides
-every graph's device, and the runtime honours it (the decoder on the HTP included)."""
+"""The execution plan (``kztts.plan.resolve``): one place decides every graph's device, and the runtime honours it
+(the decoder on the HTP included). The registry it reads: tests/bundle/test_graphs.py."""
 from __future__ import annotations
 
 import json
@@ -9,17 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from kztts.bundle import graphs as G
 from kztts.core.errors import BundleError, KzttsError
-
-
-@pytest.fixture(scope="module")
-def plain_bundle():
-    from kztts.bundle.bundle import Bundle
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return Bundle.open(cached_bundle(cached_tiny("equal")), load_graphs=False)
 
 
 @pytest.fixture(scope="module")
@@ -173,80 +163,3 @@ def test_static_chunk_decoder_refuses_a_run_that_splits_a_segment(htp_bundle):
         StaticChunkDecoder(sess, chunk_size=300, left_context=24)
 
 
-def test_a_bundle_without_a_feature_input_is_refused_in_one_line(plain_bundle):
-    G.require(plain_bundle.manifest, "cp_frame", feature="in-graph sampling", inputs=("top_k", "uniforms"))
-    with pytest.raises(BundleError) as info:
-        G.require(plain_bundle.manifest, "cp_frame", feature="min-p sampling", inputs=("min_p",))
-    msg = str(info.value)
-    assert "\n" not in msg and "min-p sampling" in msg and "'min_p'" in msg and "kztts export" in msg
-    with pytest.raises(BundleError, match="needs graph 'decoder_chunk'.*--target TARGET"):
-        G.require(plain_bundle.manifest, "decoder_chunk", feature="the decoder on the HTP")
-
-
-def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, htp_bundle):
-    """Every graph's KV inputs/outputs in the manifest follow its registry scheme."""
-    from kztts.bundle.bundle import Bundle
-
-    for bundle in (plain_bundle, Bundle.open(htp_bundle, load_graphs=False)):
-        L = int(bundle.manifest.talker["num_layers"])
-        for name, spec in bundle.manifest.graphs.items():
-            if name not in G.GRAPHS or G.GRAPHS[name].kv is None:
-                continue
-            n = L if G.GRAPHS[name].role == "talker" else int(bundle.manifest.code_predictor["num_layers"])
-            ins, outs = {t.name for t in spec.inputs}, {t.name for t in spec.outputs}
-            kv = G.kv_names(name)
-            assert set(kv.past_names(n)) <= ins and set(kv.new_names(n)) <= outs, name
-            assert set(G.GRAPHS[name].inputs) <= ins and set(G.GRAPHS[name].outputs) <= outs, name
-
-
-def test_a_new_htp_precision_is_one_registry_entry_plus_its_weight_writer(monkeypatch, tmp_path, small_target):
-    """What adding a precision touches: its registry entry makes every CLI choice, the target schema, the bench
-    axis and the cost on paper accept it; the export refuses it until the QDQ graphs can hold its weights. The QDQ
-    graphs hold every quantized precision of the registry (w4a16 was added so)."""
-    from kztts.bench.grid import parse_htp_precisions
-    from kztts.cli.main import build_parser
-    from kztts.export.htp import static_graphs as htp_export
-    from kztts.export.htp.qdq import QDQ_WEIGHT_BITS
-    from kztts.htp.targets import load_target
-
-    assert {G.htp_precision(p).weight_bits for p in G.QUANTIZED_PRECISIONS} <= set(QDQ_WEIGHT_BITS)
-    w2 = G.HtpPrecision("w2a16", "2-bit weights", ("fp32",), 2, True, 1.0, "htp-w4a16", "lm-w4a16", "tab:gray")
-    monkeypatch.setitem(G.HTP_PRECISION_ENTRIES, "w2a16", w2)
-    monkeypatch.setattr(G, "HTP_PRECISIONS", (*G.HTP_PRECISIONS, "w2a16"))
-    monkeypatch.setitem(G.HTP_PRECISION_HELP, "w2a16", w2.help)
-    args = build_parser().parse_args(["export", "m", "-o", "b", "--target", "simulator", "--precision", "w2a16"])
-    assert args.precision == "w2a16"
-    assert parse_htp_precisions("fp16,w2a16") == ["fp16", "w2a16"]
-    data = json.loads(small_target.read_text())
-    data["precision"] = "w2a16"
-    (tmp_path / "t.json").write_text(json.dumps(data))
-    assert load_target(tmp_path / "t.json").precision == "w2a16"
-    with pytest.raises(KzttsError, match="writes no 2-bit weights"):
-        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, calibration=None,
-                                     precision="w2a16")
-    # bytes on the device: 2 bits per weight + one fp32 scale per column
-    assert w2.matmul_weight_bytes(64, 8) == 64 * 8 / 4 + 8 * 4
-    assert G.least_precise(["fp16", "w2a16", "w8a16"]) == "w2a16"
-
-
-def test_an_older_bundle_without_a_fed_input_is_refused_before_running(tmp_path):
-    """A bundle whose cp_frame lacks an input the runtime now feeds (here: ``uniforms`` removed from
-    the manifest, as an older export would be) is refused in one line naming the re-export."""
-    import shutil
-
-    from kztts.bundle.bundle import Bundle
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-    from kztts.tts.tts import TTS
-
-    src = cached_bundle(cached_tiny("equal"))
-    dst = tmp_path / "old"
-    shutil.copytree(src, dst)
-    m = json.loads((dst / "kztts.json").read_text())
-    for name in ("cp_frame", "cp_frame_gqa"):
-        m["graphs"][name]["inputs"] = [t for t in m["graphs"][name]["inputs"] if t["name"] != "uniforms"]
-    (dst / "kztts.json").write_text(json.dumps(m))
-    with pytest.raises(BundleError) as info:
-        TTS(Bundle.open(dst, load_graphs=False))
-    msg = str(info.value)
-    assert "\n" not in msg and "the code predictor needs input 'uniforms'" in msg and "kztts export" in msg

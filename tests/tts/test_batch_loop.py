@@ -5,7 +5,6 @@ On the tiny model with the EOS bias (``cached_tiny(eos_bias=True)``: greedy spee
 after a few frames), one ``TTS`` for the module (opening one takes seconds)."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -13,14 +12,6 @@ import pytest
 
 from kztts.core.errors import KzttsError
 from kztts.tts.request import SynthesisRequest
-
-
-@pytest.fixture(scope="module")
-def eos_bundle():
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_bundle(cached_tiny("proj", eos_bias=True))
 
 
 @pytest.fixture(scope="module")
@@ -107,106 +98,6 @@ def test_batching_needs_the_fused_cpu_graphs(eos_bundle):
     plan = resolve_plan(Bundle.open(eos_bundle, load_graphs=False), attention="plain")
     with pytest.raises(KzttsError, match="batched synthesis runs the fused CPU graphs, but this plan runs talker"):
         plan.open_batched(None, 2, 8)
-
-
-def _cli(capsys, *args):
-    from kztts.cli.main import main
-
-    capsys.readouterr()
-    code = main([str(a) for a in args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_synth_file_writes_a_wav_per_line_and_a_summary(tts, eos_bundle, tmp_path, capsys, monkeypatch):
-    import kztts.cli.synth
-    from kztts.core.audio import read_wav
-
-    monkeypatch.setattr(kztts.cli.synth, "TTS", lambda bundle, **kw: tts)  # the module's opened TTS
-    xv = tmp_path / "voice.npy"
-    np.save(xv, np.random.default_rng(1).standard_normal(tts.speaker_size).astype(np.float32))
-    lines = [{"text": "Hello there.", "language": "english", "seed": 5, "name": "hello"},
-             {"text": "Bonjour.", "language": "french", "greedy": True, "max_frames": 3},
-             {"text": "Third one.", "seed": 9, "cp_top_k": 5, "xvector": "voice.npy"}]
-    jsonl = tmp_path / "texts.jsonl"
-    jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    out = tmp_path / "out"
-    code, stdout, err = _cli(capsys, "synth", "--bundle", eos_bundle, "--xvector", xv, "--file", jsonl,
-                             "--out-dir", out, "--batch", 2)
-    assert code == 0, err
-    summary = json.loads((out / "summary.json").read_text())
-    assert [i["wav"] for i in summary["items"]] == ["hello.wav", "0002.wav", "0003.wav"]
-    assert summary["batch"] == 2 and summary["frames"] == sum(i["frames"] for i in summary["items"])
-    alone = tts.synthesize("Bonjour.", tts.voice_from_xvector(xv), language="french", greedy=True, max_frames=3)
-    wav, sr = read_wav(out / "0002.wav")
-    assert sr == 24000 and wav.shape == alone.samples.shape and summary["items"][1]["frames"] == 3
-    assert "3 WAVs" in stdout
-
-
-@pytest.mark.parametrize("line, message", [
-    ('{"text": "ok"}\nnot json', "line 2: not valid JSON"),
-    ('{"text": "ok"}\n\n{"text": "x", "sed": 1}', "line 3: unknown key 'sed'"),
-    ('{"text": "x", "seed": "one"}', "line 1: key 'seed' must be int"),
-    ('{"language": "english"}', "line 1: key 'text' is missing"),
-    ('{"text": "x", "cp_top_k": -2}', "line 1: key 'cp_top_k'"),
-    ('{"text": "a", "name": "n"}\n{"text": "b", "name": "n"}', "line 2: key 'name' 'n' is already used by line 1"),
-])
-def test_a_bad_jsonl_line_names_its_number_and_key(tmp_path, capsys, line, message):
-    jsonl = tmp_path / "t.jsonl"
-    jsonl.write_text(line + "\n")
-    code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none", "--file", jsonl, "--out-dir", tmp_path / "o")
-    assert code == 2 and message in err and err.count("\n") == 1, err
-
-
-def test_bench_batch_sizes_and_configurations():
-    from kztts.bench.batch_rows import batch_tasks, parse_batches
-    from kztts.bench.grid import Config
-
-    assert parse_batches("4,1,2,4") == [1, 2, 4] and parse_batches(None) == []
-    for bad in ("0", "x", "2,-1", ","):
-        with pytest.raises(KzttsError, match="--batch"):
-            parse_batches(bad)
-    fused, plain, step = Config(), Config(attention="plain"), Config(cp_mode="step")
-    assert batch_tasks([fused, plain, step], [1, 4]) == [("batch", (fused, 1)), ("batch", (fused, 4))]
-
-
-@pytest.mark.slow
-def test_bench_batch_rows(tmp_path):
-    """``kztts bench --batch 1,2``: a row per batch size with throughput, the rows' codes as the fp32 baseline."""
-    import subprocess
-    import sys
-
-    out = tmp_path / "bench"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "bench", "--size", "tiny", "--weights", "fp32",
-                          "--kv", "fp32", "--cp-mode", "frame", "--threads", "1", "--frames", "6", "--warmup", "2",
-                          "--no-reference", "--batch", "1,2", "--out", str(out)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    for b in (1, 2):
-        r = rows[f"fp32/kv-fp32/cp-frame/dec-fp32/t1/batch{b}"]
-        assert r["kind"] == "kztts-batch" and r["batch"] == b and r["streams_equal"] is True
-        assert r["code_agreement"] == 1.0 and r["rows_max_diff"] == 0.0 and r["talker_cos_min"] > 0.99999
-        assert r["fps"] > 0 and r["fps_talker_cp"] >= r["fps"] and r["ttfa_ms"] > 0 and r["peak_rss_mb"] > 0
-        assert r["prefill_positions"] > 0 and 0 < r["talker_limit_pct"] and 0 < r["cp_limit_pct"]
-    # the batched step reads the constants once: a second stream adds only its own KV
-    one, two = (rows[f"fp32/kv-fp32/cp-frame/dec-fp32/t1/batch{b}"] for b in (1, 2))
-    assert one["talker_read_mb"] < two["talker_read_mb"] < 1.5 * one["talker_read_mb"]
-    assert "frames/s (all streams)" in (out / "results.md").read_text()
-
-
-@pytest.mark.parametrize("extra, message", [
-    (["-o", "x.wav"], "it does not take -o/--output"),
-    (["--stream"], "it does not take --stream"),
-    (["--batch", "0"], "--batch must be >= 1"),
-])
-def test_synth_file_refuses_single_output_flags(tmp_path, capsys, extra, message):
-    jsonl = tmp_path / "t.jsonl"
-    jsonl.write_text('{"text": "ok"}\n')
-    code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none", "--file", jsonl, "--out-dir", tmp_path / "o",
-                        *extra)
-    assert code == 2 and message in err, err
-    code, _, err = _cli(capsys, "synth", "--bundle", tmp_path / "none")
-    assert code == 2 and "synth needs TEXT and -o/--output (or --file" in err
 
 
 def test_the_cpu_matmul_computes_each_row_alone():
