@@ -45,6 +45,14 @@ def tiny_bundle_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def proj_bundle(tiny_dir):
+    """The tiny "proj" checkpoint's CPU bundle (not parametrized)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+
+    return cached_bundle(tiny_dir)
+
+
+@pytest.fixture(scope="session")
 def equal_bundle():
     """The tiny "equal" checkpoint's CPU bundle (not parametrized; the demo's model, fp32 weights)."""
     from kztts.export.tts.bundle_writer import cached_bundle
@@ -112,6 +120,14 @@ def htp_bundle(tiny_dir, small_target):
 
 
 @pytest.fixture(scope="session")
+def sequences(htp_bundle):
+    """Teacher-forcing inputs of ``htp_bundle``: two real text prompts + 14 decode steps each."""
+    from kztts.export.validate.htp import bundle_sequences
+
+    return bundle_sequences(htp_bundle, frames=14)
+
+
+@pytest.fixture(scope="session")
 def qwen3_dir():
     """The tiny random Qwen3 causal LM (a Hugging Face directory, cached)."""
     from kztts.export.lm.tiny import cached_tiny_lm
@@ -126,3 +142,14 @@ def qwen3_bundle(qwen3_dir, small_target):
     from kztts.export.lm.bundle_writer import cached_lm_bundle
 
     return cached_lm_bundle(qwen3_dir, target=str(small_target), segments=True)
+
+
+@pytest.fixture(scope="session")
+def voice_wav(tmp_path_factory):
+    """The synthetic reference voice (``kztts.core.audio.synthetic_voice``) as a float WAV file, so the CLI and
+    qwen-tts see the same samples."""
+    from kztts.core.audio import synthetic_voice, write_wav
+
+    path = tmp_path_factory.mktemp("voice") / "voice.wav"
+    write_wav(path, synthetic_voice(), 24000, subtype="FLOAT")
+    return path

@@ -10,19 +10,11 @@ from kztts.bundle.bundle import Bundle
 from kztts.core.errors import BundleError, KzttsError
 
 
-@pytest.fixture(scope="module")
-def tiny_bundle_dir():
-    """The checks are about files, not model shapes: one variant is enough."""
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_bundle(cached_tiny("proj"))
-
-
 @pytest.fixture
-def bundle_copy(tiny_bundle_dir, tmp_path):
+def bundle_copy(proj_bundle, tmp_path):
+    """A copy of the "proj" bundle to break (the checks are about files, not model shapes: one variant is enough)."""
     dst = tmp_path / "bundle"
-    shutil.copytree(tiny_bundle_dir, dst)
+    shutil.copytree(proj_bundle, dst)
     return dst
 
 
@@ -34,8 +26,8 @@ def _edit_manifest(bundle, **changes):
     return data
 
 
-def test_fresh_bundle_opens(tiny_bundle_dir):
-    b = Bundle.open(tiny_bundle_dir)
+def test_fresh_bundle_opens(proj_bundle):
+    b = Bundle.open(proj_bundle)
     assert "talker" in b.manifest.graphs
 
 

@@ -18,11 +18,7 @@ from kztts.cli import export as cli_export
 from kztts.cli import main as cli
 from kztts.core.audio import synthetic_voice
 
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli.main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+from support import kztts_main
 
 
 def assert_refused(rc: int, err: str, *names: str) -> str:
@@ -48,7 +44,7 @@ def listing(folder: Path) -> list[str]:
 ])
 def test_bad_variable_is_refused_before_work(capsys, monkeypatch, tmp_path, name, value):
     monkeypatch.setenv(name, value)
-    rc, _, err = run(capsys, "synth", "hello", "-o", tmp_path / "a.wav")
+    rc, _, err = kztts_main(capsys, "synth", "hello", "-o", tmp_path / "a.wav")
     assert_refused(rc, err, name)
     assert listing(tmp_path) == []
 
@@ -72,7 +68,7 @@ def test_huge_thread_count_returns_at_once(tmp_path):
 ])
 def test_thread_flags_share_the_bound(capsys, tmp_path, argv, name):
     out = ["-o", tmp_path / "a.wav"] if argv[0] == "synth" else ["--out", tmp_path / "res"]
-    rc, _, err = run(capsys, *argv, *out)
+    rc, _, err = kztts_main(capsys, *argv, *out)
     assert_refused(rc, err, name, "999999")
     assert listing(tmp_path) == []
 
@@ -143,7 +139,7 @@ def test_every_subcommand_refuses_an_unusable_location(capsys, tmp_path, read_on
     named = next(a for a in argv if a.startswith(str(loc)))
     before = listing(tmp_path)
     start = time.monotonic()
-    rc, _, err = run(capsys, *argv)
+    rc, _, err = kztts_main(capsys, *argv)
     assert_refused(rc, err, named)
     assert listing(tmp_path) == before
     assert time.monotonic() - start < 10, "the check must fire before the command's work"
@@ -161,20 +157,20 @@ def test_a_really_unwritable_location(capsys, tmp_path):
         pytest.skip("/sys is writable here")
     for argv in (["bench", "--out", "/sys/kztts-results"], ["synth", "hi", "-o", "/sys/a.wav"],
                  ["export", tmp_path / "m", "-o", "/sys/kztts-bundle"]):
-        rc, _, err = run(capsys, *argv)
+        rc, _, err = kztts_main(capsys, *argv)
         assert_refused(rc, err, "/sys")
 
 
 def test_export_onto_an_existing_file(capsys, tmp_path):
     (tmp_path / "bundle").write_text("a file\n")
-    rc, _, err = run(capsys, "export", tmp_path / "no-model", "-o", tmp_path / "bundle")
+    rc, _, err = kztts_main(capsys, "export", tmp_path / "no-model", "-o", tmp_path / "bundle")
     assert_refused(rc, err, str(tmp_path / "bundle"), "is a file")
     assert listing(tmp_path) == ["bundle"]
 
 
 def test_bench_out_onto_a_file(capsys, tmp_path):
     (tmp_path / "results").write_text("a file\n")
-    rc, _, err = run(capsys, "bench", "--out", tmp_path / "results")
+    rc, _, err = kztts_main(capsys, "bench", "--out", tmp_path / "results")
     assert_refused(rc, err, str(tmp_path / "results"))
     assert listing(tmp_path) == ["results"]
 
@@ -190,7 +186,7 @@ def test_expected_os_errors_are_one_line(capsys, monkeypatch, tmp_path, code, wo
         raise OSError(code, os.strerror(code), str(tmp_path / "out" / "x.onnx"))
 
     monkeypatch.setattr(cli_export, "cmd_export", fail)
-    rc, _, err = run(capsys, "export", tmp_path, "-o", tmp_path / "out")
+    rc, _, err = kztts_main(capsys, "export", tmp_path, "-o", tmp_path / "out")
     line = assert_refused(rc, err, str(tmp_path / "out" / "x.onnx"), words)
     assert "; " in line.split(words, 1)[1]  # and what to do
 
@@ -200,7 +196,7 @@ def test_a_bug_keeps_its_traceback_and_asks_for_a_report(capsys, monkeypatch, tm
         raise RuntimeError("an internal invariant broke")
 
     monkeypatch.setattr(cli_export, "cmd_export", fail)
-    rc, _, err = run(capsys, "export", tmp_path, "-o", tmp_path / "out")
+    rc, _, err = kztts_main(capsys, "export", tmp_path, "-o", tmp_path / "out")
     assert rc == 1
     assert "Traceback" in err and "RuntimeError: an internal invariant broke" in err
     assert "please report it with the command" in err.splitlines()[-1]
@@ -227,7 +223,7 @@ def test_atomic_outputs_all_or_none(tmp_path):
 
 
 def test_calibrate_plot_into_a_missing_folder_leaves_nothing(capsys, tmp_path):
-    rc, _, err = run(capsys, "calibrate", tmp_path / "no-bundle", "-o", tmp_path / "p.json",
+    rc, _, err = kztts_main(capsys, "calibrate", tmp_path / "no-bundle", "-o", tmp_path / "p.json",
                      "--plot", tmp_path / "missing" / "dir" / "x.png")
     assert_refused(rc, err, str(tmp_path / "missing" / "dir" / "x.png"), "does not exist")
     assert listing(tmp_path) == []
@@ -240,7 +236,7 @@ def test_synth_refuses_mp3_before_synthesis(capsys, monkeypatch, tmp_path):
         raise AssertionError("the model was opened before the output was checked")
 
     monkeypatch.setattr(kztts.cli.synth, "TTS", no_synthesis)
-    rc, _, err = run(capsys, "synth", "hello", "-o", tmp_path / "out.mp3")
+    rc, _, err = kztts_main(capsys, "synth", "hello", "-o", tmp_path / "out.mp3")
     line = assert_refused(rc, err, str(tmp_path / "out.mp3"), "'.mp3'")
     assert ".flac, .ogg, .wav" in line
     assert listing(tmp_path) == []
@@ -249,7 +245,7 @@ def test_synth_refuses_mp3_before_synthesis(capsys, monkeypatch, tmp_path):
 # ------------------------------------------------------------------ validate
 def test_validate_frames_zero_is_refused_at_once(capsys, tmp_path):
     start = time.monotonic()
-    rc, _, err = run(capsys, "validate", tmp_path / "b", "--reference", tmp_path / "m", "--frames", "0")
+    rc, _, err = kztts_main(capsys, "validate", tmp_path / "b", "--reference", tmp_path / "m", "--frames", "0")
     assert_refused(rc, err, "--frames=0")
     assert time.monotonic() - start < 2
 
@@ -274,7 +270,7 @@ def test_validate_refuses_another_checkpoint_before_any_replay(capsys, monkeypat
         raise AssertionError("the reference was loaded")
 
     monkeypatch.setattr(validate, "load_reference", no_replay)
-    rc, _, err = run(capsys, "-q", "validate", tiny_bundle_dir, "--reference", other, "--frames", "2")
+    rc, _, err = kztts_main(capsys, "-q", "validate", tiny_bundle_dir, "--reference", other, "--frames", "2")
     line = assert_refused(rc, err, str(other), "not the checkpoint this bundle was exported from")
     assert str(Path(tiny_model_dir).resolve()) in line
 
@@ -282,7 +278,7 @@ def test_validate_refuses_another_checkpoint_before_any_replay(capsys, monkeypat
 # ------------------------------------------------------------------ inspect
 @pytest.mark.parametrize("variant", ["equal"], indirect=True)
 def test_inspect_without_target_shows_the_cpu_plan(capsys, tiny_bundle_dir):
-    rc, out, err = run(capsys, "inspect", tiny_bundle_dir)
+    rc, out, err = kztts_main(capsys, "inspect", tiny_bundle_dir)
     assert rc == 0, err
     assert out.startswith("no target (CPU only)")
     graph_table = out.split("\n\n")[0].splitlines()[2:]
@@ -312,7 +308,7 @@ def test_voice_recording_out_of_range_is_refused(capsys, monkeypatch, tmp_path, 
 
     monkeypatch.setattr(kztts.cli.synth, "TTS", no_synthesis)
     for flag in (["--speaker-wav", voice], ["--ref-audio", voice, "--ref-text", "hello"]):
-        rc, _, err = run(capsys, "synth", "hello", "-o", tmp_path / "a.wav", *flag)
+        rc, _, err = kztts_main(capsys, "synth", "hello", "-o", tmp_path / "a.wav", *flag)
         assert_refused(rc, err, str(voice), words)
     assert listing(tmp_path) == ["voice.wav"]
 

@@ -15,22 +15,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kztts.core.audio import read_wav, synthetic_voice, write_wav
+from kztts.core.audio import read_wav, synthetic_voice
 from kztts.core.errors import KzttsError
+
+from support import kztts_main
 
 TEXT = "Hello world, this is a tiny test."
 FRAMES = 6
 on_equal = pytest.mark.parametrize("variant", ["equal"], indirect=True)  # the demo's model
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """``kztts ARGS`` in this process: (exit code, stdout, stderr)."""
-    from kztts.cli.main import main
-
-    capsys.readouterr()
-    code = main([str(a) for a in args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 _OPENED: dict = {}
@@ -58,17 +50,10 @@ def shared_tts(monkeypatch):
     return opened
 
 
-@pytest.fixture(scope="module")
-def voice_wav(tmp_path_factory):
-    path = tmp_path_factory.mktemp("voice") / "voice.wav"
-    write_wav(path, synthetic_voice(), 24000, subtype="FLOAT")
-    return path
-
-
 def synth_codes(capsys, tmp_path, *flags, name: str = "out") -> np.ndarray:
     """The codes of ``kztts synth TEXT FLAGS`` ("-o" and "--codes-out" in ``tmp_path``), which must succeed."""
     wav, codes = tmp_path / f"{name}.wav", tmp_path / f"{name}.npy"
-    code, out, err = cli(capsys, "synth", TEXT, "-o", wav, "--codes-out", codes, *flags)
+    code, out, err = kztts_main(capsys, "synth", TEXT, "-o", wav, "--codes-out", codes, *flags)
     assert code == 0, err
     assert out.startswith(f"{wav}: ")
     return np.load(codes)
@@ -81,7 +66,7 @@ def test_readme_first_command_speaks_with_the_demo_model(tiny_bundle_dir, shared
     of the tiny 'equal' model) with the synthetic voice. Limited to a few frames here: the limit only
     cuts, a sampled run's first frames do not depend on it (test_demo_golden runs it to its end)."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli(capsys, "synth", "Hello from kztts.", "-o", "hello.wav", "--max-frames", 6,
+    code, out, err = kztts_main(capsys, "synth", "Hello from kztts.", "-o", "hello.wav", "--max-frames", 6,
                          "--codes-out", "codes.npy")
     assert code == 0, err
     assert "using the embedded demo model (tiny, RANDOM weights" in err
@@ -102,7 +87,7 @@ def test_model_flag_uses_the_cached_export_of_the_checkpoint(tiny_model_dir, tin
     by_bundle = synth_codes(capsys, tmp_path, "--bundle", tiny_bundle_dir, *common, name="bundle")
     np.testing.assert_array_equal(by_model, by_bundle)
     # a real checkpoint needs a voice: the synthetic one is the demo's only
-    code, _, err = cli(capsys, "synth", TEXT, "-o", tmp_path / "x.wav", "--model", tiny_model_dir)
+    code, _, err = kztts_main(capsys, "synth", TEXT, "-o", tmp_path / "x.wav", "--model", tiny_model_dir)
     assert code == 2 and "a voice is required" in err and "demo" not in err
     assert not (tmp_path / "x.wav").exists()
 
@@ -147,7 +132,7 @@ def test_sampling_flag_beats_environment_beats_default(bundle_args, tmp_path, ca
     talker_only = synth_codes(capsys, tmp_path, *bundle_args, name="talker")
     assert not np.array_equal(talker_only[:, 0], default[:, 0]) and not np.array_equal(talker_only, flags)
     monkeypatch.setenv("KZTTS_TOPK", "0.5")
-    code, _, err = cli(capsys, "synth", TEXT, "-o", tmp_path / "bad.wav", *bundle_args)
+    code, _, err = kztts_main(capsys, "synth", TEXT, "-o", tmp_path / "bad.wav", *bundle_args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "KZTTS_TOPK='0.5'" in err, err
 
 
@@ -171,7 +156,7 @@ def test_pipeline_flag_decodes_on_a_background_thread_with_the_same_output(bundl
     assert len(made) == 1
     np.testing.assert_array_equal(piped, plain)
     assert (tmp_path / "piped.wav").read_bytes() == (tmp_path / "plain.wav").read_bytes()
-    code, _, err = cli(capsys, "synth", TEXT, "-o", tmp_path / "x.wav", *bundle_args, "--pipeline")
+    code, _, err = kztts_main(capsys, "synth", TEXT, "-o", tmp_path / "x.wav", *bundle_args, "--pipeline")
     assert code == 2 and "--pipeline needs --stream" in err and not (tmp_path / "x.wav").exists()
 
 
@@ -223,10 +208,10 @@ def test_export_overwrite_replaces_the_folder(tiny_model_dir, tiny_bundle_dir, t
     out = tmp_path / "b"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    code, _, err = cli(capsys, "export", tiny_model_dir, "-o", out)
+    code, _, err = kztts_main(capsys, "export", tiny_model_dir, "-o", out)
     assert code == 2 and "exists and is not empty; choose another -o or pass --overwrite" in err
     assert quick_export == [] and (out / "old.txt").exists()  # refused before any work
-    code, stdout, err = cli(capsys, "export", tiny_model_dir, "-o", out, "--overwrite")
+    code, stdout, err = kztts_main(capsys, "export", tiny_model_dir, "-o", out, "--overwrite")
     assert code == 0, err
     assert stdout.strip() == str(out)
     assert not (out / "old.txt").exists() and (out / "graphs" / "talker.stub").is_file()
@@ -248,7 +233,7 @@ def test_export_failing_midway_leaves_nothing_behind(tiny_model_dir, tmp_path, q
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
     monkeypatch.setattr(bundle_writer, "export_decoder", disk_full)
-    code, _, err = cli(capsys, "export", tiny_model_dir, "-o", tmp_path / "new")
+    code, _, err = kztts_main(capsys, "export", tiny_model_dir, "-o", tmp_path / "new")
     assert code == 2 and "no space left on the device" in err and "Traceback" not in err
     assert "export_gqa_graphs" in quick_export  # it failed midway, after graphs were written
     assert _leftovers(tmp_path) == []  # neither the bundle nor its staging folder
@@ -256,7 +241,7 @@ def test_export_failing_midway_leaves_nothing_behind(tiny_model_dir, tmp_path, q
     old = tmp_path / "old"
     old.mkdir()
     (old / "kztts.json").write_text("{}")
-    code, _, err = cli(capsys, "export", tiny_model_dir, "-o", old, "--overwrite")
+    code, _, err = kztts_main(capsys, "export", tiny_model_dir, "-o", old, "--overwrite")
     assert code == 2 and "no space left on the device" in err
     assert _leftovers(tmp_path) == ["old"] and _leftovers(old) == ["kztts.json"]
 
@@ -348,7 +333,7 @@ def test_disable_qnn_runs_everything_on_the_cpu(tiny_model_dir, small_target, vo
     warned = [r.getMessage() for r in caplog.records if "QNN execution provider unavailable" in r.getMessage()]
     assert warned == ["QNN execution provider unavailable: disabled by KZTTS_DISABLE_QNN; running on the CPU "
                       "execution provider instead"]
-    code, _, err = cli(capsys, "synth", TEXT, "-o", tmp_path / "s.wav", "--bundle", htp_bundle, "--target",
+    code, _, err = kztts_main(capsys, "synth", TEXT, "-o", tmp_path / "s.wav", "--bundle", htp_bundle, "--target",
                        small_target, "--strict", "--speaker-wav", voice_wav, "--max-frames", 2)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "strict mode: the QNN execution provider is unavailable (disabled by KZTTS_DISABLE_QNN)" in err
@@ -379,9 +364,9 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
     monkeypatch.setattr(qnn, "_STATE", qnn._State())
     monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")
     bundle = two_graph_bundle(tiny_bundle_dir, tmp_path / "b", ("talker", "cp_frame"))
-    code, out, err = cli(capsys, "inspect", bundle, "--target", small_target)
+    code, out, err = kztts_main(capsys, "inspect", bundle, "--target", small_target)
     assert code == 0, err
-    code, js, err = cli(capsys, "inspect", bundle, "--target", small_target, "--json")
+    code, js, err = kztts_main(capsys, "inspect", bundle, "--target", small_target, "--json")
     assert code == 0, err
     report = json.loads(js)
     lines = out.splitlines()
@@ -403,7 +388,7 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
 @pytest.mark.slow  # ~20 s: qwen-tts replays 8 prompts (test_cli checks the --json form by default)
 @pytest.mark.parametrize("variant", ["proj"], indirect=True)
 def test_validate_prints_a_table_and_pass(tiny_model_dir, tiny_bundle_dir, capsys):
-    code, out, err = cli(capsys, "validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 2)
+    code, out, err = kztts_main(capsys, "validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 2)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["mode", "language", "prompt", "frames"] and lines[-1] == "PASS"

@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from support import run_kztts
 
 pytest.importorskip("torch")
 
 TEXT = "Hello world, this is a tiny test."
 FRAMES = 4
-
-
-def kztts(*args):
-    return subprocess.run([sys.executable, "-m", "kztts.cli.main", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,7 @@ def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir)
     from kztts.export.common.variants import cached_variant
 
     out = tmp_path / "b"
-    run = kztts("export", model_dir, "-o", out, "--weights", "int8")
+    run = run_kztts("export", model_dir, "-o", out, "--weights", "int8")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(out)
     manifest = json.loads((out / "kztts.json").read_text())
@@ -57,7 +53,7 @@ def test_export_int8_writes_a_self_contained_variant_bundle(tmp_path, model_dir)
     np.testing.assert_array_equal(greedy_codes(out),
                                   greedy_codes(cached_variant(cached_bundle(model_dir), weights="int8")))
 
-    again = kztts("export", model_dir, "-o", out, "--kv", "fp16")
+    again = run_kztts("export", model_dir, "-o", out, "--kv", "fp16")
     assert again.returncode == 2
     assert "exists and is not empty; choose another -o or pass --overwrite" in again.stderr
     assert json.loads((out / "kztts.json").read_text())["variant"]["kv"] == "fp32"
@@ -68,7 +64,7 @@ def test_export_overwrite_replaces_a_bundle_with_a_variant(tmp_path, model_dir):
     out = tmp_path / "b"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    run = kztts("export", model_dir, "-o", out, "--kv", "fp16", "--decoder", "int8", "--overwrite")
+    run = run_kztts("export", model_dir, "-o", out, "--kv", "fp16", "--decoder", "int8", "--overwrite")
     assert run.returncode == 0, run.stderr
     variant = json.loads((out / "kztts.json").read_text())["variant"]
     assert (variant["weights"], variant["kv"], variant["decoder"]) == ("fp32", "fp16", "int8")
@@ -81,7 +77,7 @@ def test_export_overwrite_replaces_a_bundle_with_a_variant(tmp_path, model_dir):
                                                   ("--kv", "bf16", "'fp32', 'fp16'"),
                                                   ("--decoder", "int4", "'fp32', 'int8'")])
 def test_bad_precision_is_one_line_exit_2(tmp_path, flag, value, allowed):
-    run = kztts("export", tmp_path, "-o", tmp_path / "b", flag, value)
+    run = run_kztts("export", tmp_path, "-o", tmp_path / "b", flag, value)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr

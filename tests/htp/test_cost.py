@@ -19,7 +19,8 @@ PROJ = pytest.mark.parametrize("variant", ["proj"], indirect=True)  # one tiny m
 
 
 @pytest.fixture(scope="module")
-def htp_bundle(tiny_model_dir, small_target):
+def target_bundle(tiny_model_dir, small_target):
+    """Each tiny variant exported with the static graphs of ``small_target`` (cached)."""
     from kztts.export.tts.bundle_writer import cached_target_bundle
 
     return cached_target_bundle(tiny_model_dir, small_target)
@@ -105,19 +106,19 @@ def talker_macs(model, cfg: dict, seq: int, context: int) -> int:
 
 
 @PROJ
-def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
+def test_counts_agree_with_an_independent_onnx_count(target_bundle, small_target):
     from kztts.bundle.manifest import read_manifest
 
-    manifest = read_manifest(htp_bundle)
+    manifest = read_manifest(target_bundle)
     target = load_target(small_target)
-    report = bundle_cost(htp_bundle, target)
+    report = bundle_cost(target_bundle, target)
     rows = {r["graph"]: r for r in report["graphs"]}
     assert [r["role"] for r in report["graphs"]] == ["talker_prefill", "talker_decode", "code_predictor", "decoder"]
     # the small target places the decoder on the HTP, and this bundle has its static graphs
     assert list(rows) == ["talker_prefill", "talker_decode", "cp_frame", "decoder_chunk"]
     held: set[bytes] = set()
     for name, r in rows.items():
-        model = onnx.load(str(htp_bundle / manifest.graphs[name].file))
+        model = onnx.load(str(target_bundle / manifest.graphs[name].file))
         arrays = constants(model.graph)
         assert r["weight_bytes"] == sum(a.nbytes for a in arrays), name
         # fp16 on the HTP: float32 constants are held in 2 bytes
@@ -143,7 +144,7 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
         r["shared_weight_bytes"] for r in rows.values())
     cfg, s = manifest.talker, target.shapes
     for name, seq in (("talker_prefill", s.prefill_chunk), ("talker_decode", 1)):
-        model = onnx.load(str(htp_bundle / manifest.graphs[name].file))
+        model = onnx.load(str(target_bundle / manifest.graphs[name].file))
         assert rows[name]["macs"] == talker_macs(model, cfg, seq, s.context), name
         assert set(rows[name]["macs_by_op"]) == {"MatMul"}
     assert rows["decoder_chunk"]["macs_by_op"].keys() >= {"Conv", "MatMul"}
@@ -163,7 +164,7 @@ def test_counts_agree_with_an_independent_onnx_count(htp_bundle, small_target):
 
 
 @PROJ
-def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(htp_bundle, small_target, tmp_path):
+def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(target_bundle, small_target, tmp_path):
     """Talker and decoder on the CPU: the dynamic graphs at the target's shapes, weights at their stored size."""
     from kztts.bundle.manifest import read_manifest
 
@@ -172,16 +173,16 @@ def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(h
     data["shapes"]["context"] = 48
     p = tmp_path / "cpu_small.json"
     p.write_text(json.dumps(data))
-    report = bundle_cost(htp_bundle, load_target(p))
+    report = bundle_cost(target_bundle, load_target(p))
     rows = {r["role"]: r for r in report["graphs"]}
     assert rows["talker_decode"]["graph"] == "talker" and rows["talker_decode"]["device"] == "cpu"
     assert rows["talker_decode"]["dims"] == {"seq": 1, "past": 47}
     assert rows["talker_prefill"]["dims"] == {"seq": 16, "past": 32}
     assert rows["decoder"]["graph"] == "decoder_stream" and rows["decoder"]["dims"] == {"frames": 5}
-    model = onnx.load(str(htp_bundle / read_manifest(htp_bundle).graphs["talker"].file))
+    model = onnx.load(str(target_bundle / read_manifest(target_bundle).graphs["talker"].file))
     for r in (rows["talker_decode"], rows["talker_prefill"]):
         assert r["device_weight_bytes"] == r["weight_bytes"] == sum(a.nbytes for a in constants(model.graph))
-        cfg = read_manifest(htp_bundle).talker
+        cfg = read_manifest(target_bundle).talker
         new_kv = cfg["num_layers"] * 2 * cfg["num_kv_heads"] * r["dims"]["seq"] * cfg["head_dim"] * 4
         assert r["kv_write_bytes"] == new_kv
         assert r["io_bytes"] == io_bytes(model.graph, r["dims"], which=("input",)) + new_kv + \
@@ -189,15 +190,15 @@ def test_a_cpu_placed_talker_is_counted_on_its_cpu_graph_at_the_target_context(h
         assert r["kv_read_bytes"] == io_bytes(model.graph, r["dims"], ("past_",), ("input",))
         assert r["host_npu_bytes"] == 0
     # one CPU decode step reads 47 past positions per layer, key and value, fp32
-    cfg = read_manifest(htp_bundle).talker
+    cfg = read_manifest(target_bundle).talker
     assert rows["talker_decode"]["kv_read_bytes"] == cfg["num_layers"] * 2 * cfg["num_kv_heads"] * 47 * cfg["head_dim"] * 4
 
 
 @PROJ
-def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(htp_bundle, small_target, tmp_path):
+def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(target_bundle, small_target, tmp_path):
     t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a", effective_gbps=50.0,
                       effective_source="b", htp_int8_tops=40, tops_source="c")
-    report = bundle_cost(htp_bundle, load_target(t))
+    report = bundle_cost(target_bundle, load_target(t))
     est = report["paper_estimate"]
     assert est["available"] and est["label"] == "paper estimate" and est["bandwidth_kind"] == "effective"
     want = peak = 0.0
@@ -234,7 +235,7 @@ def test_cost_keys_are_validated(small_target, tmp_path):
 
 
 @PROJ
-def test_inspect_json_carries_the_cost(htp_bundle, small_target, tmp_path, capsys, monkeypatch):
+def test_inspect_json_carries_the_cost(target_bundle, small_target, tmp_path, capsys, monkeypatch):
     """``kztts inspect --target T --json`` includes the same report (QNN off: nothing compiled here)."""
     from kztts.cli.main import main
     from kztts.htp import qnn
@@ -242,7 +243,7 @@ def test_inspect_json_carries_the_cost(htp_bundle, small_target, tmp_path, capsy
     monkeypatch.setattr(qnn, "_STATE", qnn._State())
     monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")
     t = device_target(small_target, tmp_path, dram_gbps=80.0, dram_source="a")
-    assert main(["inspect", str(htp_bundle), "--target", t, "--json"]) == 0
+    assert main(["inspect", str(target_bundle), "--target", t, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["cost"] == json.loads(json.dumps(bundle_cost(htp_bundle, load_target(t))))
+    assert report["cost"] == json.loads(json.dumps(bundle_cost(target_bundle, load_target(t))))
     assert report["cost"]["paper_estimate"]["bandwidth_kind"] == "dram"

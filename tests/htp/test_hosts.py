@@ -16,14 +16,18 @@ BUDGET_MB = 0.4  # the tiny Qwen3's layer graphs are 0.17 MB, its heads 0.10 MB:
 
 
 @pytest.fixture(scope="module")
-def bundle(small_target):
-    from kztts.export.lm.bundle_writer import cached_lm_bundle
-    from kztts.export.lm.tiny import cached_tiny_lm
+def qnn_ep():
+    """Skips when the QNN execution provider cannot run here (before any bundle is built)."""
     from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
-    return cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), segments=True)
+
+
+@pytest.fixture(scope="module")
+def bundle(qnn_ep, qwen3_bundle):
+    """The tiny Qwen3's LM bundle with the static and layer graphs of the small simulator target."""
+    return qwen3_bundle
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,7 @@ from kztts.core.errors import KzttsError
 from kztts.htp.placement import PlacementError, builtin, parse_placement
 from kztts.plan.resolve import resolve_placement
 
-MASSIVE_LAYER = 1
-
-
-@pytest.fixture(scope="module")
-def massive_model():
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_tiny("proj", massive_layer=MASSIVE_LAYER)
-
-
-@pytest.fixture(scope="module")
-def massive_bundle(massive_model, small_target):
-    """CPU graphs + static HTP graphs + per-layer segments (export needs no QNN)."""
-    from kztts.export.tts.bundle_writer import cached_target_bundle
-
-    return cached_target_bundle(massive_model, small_target, segments=True)
-
+from support import MASSIVE_LAYER
 
 @pytest.fixture(scope="module")
 def report(massive_bundle):
@@ -46,23 +30,6 @@ def guarded_file(report, tmp_path_factory):
     from kztts.htp.placement import write_placement
 
     return write_placement(report.placement(), tmp_path_factory.mktemp("placement") / "guarded.json")
-
-
-@pytest.fixture(scope="module")
-def talker_only_target(small_target, tmp_path_factory):
-    """The small simulator target with the Code Predictor and the decoder on the CPU: the Talker
-    placement alone is on the HTP (the HTP Code Predictor's and decoder's checks are in test_qnn
-    and test_plan)."""
-    data = json.loads(small_target.read_text())
-    data["placement"].update(cp_frame="cpu", decoder="cpu")
-    p = tmp_path_factory.mktemp("targets") / small_target.name  # same name: the bundle's graphs were made for it
-    p.write_text(json.dumps(data))
-    return p
-
-
-@pytest.fixture(scope="module")
-def qnn():
-    return pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
 
 
 @pytest.fixture(scope="module")

@@ -293,11 +293,6 @@ def test_a_plan_on_layer_graphs_runs_on_the_simulator_within_its_bounds(qnn, out
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
 
 
-@pytest.fixture(scope="module")
-def qnn():
-    return pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-
-
 def test_inspect_precision_and_plan_flags_refuse_bad_input(htp_bundle, small_target, tmp_path):
     """One line each, exit 2, before any graph opens."""
     def run(*args):

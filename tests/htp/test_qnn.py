@@ -15,15 +15,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from kztts.core.metrics import cosine_rows
+
+from support import matmul_weight_kinds
+
 CONTEXT, CHUNK = 64, 16
 W4A16_HTP_VS_QDQ_MIN = 0.9995  # measured 0.999865 (the same QDQ graphs on the CPU EP; vs fp32: 0.96998)
-
-
-@pytest.fixture(scope="module")
-def qnn():
-    """Skips (reason printed with -ra) when onnxruntime-qnn is missing; listed first so the skip
-    comes before any bundle is built."""
-    return pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +28,6 @@ def reference_tts(tiny_dir):
     from kztts.export.common.checkpoint import load_reference
 
     return load_reference(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def sequences(htp_bundle):
-    """Teacher-forcing inputs: two real text prompts + 14 decode steps each."""
-    from kztts.export.validate.htp import bundle_sequences
-
-    return bundle_sequences(htp_bundle, frames=14)
-
-
-def _cos(a, b):
-    from kztts.core.metrics import cosine_rows
-
-    return cosine_rows(a, b)
 
 
 def _hardmax_model(path: Path) -> Path:
@@ -163,15 +146,15 @@ def test_static_and_dynamic_cpu_graphs_agree(htp_bundle, sequences):
         assert s["prefill"].shape[0] > CHUNK  # two prefill chunks, the last one padded
         sl, sh = replay(static, s["prefill"], s["decodes"])
         dl, dh = replay(dynamic, s["prefill"], s["decodes"])
-        assert _cos(sl, dl).min() >= 0.99999, _cos(sl, dl)
-        assert _cos(sh, dh).min() >= 0.99999
+        assert cosine_rows(sl, dl).min() >= 0.99999, cosine_rows(sl, dl)
+        assert cosine_rows(sh, dh).min() >= 0.99999
         assert (sl.argmax(-1) == dl.argmax(-1)).all()
     # positions past C - S fall back to single steps; the cache is full at C - 1
     rng = np.random.default_rng(1)
     e = rng.standard_normal((CONTEXT - 1, m.talker["hidden"])).astype(np.float32)
     a, _ = static.prefill(e)
     b, _ = dynamic.prefill(e)
-    assert _cos(a[None], b[None])[0] >= 0.99999 and static.position == CONTEXT - 1
+    assert cosine_rows(a[None], b[None])[0] >= 0.99999 and static.position == CONTEXT - 1
     from kztts.core.errors import ContextOverflowError
 
     with pytest.raises(ContextOverflowError, match=f"context {CONTEXT - 1}"):
@@ -191,7 +174,7 @@ def test_teacher_forced_htp_fp16_matches_cpu_fp32(qnn, htp_bundle, small_target,
     worst = []
     for s, (hl, hh) in zip(sequences, runs):
         cl, ch = replay(cpu, s["prefill"], s["decodes"])
-        c = _cos(hl, cl)
+        c = cosine_rows(hl, cl)
         worst.append(c.min())
         assert c.min() >= 0.999, c
     print(f"\nHTP fp16 vs CPU fp32 teacher-forced logits cosine: min {min(worst):.7f}")
@@ -299,7 +282,7 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     cos, match = [], []
     for s, (hl, _) in zip(sequences, runs):
         cl, _ = replay(cpu, s["prefill"], s["decodes"])
-        cos.append(_cos(hl, cl))
+        cos.append(cosine_rows(hl, cl))
         match.append(hl.argmax(-1) == cl.argmax(-1))
     cos, match = np.concatenate(cos), np.concatenate(match)
     print(f"\nHTP w8a16 vs CPU fp32 teacher-forced logits cosine: min {cos.min():.5f} mean {cos.mean():.6f}, "
@@ -341,23 +324,6 @@ def test_prefill_only_quantized_graphs_meet_their_bounds_on_narrow_widths(qnn, p
     assert judge(report, bounds), {k: report[k] for k in bounds}
 
 
-def _weight_kinds(path) -> set[str]:
-    """How a QDQ graph's MatMul weights are quantized: "int4 per-channel axis 1", "int4 LPBQ block 64", ..."""
-    g = onnx.load(str(path)).graph
-    inits = {t.name: t for t in g.initializer}
-    dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
-    kinds = set()
-    for n in g.node:
-        d = dq.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) > 1 else None
-        if d is None:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(inits[d.input[0]].data_type).name
-        attrs = {a.name: a.i for a in d.attribute}
-        kinds.add(f"{dtype} LPBQ block {attrs['block_size']}" if d.input[1] not in inits
-                  else f"{dtype} per-channel axis {attrs.get('axis', 1)}")
-    return kinds
-
-
 # ------------------------------------------------------------------ w4a16
 @pytest.mark.slow  # ~100 s: a w4a16 export (calibrated) for the test target, then three simulator runs
 def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, tiny_dir, small_target, sequences,
@@ -380,10 +346,10 @@ def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, 
     b = Bundle.open(bundle, load_graphs=False)
     g = b.manifest.graphs
     assert g["talker_decode"].precision == g["cp_frame"].precision == "w4a16"
-    kinds = set().union(*(_weight_kinds(bundle / g[n].file) for n in ("talker_prefill", "talker_decode")))
+    kinds = set().union(*(matmul_weight_kinds(bundle / g[n].file) for n in ("talker_prefill", "talker_decode")))
     assert kinds == {"int4 per-channel axis 1", "int4 LPBQ block 64"}, kinds
     qdq_cp, float_cp = graph_files(b, "cp_frame")[0], bundle / g["cp_frame"].file
-    assert qdq_cp != float_cp and _weight_kinds(qdq_cp) <= {"int4 per-channel axis 1", "int4 LPBQ block 64"}
+    assert qdq_cp != float_cp and matmul_weight_kinds(qdq_cp) <= {"int4 per-channel axis 1", "int4 LPBQ block 64"}
     cp = open_target_session(b, "cp_frame", load_target(small_target), strict=True)  # strict: no CPU fallback
     assert "QNNExecutionProvider" in cp.get_providers()
     runs, info = htp_talker_run(bundle, small_target, sequences, strict=True)
@@ -393,8 +359,8 @@ def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, 
     vs_qdq, vs_fp32, match = [], [], []
     for s, (hl, _), (ql, _) in zip(sequences, runs, qdq_runs):
         cl, _ = replay(cpu, s["prefill"], s["decodes"])
-        vs_qdq.append(_cos(hl, ql))
-        vs_fp32.append(_cos(hl, cl))
+        vs_qdq.append(cosine_rows(hl, ql))
+        vs_fp32.append(cosine_rows(hl, cl))
         match.append(hl.argmax(-1) == cl.argmax(-1))
     vs_qdq, vs_fp32, match = map(np.concatenate, (vs_qdq, vs_fp32, match))
     print(f"\nHTP w4a16 teacher-forced logits: vs the same QDQ graphs on the CPU EP cosine min {vs_qdq.min():.6f}; "

@@ -15,7 +15,8 @@ import pytest
 from kztts.bundle.segments import DEFAULT_THRESHOLD, LAYER_STATS
 from kztts.htp.saturation import SaturationError, SaturationGuard
 
-MASSIVE_LAYER = 1
+from support import MASSIVE_LAYER
+
 TEXT = "Hi."
 FRAMES = 3
 
@@ -37,25 +38,6 @@ def test_the_guard_counts_every_call_over_the_threshold_and_warns_once(caplog):
         SaturationGuard(strict=True).check("prefill", "head", np.array([1.0, 9000.0], np.float32))
 
 
-@pytest.fixture(scope="module")
-def massive_bundle(small_target):
-    from kztts.export.tts.bundle_writer import cached_target_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    return cached_target_bundle(cached_tiny("proj", massive_layer=MASSIVE_LAYER), small_target, segments=True)
-
-
-@pytest.fixture(scope="module")
-def talker_only_target(small_target, tmp_path_factory):
-    """The small simulator target with the Code Predictor and the decoder on the CPU."""
-    data = json.loads(small_target.read_text())
-    data["placement"].update(cp_frame="cpu", decoder="cpu")
-    p = tmp_path_factory.mktemp("targets") / small_target.name  # same name: the bundle's graphs were made for it
-    p.write_text(json.dumps(data))
-    return p
-
-
 def _tts(bundle, target, placement, strict=False):
     from kztts.tts.tts import TTS
 
@@ -70,7 +52,7 @@ def _voice(tts):
     return Voice(np.random.default_rng(0).standard_normal(tts.speaker_size).astype(np.float32))
 
 
-def test_all_htp_warns_once_and_counts_in_the_summary(massive_bundle, talker_only_target, caplog):
+def test_all_htp_warns_once_and_counts_in_the_summary(qnn, massive_bundle, talker_only_target, caplog):
     tts = _tts(massive_bundle, talker_only_target, "all-htp")
     voice = _voice(tts)
     with caplog.at_level(logging.WARNING, logger="kztts.htp.saturation"):
@@ -88,7 +70,7 @@ def test_all_htp_warns_once_and_counts_in_the_summary(massive_bundle, talker_onl
     assert steps <= first.fp16_saturations <= steps * units
 
 
-def test_synth_all_htp_strict_fails_in_one_line_naming_the_layer(massive_bundle, talker_only_target, tmp_path,
+def test_synth_all_htp_strict_fails_in_one_line_naming_the_layer(qnn, massive_bundle, talker_only_target, tmp_path,
                                                                   capsys):
     """The issue's case: ``kztts synth --target T --placement all-htp --strict`` on the saturating model."""
     from kztts.cli.main import main
@@ -104,7 +86,7 @@ def test_synth_all_htp_strict_fails_in_one_line_naming_the_layer(massive_bundle,
     assert err[-1].startswith(f"kztts: error: fp16 saturation on the HTP: Talker prefill layer {MASSIVE_LAYER},")
 
 
-def test_the_massive_layer_on_the_cpu_is_not_flagged(massive_bundle, talker_only_target, tmp_path, caplog):
+def test_the_massive_layer_on_the_cpu_is_not_flagged(qnn, massive_bundle, talker_only_target, tmp_path, caplog):
     placement = tmp_path / "layer1_cpu.json"
     placement.write_text(json.dumps({"schema": "kztts-placement/1", "mode": "explicit",
                                      "talker": {"cpu_layers": [MASSIVE_LAYER]}}))
@@ -116,13 +98,11 @@ def test_the_massive_layer_on_the_cpu_is_not_flagged(massive_bundle, talker_only
 
 
 @pytest.fixture(scope="module")
-def whole_stack_bundle(small_target):
+def whole_stack_bundle(qnn, massive_model, small_target):
     """The massive-layer model with the target's static graphs only (no layer graphs)."""
     from kztts.export.tts.bundle_writer import cached_target_bundle
-    from kztts.export.tts.tiny import cached_tiny
 
-    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
-    return cached_target_bundle(cached_tiny("proj", massive_layer=MASSIVE_LAYER), small_target)
+    return cached_target_bundle(massive_model, small_target)
 
 
 def test_the_default_target_run_on_whole_stack_graphs_is_guarded(whole_stack_bundle, talker_only_target, caplog,

@@ -13,6 +13,8 @@ import pytest
 
 from kztts.core.errors import ContextOverflowError, KzttsError
 
+from support import assert_equals_reprefill, cosine, empty_gguf, plain_greedy_lm
+
 KINDS = ("qwen3_next", "qwen3_next_moe")
 STEPS = 32
 PROMPT = "Hello, how are you? Bonjour 你好"
@@ -32,11 +34,6 @@ ALL_HTP_COS = {"qwen3_next": 0.999, "qwen3_next_moe": 0.95}
 # 0.0003 without a flip. On the English PROMPT's greedy continuation one position's router (probabilities 0.0075
 # apart) selects another expert after the fp16 prefill, a different function: logits cosine 0.986 there
 # (benchmarks/hybrid_lm/README.md); a top-k router is discontinuous, no bound on fp16 error excludes that.
-
-
-def _cos(a, b) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -61,11 +58,7 @@ def bundle(hybrid_dir, small_target):
 
 @pytest.fixture(scope="module")
 def hf_model(hybrid_dir):
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    model = AutoModelForCausalLM.from_pretrained(str(hybrid_dir)).eval()
-    model.generation_config = GenerationConfig()  # plain greedy: no eos, no repetition penalty
-    return model
+    return plain_greedy_lm(hybrid_dir)
 
 
 def test_bundle_is_a_hybrid_lm_bundle(bundle, kind):
@@ -114,7 +107,7 @@ def test_greedy_tokens_and_logits_match_transformers(bundle, hf_model):
     assert reply.ids == ref and reply.stopped_by == "max_new_tokens" and text == lm.decode(ref)
     lm._claim(object())
     got = [lm.feed(ids)] + [lm.feed([t]) for t in ref[:-1]]
-    cos = min(_cos(a, b) for a, b in zip(got, ref_logits))
+    cos = min(cosine(a, b) for a, b in zip(got, ref_logits))
     diff = max(float(np.abs(a - b).max()) for a, b in zip(got, ref_logits))
     print(f"{STEPS} greedy tokens equal; teacher-forced logits cosine min {cos:.10f}, max |diff| {diff:.2e}")
     assert cos >= 0.99999, cos
@@ -173,26 +166,6 @@ def test_chunked_prefill_state_equals_token_by_token(bundle, hf_model):
     assert max(worst.values()) < STATE_REL and static_kv < F16_ROUND + STATE_REL, (worst, static_kv)
 
 
-def _reprefill(lm, turns: list[list[int]], replies) -> None:
-    """Each turn again from an empty cache, the whole conversation before its reply in one prefill: the same logits
-    at every reply position and the same greedy tokens."""
-    prefix: list[int] = []
-    for turn, reply in zip(turns, replies):
-        prefix = prefix + turn
-        lm._claim(object())
-        logits = lm.feed(prefix)
-        for i, want in enumerate(reply.logits):
-            assert _cos(logits, want) >= 0.99999 and np.abs(logits - want).max() < 1e-3
-            token = int(np.argmax(logits))
-            if i < len(reply.ids):
-                assert token == reply.ids[i]
-            else:
-                assert token in lm.stop_ids
-            if i + 1 < len(reply.logits):
-                logits = lm.feed([token])
-        prefix = prefix + reply.ids
-
-
 def test_chat_session_equals_full_reprefill(bundle):
     """Three turns kept in the cache (the KV and both DeltaNet states; one prefill in all, later turns feed only their
     own ChatML) equal a full re-prefill of the conversation before each reply: tokens and logits."""
@@ -215,7 +188,7 @@ def test_chat_session_equals_full_reprefill(bundle):
         turns.append(turn)  # a cut reply's last token is in its ids: the re-prefill has it before this turn
     assert len(prefills) == 1, "later turns must extend the cache, not prefill again"
     lm.runner.prefill = real
-    _reprefill(lm, turns, session.replies)
+    assert_equals_reprefill(lm, turns, session.replies, atol=1e-3)
 
 
 def _hf_chat(hf_model, lm, turns: list[str], max_new: int, system: str) -> list[list[int]]:
@@ -304,17 +277,9 @@ def test_without_static_graphs_the_plan_falls_back_or_refuses(hybrid_dir, small_
 
 
 def test_a_hybrid_gguf_is_refused_in_one_line(tmp_path):
-    import gguf
-
     from kztts.export.lm.checkpoint import check_causal_lm
 
-    path = tmp_path / "hybrid.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3next")
-    w.add_block_count(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = empty_gguf(tmp_path / "hybrid.gguf", "qwen3next")
     with pytest.raises(KzttsError, match="no GGUF loader for its Gated DeltaNet tensors"):
         check_causal_lm(path)
 
@@ -362,7 +327,7 @@ def test_htp_prefill_on_the_simulator(sim, small_target, hf_model, kind, placeme
     ref = [cpu.feed(ids[:n])] + [cpu.feed([t]) for t in ids[n:]]
     got = [htp.feed(ids[:n])] + [htp.feed([t]) for t in ids[n:]]
     margins = _router_margins(hf_model, ids)[n - 1:]
-    cos = np.array([_cos(a, b) for a, b in zip(got, ref)])
+    cos = np.array([cosine(a, b) for a, b in zip(got, ref)])
     top1 = float(np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)]))
     record_property("htp_logits_cosine_min", float(cos.min()))
     print(f"{kind} {placement}: logits cosine min {cos.min():.6f} over {len(cos)} positions, top-1 agreement "

@@ -9,6 +9,8 @@ import pytest
 from kztts.core.errors import ContextOverflowError, KzttsError
 from kztts.lm import chatml
 
+from support import assert_equals_reprefill, cosine, cpu_session, matmul_weight_kinds, plain_greedy_lm
+
 KINDS = ("qwen2", "qwen3")
 STEPS = 32
 W8A16_VS_QDQ_MIN = 0.995  # measured 0.99896 (all-htp), 0.99938 (handover prefill)
@@ -18,11 +20,6 @@ W8A16_VS_QDQ_MIN = 0.995  # measured 0.99896 (all-htp), 0.99938 (handover prefil
 # 0.75x the measured value for the others
 W4A16_VS_QDQ_MIN, W4A16_VS_FP32_MIN, W4A16_TOP1_MIN = 0.995, 0.5, 0.2
 PROMPT = "Hello, how are you? Bonjour 你好"
-
-
-def _cos(a, b) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -47,11 +44,7 @@ def lm_bundle(lm_dir, kind, small_target):
 
 @pytest.fixture(scope="module")
 def hf_model(lm_dir):
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    model = AutoModelForCausalLM.from_pretrained(str(lm_dir)).eval()
-    model.generation_config = GenerationConfig()  # plain greedy: no eos, no repetition penalty
-    return model
+    return plain_greedy_lm(lm_dir)
 
 
 @pytest.fixture(scope="module")
@@ -100,31 +93,11 @@ def test_greedy_tokens_and_logits_match_transformers(lm_bundle, hf_model):
     # teacher forced: the reference tokens fed one by one
     lm._claim(object())
     got = [lm.feed(ids)] + [lm.feed([t]) for t in ref[:-1]]
-    cos = min(_cos(a, b) for a, b in zip(got, ref_logits))
+    cos = min(cosine(a, b) for a, b in zip(got, ref_logits))
     diff = max(float(np.abs(a - b).max()) for a, b in zip(got, ref_logits))
     print(f"{lm.bundle.manifest.data['model_type']}: {STEPS} greedy tokens equal; teacher-forced logits cosine "
           f"min {cos:.8f}, max |diff| {diff:.2e}")
     assert cos >= 0.99999, cos
-
-
-def _reprefill(lm, turns: list[list[int]], replies) -> None:
-    """Each turn again from an empty cache, the whole conversation before its reply in one prefill:
-    the same logits at every reply position and the same greedy tokens."""
-    prefix: list[int] = []
-    for turn, reply in zip(turns, replies):
-        prefix = prefix + turn
-        lm._claim(object())
-        logits = lm.feed(prefix)
-        for i, want in enumerate(reply.logits):
-            assert _cos(logits, want) >= 0.99999 and np.abs(logits - want).max() < 1e-4
-            token = int(np.argmax(logits))
-            if i < len(reply.ids):
-                assert token == reply.ids[i]
-            else:
-                assert token in lm.stop_ids
-            if i + 1 < len(reply.logits):
-                logits = lm.feed([token])
-        prefix = prefix + reply.ids
 
 
 def test_chat_session_equals_full_reprefill(lm_bundle):
@@ -158,7 +131,7 @@ def test_chat_session_equals_full_reprefill(lm_bundle):
     assert [r.ids for r in other.replies] == [r.ids for r in session.replies[:2]]
     assert [m["role"] for m in session.messages] == ["system"] + ["user", "assistant"] * 3
     lm.runner.prefill = real_prefill
-    _reprefill(lm, turns, session.replies)
+    assert_equals_reprefill(lm, turns, session.replies, atol=1e-4)
     with pytest.raises(KzttsError, match="has ended"):
         session.send("again?")
 
@@ -266,7 +239,8 @@ def test_a_tts_bundle_is_refused(tiny_bundle_dir):
 
 
 @pytest.fixture(scope="module")
-def htp_bundle(lm_bundle):
+def qnn_lm_bundle(lm_bundle):
+    """``lm_bundle``, or a skip when the QNN execution provider cannot run here."""
     from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
 
     if not qnn_available():
@@ -275,24 +249,24 @@ def htp_bundle(lm_bundle):
 
 
 @pytest.mark.parametrize("placement", [None, "prefill-htp-decode-cpu"])
-def test_htp_graphs_on_the_simulator(htp_bundle, small_target, placement, record_property):
+def test_htp_graphs_on_the_simulator(qnn_lm_bundle, small_target, placement, record_property):
     """The static graphs on the HTP simulator (strict: every node on QNN), teacher-forced against the
     CPU; a chat's second turn extends the cache (the handover continues on the CPU)."""
     from kztts.lm.lm import LM
 
-    cpu = LM(htp_bundle)
+    cpu = LM(qnn_lm_bundle)
     ref = []
     cpu.stop_ids = frozenset()
     list(cpu.generate(PROMPT, 8, greedy=True))
     ids = cpu.history
-    htp = LM(htp_bundle, target=small_target, placement=placement, strict=True, check_saturation=False)
+    htp = LM(qnn_lm_bundle, target=small_target, placement=placement, strict=True, check_saturation=False)
     assert htp.plan.runner == ("static" if placement is None else "handover")
     cpu._claim(object())
     htp._claim(object())
     n = len(cpu.encode(PROMPT))
     ref = [cpu.feed(ids[:n])] + [cpu.feed([t]) for t in ids[n:]]
     got = [htp.feed(ids[:n])] + [htp.feed([t]) for t in ids[n:]]
-    cos = min(_cos(a, b) for a, b in zip(got, ref))
+    cos = min(cosine(a, b) for a, b in zip(got, ref))
     agree = np.mean([np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)])
     record_property("htp_logits_cosine_min", cos)
     print(f"HTP simulator ({placement or 'all-htp'}): min logits cosine {cos:.6f}, top-1 agreement {agree:.2f}")
@@ -327,28 +301,18 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
     the MatMul weights went per-channel and the RMSNorms float (kztts.export.htp.qdq) it was 0.846 / 0.953,
     top-1 0.65: this random model, drawn wide (lm_tiny.INIT_STD), has heavy-tailed rows that the norms'
     per-tensor 16-bit grids lost."""
-    import onnxruntime as ort
-
     from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
     from kztts.lm.lm import LM
-    from kztts.runners.talker_static import StaticTalker
 
     m = LM(w8a16_bundle).bundle.manifest
     assert {n: m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {
         "talker_prefill": "w8a16", "talker_decode": "w8a16"}
     assert m.graphs["talker_decode"].extra["kv_dtype"] == "fp32" and not any("layer" in n for n in m.graphs)
     for name in ("talker_prefill", "talker_decode"):
-        assert matmul_weight_quantization(w8a16_bundle / m.graphs[name].file) == {"int8 per-channel axis 1"}
+        assert matmul_weight_kinds(w8a16_bundle / m.graphs[name].file) == {"int8 per-channel axis 1"}
         assert quantized_inside_norms(w8a16_bundle / m.graphs[name].file) == {"output"}
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-
-    def cpu_ep(name):
-        return ort.InferenceSession(str(w8a16_bundle / m.graphs[name].file), so, providers=["CPUExecutionProvider"])
-
     fp32 = LM(w8a16_bundle, context=64)
-    qdq = LM(w8a16_bundle, context=64, talker=StaticTalker(cpu_ep("talker_prefill"), cpu_ep("talker_decode"),
-                                                           m.talker, float(small_target_mask(small_target))))
+    qdq = qdq_on_the_cpu_ep(w8a16_bundle, small_target)
     htp = LM(w8a16_bundle, target=small_target, placement=placement, strict=True)
     assert htp.plan.runner == ("static" if placement == "all-htp" else "handover")
     vs_qdq, vs_fp32, agree = [], [], []
@@ -357,8 +321,8 @@ def test_w8a16_graphs_on_the_simulator(w8a16_bundle, small_target, placement, re
         ref, _ = teacher_forced(fp32, toks)
         q, _ = teacher_forced(qdq, toks)
         tight = len(got) if placement == "all-htp" else 1  # handover: decode steps run the fp32 CPU graphs
-        vs_qdq += [_cos(a, b) for a, b in zip(got[:tight], q[:tight])]
-        vs_fp32 += [_cos(a, b) for a, b in zip(got, ref)]
+        vs_qdq += [cosine(a, b) for a, b in zip(got[:tight], q[:tight])]
+        vs_fp32 += [cosine(a, b) for a, b in zip(got, ref)]
         agree += [np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)]
     record_property("w8a16_vs_fp32_cosine_min", min(vs_fp32))
     print(f"HTP simulator w8a16 ({placement}), {len(agree)} positions: vs the QDQ graphs on the CPU EP cosine min "
@@ -434,34 +398,24 @@ def test_w4a16_graphs_on_the_simulator(w4a16_bundle, small_target, record_proper
     """w4a16 QDQ static graphs on the HTP simulator (strict: every node on QNN, int4 weights included),
     teacher-forced over two accuracy texts against the same QDQ graphs on the CPU EP (tight: what the simulator
     adds) and against fp32 (loose: what 4-bit weights cost this random model, W4A16_* above)."""
-    import onnxruntime as ort
-
     from kztts.eval.lm_accuracy import SAMPLES, teacher_forced, tokenize
     from kztts.lm.lm import LM
-    from kztts.runners.talker_static import StaticTalker
 
     m = LM(w4a16_bundle).bundle.manifest
     assert {m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {"w4a16"}
     for name in ("talker_prefill", "talker_decode"):
-        kinds = matmul_weight_quantization(w4a16_bundle / m.graphs[name].file)
+        kinds = matmul_weight_kinds(w4a16_bundle / m.graphs[name].file)
         assert kinds and all(k.startswith("int4") for k in kinds), kinds
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-
-    def cpu_ep(name):
-        return ort.InferenceSession(str(w4a16_bundle / m.graphs[name].file), so, providers=["CPUExecutionProvider"])
-
     fp32 = LM(w4a16_bundle, context=64)
-    qdq = LM(w4a16_bundle, context=64, talker=StaticTalker(cpu_ep("talker_prefill"), cpu_ep("talker_decode"),
-                                                           m.talker, float(small_target_mask(small_target))))
+    qdq = qdq_on_the_cpu_ep(w4a16_bundle, small_target)
     htp = LM(w4a16_bundle, target=small_target, placement="all-htp", strict=True)
     vs_qdq, vs_fp32, agree = [], [], []
     for toks in tokenize(fp32, SAMPLES[1:3], htp.context):
         got, _ = teacher_forced(htp, toks)
         ref, _ = teacher_forced(fp32, toks)
         q, _ = teacher_forced(qdq, toks)
-        vs_qdq += [_cos(a, b) for a, b in zip(got, q)]
-        vs_fp32 += [_cos(a, b) for a, b in zip(got, ref)]
+        vs_qdq += [cosine(a, b) for a, b in zip(got, q)]
+        vs_fp32 += [cosine(a, b) for a, b in zip(got, ref)]
         agree += [np.argmax(a) == np.argmax(b) for a, b in zip(got, ref)]
     record_property("w4a16_vs_fp32_cosine_min", min(vs_fp32))
     print(f"HTP simulator w4a16 (all-htp), {len(agree)} positions: vs the QDQ graphs on the CPU EP cosine min "
@@ -469,33 +423,6 @@ def test_w4a16_graphs_on_the_simulator(w4a16_bundle, small_target, record_proper
           f"{np.mean(agree):.3f}")
     assert min(vs_qdq) > W4A16_VS_QDQ_MIN
     assert min(vs_fp32) > W4A16_VS_FP32_MIN and np.mean(agree) >= W4A16_TOP1_MIN
-
-
-def matmul_weight_quantization(path) -> set[str]:
-    """How the constant weights of a QDQ graph's MatMuls are quantized, e.g. {"int8 per-channel axis 1"}."""
-    import onnx
-    from onnx import numpy_helper
-
-    g = onnx.load(str(path)).graph
-    inits = {t.name: t for t in g.initializer}
-    dq = {n.output[0]: n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
-    kinds = set()
-    for n in g.node:
-        d = dq.get(n.input[1]) if n.op_type == "MatMul" else None
-        if d is None:
-            continue
-        w = inits[d.input[0]]
-        if d.input[1] not in inits:  # LPBQ: the scales are a DequantizeLinear of per-block integer scales
-            block = next((a.i for a in d.attribute if a.name == "block_size"), 0)
-            kinds.add(f"{onnx.helper.tensor_dtype_to_np_dtype(w.data_type).name} LPBQ block {block}")
-            continue
-        scale = numpy_helper.to_array(inits[d.input[1]])
-        zero = numpy_helper.to_array(inits[d.input[2]])
-        axis = next((a.i for a in d.attribute if a.name == "axis"), 1)
-        kind = onnx.helper.tensor_dtype_to_np_dtype(w.data_type).name
-        kinds.add(f"{kind} per-channel axis {axis}" if scale.size == w.dims[axis] > 1 and not zero.any()
-                  else f"{kind} per-tensor")
-    return kinds
 
 
 def quantized_inside_norms(path) -> set[str]:
@@ -517,6 +444,16 @@ def quantized_inside_norms(path) -> set[str]:
     assert len(last) >= 3, f"no RMSNorm scopes found in {path}"
     return {("output" if t in outputs else "inside") for n in g.node if n.op_type == "QuantizeLinear"
             for t in n.input[:1] if t in produced_in}
+
+
+def qdq_on_the_cpu_ep(bundle, small_target):
+    """An LM whose Talker runs ``bundle``'s QDQ static graphs on the CPU EP (what the HTP's result is held to)."""
+    from kztts.lm.lm import LM
+    from kztts.runners.talker_static import StaticTalker
+
+    m = LM(bundle).bundle.manifest
+    prefill, decode = (cpu_session(bundle / m.graphs[n].file) for n in ("talker_prefill", "talker_decode"))
+    return LM(bundle, context=64, talker=StaticTalker(prefill, decode, m.talker, float(small_target_mask(small_target))))
 
 
 def small_target_mask(target) -> float:
@@ -564,7 +501,7 @@ def test_calibrate_and_every_placement(which, small_target, tmp_path):
         lm._claim(object())
         got = lm.feed(ids[:-2])
         got = lm.feed(ids[-2:])  # a second turn's extend
-        assert _cos(got, ref) > 0.999 and np.argmax(got) == np.argmax(ref), placement
+        assert cosine(got, ref) > 0.999 and np.argmax(got) == np.argmax(ref), placement
     assert runners.pop("all-cpu") == "cpu" and set(runners.values()) == {"segments"}
 
 

@@ -15,16 +15,12 @@ import torch
 
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.core.errors import KzttsError
+from kztts.core.metrics import cosine_rows
 from kztts.generation.sampling import SamplingParams, XorShift32, repetition_penalty, sample_token
 from kztts.runners.code_predictor import CodePredictor
 
 FRAMES = 41
 GREEDY = SamplingParams.greedy_params()
-
-
-def cosine_rows(a, b):
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 # ---------------------------------------------------------------- fixtures

@@ -7,18 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts.core import audio
+from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
+from kztts.core.metrics import snr_db
 from kztts.runners.codec import Decoder, Encoder, StreamingDecoder, check_codes
 
 from support import ROOT
 
 on_proj = pytest.mark.parametrize("variant", ["proj"], indirect=True)
 FRAMES = 310  # crosses qwen-tts's 300-frame decode segment (left context 25)
-
-
-def synthetic_voice(sr: int, seconds: float = 1.3, seed: int = 0) -> np.ndarray:
-    return audio.synthetic_voice(seconds, sr, seed)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +133,7 @@ def test_streaming_reset_and_empty_push(codec, codes, full_wav):
 @on_proj
 @pytest.mark.parametrize("sr,seconds", [(24000, 1.3), (24000, 11.0), (16000, 1.3)])
 def test_encoder_matches_reference_ref_code(codec, reference, sr, seconds):
-    wav = synthetic_voice(sr, seconds)
+    wav = synthetic_voice(seconds, sr)
     if seconds > 10:  # odd length, > 250 encoder frames (Mimi's sliding_window is not applied)
         wav = wav[:-77]
     items = reference.create_voice_clone_prompt(ref_audio=(wav, sr), ref_text="A reference sentence.",
@@ -163,11 +160,6 @@ def test_codes_are_checked():
 
 
 # ------------------------------------------------------------------ graph variants of the decoder
-def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
-    noise = float(np.sum((x.astype(np.float64) - ref) ** 2))
-    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)
-
-
 @pytest.fixture(scope="module")
 def stream_graph(reference, tmp_path_factory):
     """name -> a decoder_stream session exported with those DecoderOptions (``plain``: none)."""

@@ -5,17 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kztts.core import audio
+from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
 from kztts.runners.speaker import SpeakerEncoder, load_xvector, mel_filterbank, mel_spectrogram
 
-
-def synthetic_voice(sr: int, seconds: float = 1.3, seed: int = 0) -> np.ndarray:
-    return audio.synthetic_voice(seconds, sr, seed)
-
-
-def cosine(a, b) -> float:
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+from support import cosine
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +40,7 @@ def test_mel_matches_reference():
     from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram as ref_mel
 
     for seconds in (1.3, 0.37):
-        wav = synthetic_voice(24000, seconds, seed=3)
+        wav = synthetic_voice(seconds, 24000, seed=3)
         ref = ref_mel(torch.from_numpy(wav)[None], n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256,
                       win_size=1024, fmin=0, fmax=12000).transpose(1, 2)[0].numpy()
         ours = mel_spectrogram(wav)
@@ -68,7 +62,7 @@ def test_speaker_graph_io(speaker, reference):
 @pytest.mark.parametrize("sr,max_one_minus_cos", [(24000, 1e-6), (16000, 1e-5), (44100, 1e-5)])
 def test_xvector_matches_reference(speaker, reference, sr, max_one_minus_cos):
     enc, _ = speaker
-    wav = synthetic_voice(sr)
+    wav = synthetic_voice(sr=sr)
     items = reference.create_voice_clone_prompt(ref_audio=(wav, sr), ref_text=None, x_vector_only_mode=True)
     ref = items[0].ref_spk_embedding.numpy()
     ours = enc.xvector(wav, sr)

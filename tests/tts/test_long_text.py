@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import random
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.text_split import frames_per_token, split_text
+
+from support import run_kztts
 
 ENGLISH = """The morning train was late again, and the platform filled with people who had somewhere else to be.
 A woman in a green coat read the timetable twice; she did not believe it either time.
@@ -133,19 +133,11 @@ def test_join_fades_the_inner_edges_and_streams_identically():
 
 # ------------------------------------------------------------------ with the tiny model
 @pytest.fixture(scope="module")
-def bundle():
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_bundle(cached_tiny("equal"))
-
-
-@pytest.fixture(scope="module")
-def small(bundle):
+def small(equal_bundle):
     """A Talker context of 64 positions: several pieces for a few paragraphs, fast."""
     from kztts.tts.tts import TTS
 
-    return TTS(bundle, context=64)
+    return TTS(equal_bundle, context=64)
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +213,7 @@ def test_a_piece_cut_by_the_context_is_reported(small, voice, caplog):
     assert result.limits[0] in caplog.text
 
 
-def test_twenty_thousand_characters_lose_no_text(bundle, tmp_path):
+def test_twenty_thousand_characters_lose_no_text(equal_bundle, tmp_path):
     from kztts.tts.tts import TTS
 
     words = "the quick brown fox jumps over a lazy dog while seven people watch quietly".split()
@@ -231,14 +223,13 @@ def test_twenty_thousand_characters_lose_no_text(bundle, tmp_path):
         sentences.append(" ".join(rng.choice(words) for _ in range(rng.randint(6, 18))).capitalize()
                          + rng.choice(".!?,"))
     text = " ".join(sentences)[:20000]
-    tts = TTS(bundle)  # the default context of 4096
+    tts = TTS(equal_bundle)  # the default context of 4096
     pieces = tts.pieces(text, tts.voice_from_xvector(_xvector(tts, tmp_path)))
     assert len(pieces) > 1 and _same_text(pieces, text)
     # the CLI with a per-utterance cap: the whole text fits one prompt, the cap binds and is said
     out = tmp_path / "long.wav"
-    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", text, "-o", str(out), "--bundle", str(bundle),
-                          "--xvector", str(_xvector(tts, tmp_path)), "--max-frames", "3"],
-                         capture_output=True, text=True)
+    res = run_kztts("synth", text, "-o", out, "--bundle", equal_bundle, "--xvector", _xvector(tts, tmp_path),
+                    "--max-frames", 3)
     assert res.returncode == 0, res.stderr
     warnings = [ln for ln in res.stderr.splitlines() if "before its end of speech" in ln]
     assert len(warnings) == 1 and "max_frames=3" in warnings[0], res.stderr
@@ -252,12 +243,12 @@ def _xvector(tts, tmp_path):
     return path
 
 
-def test_icl_pieces_each_equal_their_own_synthesis(bundle):
+def test_icl_pieces_each_equal_their_own_synthesis(equal_bundle):
     """An ICL voice: every piece's prompt carries the reference, and still fits."""
     from kztts.core.audio import synthetic_voice
     from kztts.tts.tts import TTS
 
-    tts = TTS(bundle, context=48)  # the 17 reference frames and transcript take 31 positions
+    tts = TTS(equal_bundle, context=48)  # the 17 reference frames and transcript take 31 positions
     icl = tts.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
     text = ENGLISH.split("\n\n")[0]
     result = tts.synthesize(text, icl, greedy=True, max_frames=2)

@@ -18,21 +18,13 @@ FRAMES = 16
 
 
 @pytest.fixture(scope="module")
-def bundle():
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_bundle(cached_tiny("proj"))
-
-
-@pytest.fixture(scope="module")
-def shared(bundle):
+def shared(proj_bundle):
     """One TTS per attention, opened once for the module (opening costs more than the calls)."""
     made: dict[str, TTS] = {}
 
     def get(attention: str = "fused") -> TTS:
         if attention not in made:
-            made[attention] = TTS(bundle, attention=attention)
+            made[attention] = TTS(proj_bundle, attention=attention)
         return made[attention]
     return get
 

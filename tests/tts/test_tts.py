@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,21 +11,11 @@ from kztts import TTS, Voice
 from kztts.core.audio import synthetic_voice, write_wav
 from kztts.core.errors import KzttsError
 
+from support import run_kztts
+
 FRAMES = 40
 TEXT = "Hello world, this is a tiny test."
 REF_TEXT = "A reference sentence."
-
-
-def kztts(*args):
-    return subprocess.run([sys.executable, "-m", "kztts.cli.main", *map(str, args)], capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def voice_wav(tmp_path_factory):
-    """The reference voice as a float WAV file, so the CLI and qwen-tts see the same samples."""
-    path = tmp_path_factory.mktemp("voice") / "voice.wav"
-    write_wav(path, synthetic_voice(), 24000, subtype="FLOAT")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +47,7 @@ def test_synth_greedy_codes_and_wav_equal_qwen_tts(reference, tiny_bundle_dir, v
             "--max-frames", FRAMES, "--codes-out", codes_out, *voice]
     if mode.endswith("_stream"):
         args.append("--streaming-text")
-    res = kztts(*args)
+    res = run_kztts(*args)
     assert res.returncode == 0, res.stderr
     codes = np.load(codes_out)
     assert codes.dtype == np.int64 and codes.shape == (FRAMES, 16)
@@ -229,7 +217,7 @@ def test_bad_input_is_one_line_exit_2_and_no_output(bad_inputs, tiny_bundle_dir,
         args += ["-o", out]
     if case == "bad-flag":
         args += ["--speaker-wav", bad_inputs / "silent.wav"]
-    res = kztts("synth", *args, "--bundle", tiny_bundle_dir, "--max-frames", 3)
+    res = run_kztts("synth", *args, "--bundle", tiny_bundle_dir, "--max-frames", 3)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, res.stderr
     assert len(lines) == 1 and message in lines[0], res.stderr
@@ -237,7 +225,7 @@ def test_bad_input_is_one_line_exit_2_and_no_output(bad_inputs, tiny_bundle_dir,
 
 
 def test_summary_is_printed(tiny_bundle_dir, voice_wav, tmp_path):
-    res = kztts("synth", TEXT, "-o", tmp_path / "a.wav", "--bundle", tiny_bundle_dir, "--speaker-wav", voice_wav,
+    res = run_kztts("synth", TEXT, "-o", tmp_path / "a.wav", "--bundle", tiny_bundle_dir, "--speaker-wav", voice_wav,
                 "--max-frames", 5, "--stream")
     assert res.returncode == 0, res.stderr
     assert "5 frames, 0.40 s of audio" in res.stdout

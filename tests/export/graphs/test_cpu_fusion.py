@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from kztts.export.common import onnx_export
 from kztts.export.graphs import gqa_graphs
 from kztts.export.graphs.cpu_fusion import fuse_cpu_graph, node_counts
 
-
-def _session(path):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+from support import cpu_session
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +71,7 @@ def _talker_feeds(sess):
 
 def _same(a_path, b_path, feeds_of, rel: float = 0.0):
     """Every output of the two graphs on the same feeds: equal, floats within ``rel`` x their largest."""
-    a, b = _session(a_path), _session(b_path)
+    a, b = cpu_session(a_path), cpu_session(b_path)
     feeds = feeds_of(a)
     for x, y, meta in zip(a.run(None, feeds), b.run(None, feeds), a.get_outputs()):
         if x.dtype.kind == "f" and rel:

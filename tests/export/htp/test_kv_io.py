@@ -27,13 +27,6 @@ def fp32_kv_bundle(htp_bundle, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def sequences(htp_bundle):
-    from kztts.export.validate.htp import bundle_sequences
-
-    return bundle_sequences(htp_bundle, frames=14)
-
-
 def _cpu_talker(bundle_dir: Path, **kw):
     import onnxruntime as ort
 

@@ -13,15 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from support import cpu_session
+
 CONTEXT, CHUNK = 64, 16
-
-
-def _session(path: Path):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def _feeds(sess, n: int, seed: int) -> list[dict]:
@@ -92,7 +86,7 @@ def test_gather_external_data_one_aligned_file(tmp_path):
     assert {e["location"] for e in ext} == {"m.onnx.data"} and all(int(e["offset"]) % DATA_ALIGN == 0 for e in ext)
     assert data_file(tmp_path / "m.onnx").is_file()
     x = rng.standard_normal((1, 32)).astype(np.float32)
-    np.testing.assert_allclose(_session(tmp_path / "m.onnx").run(None, {"x": x})[0], x @ w[0] @ w[1] @ w[2],
+    np.testing.assert_allclose(cpu_session(tmp_path / "m.onnx").run(None, {"x": x})[0], x @ w[0] @ w[1] @ w[2],
                                rtol=1e-5, atol=1e-4)
 
 
@@ -106,8 +100,8 @@ def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypa
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
     files = _static_graphs(tiny_talker, tmp_path)
     prefill, decode = tmp_path / files["talker_prefill"], tmp_path / files["talker_decode"]
-    feed = _feeds(_session(decode), 1, 0)[0]
-    before = _session(decode).run(None, feed)
+    feed = _feeds(cpu_session(decode), 1, 0)[0]
+    before = cpu_session(decode).run(None, feed)
     changed = decode.with_name("changed.onnx")
     shutil.copyfile(decode, changed)
     data = bytearray(onnx_export.data_file(decode).read_bytes())
@@ -117,7 +111,7 @@ def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypa
     assert onnx_export.data_file(changed).read_bytes() == bytes(data)
     assert onnx_export.share_external_data(prefill, decode)
     assert not onnx_export.data_file(decode).exists()
-    assert all(np.array_equal(a, b) for a, b in zip(before, _session(decode).run(None, feed)))
+    assert all(np.array_equal(a, b) for a, b in zip(before, cpu_session(decode).run(None, feed)))
 
 
 def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypatch):
@@ -133,7 +127,7 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     assert _static_graphs(tiny_talker, external) == files
     assert all(onnx_export.data_file(external / rel).is_file() for rel in files.values())
     assert not any(onnx_export.data_file(inline / rel).exists() for rel in files.values())
-    feeds = {name: _feeds(_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
+    feeds = {name: _feeds(cpu_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
     out = {}
     for work in (inline, external):
         given = SimpleNamespace(what="the test feeds",  # a calibration source of given feeds
@@ -145,8 +139,8 @@ def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypat
     for name, rel in out[inline].items():
         a, b = _initializers(inline / rel), _initializers(external / rel)
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
-        feed = _feeds(_session(inline / rel), 1, 9)[0]
-        for x, y in zip(_session(inline / rel).run(None, feed), _session(external / rel).run(None, feed)):
+        feed = _feeds(cpu_session(inline / rel), 1, 9)[0]
+        for x, y in zip(cpu_session(inline / rel).run(None, feed), cpu_session(external / rel).run(None, feed)):
             assert np.array_equal(x, y), name
 
 
@@ -164,7 +158,7 @@ def test_minmax_ranges_match_ort_calibrator(tiny_talker, tmp_path):
     model_in = tmp_path / "graphs" / "in.onnx"
     qcfg = get_qnn_qdq_config(_qdq_input(src, model_in), None, activation_type=QuantType.QUInt16,
                               weight_type=QuantType.QUInt8)
-    feeds = _feeds(_session(src), 4, 0)
+    feeds = _feeds(cpu_session(src), 4, 0)
     ours, count = minmax_ranges(model_in, qcfg.op_types_to_quantize, iter(feeds))
     assert count == 4
     cal = create_calibrator(model_in, qcfg.op_types_to_quantize, str(tmp_path / "aug.onnx"))
@@ -224,8 +218,8 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     mask = load_target(small_target).attention_mask_value
 
     def runners(bundle: Path):
-        qdq = StaticTalker(_session(bundle / m.graphs["talker_prefill"].file),
-                           _session(bundle / m.graphs["talker_decode"].file), m.talker, mask)
+        qdq = StaticTalker(cpu_session(bundle / m.graphs["talker_prefill"].file),
+                           cpu_session(bundle / m.graphs["talker_decode"].file), m.talker, mask)
         return LM(bundle, context=CONTEXT), LM(bundle, context=CONTEXT, talker=qdq)
 
     (cpu_a, qdq_a), (cpu_b, qdq_b) = runners(inline), runners(external)

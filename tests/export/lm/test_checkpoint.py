@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support import empty_gguf
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -163,8 +165,6 @@ def test_loads_model_tokenizer_template_and_facts(tiny_lms, tmp_path, model_type
 
 
 def test_refusals_are_one_line(tiny_lms, tmp_path, monkeypatch):
-    import gguf
-
     def refused(path, pattern):
         with pytest.raises(KzttsError, match=pattern) as exc:
             check_causal_lm(path)
@@ -180,13 +180,7 @@ def test_refusals_are_one_line(tiny_lms, tmp_path, monkeypatch):
     refused(tmp_path, r"not valid JSON")
     (tmp_path / "weights.bin").write_bytes(b"PK\x03\x04 not a gguf")
     refused(tmp_path / "weights.bin", r"not a GGUF file")
-    llama = tmp_path / "llama.gguf"
-    w = gguf.GGUFWriter(str(llama), "llama")
-    w.add_block_count(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    llama = empty_gguf(tmp_path / "llama.gguf", "llama")
     refused(llama, r"a GGUF of architecture 'llama', not qwen2/qwen3")
     (tmp_path / "torn.gguf").write_bytes(tiny_lms["qwen2"][1].read_bytes()[:200])
     refused(tmp_path / "torn.gguf", r"torn\.gguf: the GGUF header ends early")
