@@ -1,7 +1,8 @@
 """``kztts serve`` on tiny bundles, over real sockets: the official ``openai`` client and raw HTTP against a
 live server process. Each response equals the same request run alone (``kztts synth``, ``TTS.synthesize`` /
 ``TTS.stream``, ``LM.generate``), also when 16 clients speak at once; the queue limit, a client that
-leaves, bad requests and SIGTERM."""
+leaves, bad requests and SIGTERM. Each module of kztts.server has its own tests beside this one
+(tests/server/test_<module>.py)."""
 from __future__ import annotations
 
 import base64
@@ -27,7 +28,7 @@ openai = pytest.importorskip("openai")
 sf = pytest.importorskip("soundfile")
 
 KEY = "test-key-0123"
-CONTEXT = 128  # Talker positions per request: the long text below is spoken in pieces
+CONTEXT = 128  # Talker positions per request (the ``tts`` fixture's): the long text below is spoken in pieces
 START_TIMEOUT = 180  # seconds for a server to open its graphs (a loaded 2-core machine)
 SHORT = "Hello from the server."
 LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
@@ -49,12 +50,12 @@ class Server:
         return self.log.read_text()[-3000:]
 
 
-def start_server(bundle: Path, log: Path, *args: str, env: dict | None = None) -> Server:
+def start_server(folder: Path, log: Path, *args: str, env: dict | None = None) -> Server:
     """``kztts serve BUNDLE --port 0 ARGS`` as a process; its URL from the line it prints when listening."""
     env = {**os.environ, "KZTTS_THREADS": "1", **(env or {})}
     env.pop(API_KEY_VARIABLE, None)
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kztts.cli.main", "serve", str(bundle), "--port", "0", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "kztts.cli.main", "serve", str(folder), "--port", "0", *args],
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     deadline = time.monotonic() + START_TIMEOUT
     line = ""
@@ -125,14 +126,6 @@ def int16_of(samples: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def bundle():
-    from kztts.export.tts.bundle_writer import cached_bundle
-    from kztts.export.tts.tiny import cached_tiny
-
-    return cached_bundle(cached_tiny("equal"))  # fp32 weights: batched rows equal their runs alone bit for bit
-
-
-@pytest.fixture(scope="module")
 def voices_dir(tmp_path_factory, tts):
     from kztts.core.audio import synthetic_voice, write_wav
 
@@ -144,18 +137,11 @@ def voices_dir(tmp_path_factory, tts):
 
 
 @pytest.fixture(scope="module")
-def tts(bundle):
-    from kztts.tts.tts import TTS
-
-    return TTS(bundle, context=CONTEXT)
-
-
-@pytest.fixture(scope="module")
-def tts_wide(bundle):
+def tts_wide(equal_bundle):
     """The default context, as ``small_server`` runs."""
     from kztts.tts.tts import TTS
 
-    return TTS(bundle)
+    return TTS(equal_bundle)
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +154,8 @@ def voices(tts, voices_dir):
 
 
 @pytest.fixture(scope="module")
-def server(bundle, voices_dir, tmp_path_factory):
-    s = start_server(bundle, tmp_path_factory.mktemp("log") / "serve.log", "--voices", str(voices_dir),
+def server(equal_bundle, voices_dir, tmp_path_factory):
+    s = start_server(equal_bundle, tmp_path_factory.mktemp("log") / "serve.log", "--voices", str(voices_dir),
                      "--batch", "4", "--queue", "16", "--context", str(CONTEXT), "--api-key", KEY)
     yield s
     assert stop(s) == 0, s.tail()
@@ -189,7 +175,7 @@ def solo(tts, voices, text: str, voice: str, seed: int, max_frames: int | None, 
 
 
 # ---------------------------------------------------------------- speech
-def test_speech_equals_kztts_synth(server, client, bundle, voices_dir, tmp_path):
+def test_speech_equals_kztts_synth(server, client, equal_bundle, voices_dir, tmp_path):
     """Whole WAV = ``kztts synth``; streamed pcm (first bytes long before the end) = ``kztts synth --stream``."""
     body = dict(model="tts-1", voice="alice", input=SHORT)
     wav = client.audio.speech.create(**body, response_format="wav", extra_body={"seed": 3, "max_frames": 50}).content
@@ -206,7 +192,7 @@ def test_speech_equals_kztts_synth(server, client, bundle, voices_dir, tmp_path)
     # streamed: the first chunk (4 of 100 frames) arrives well before the end; measured ~0.05 s of ~1 s alone
     assert first < 0.5 * total, (first, total)
     for out, stream, seed, frames in ((tmp_path / "whole.wav", False, 3, 50), (tmp_path / "stream.wav", True, 4, 100)):
-        subprocess.run([sys.executable, "-m", "kztts.cli.main", "-q", "synth", SHORT, "--bundle", str(bundle),
+        subprocess.run([sys.executable, "-m", "kztts.cli.main", "-q", "synth", SHORT, "--bundle", str(equal_bundle),
                         "--speaker-wav", str(voices_dir / "alice.wav"), "--seed", str(seed), "--max-frames",
                         str(frames), "-o", str(out), *(["--stream"] if stream else [])],
                        check=True, capture_output=True, env={**os.environ, "KZTTS_THREADS": "1"})
@@ -322,9 +308,9 @@ def test_formats_and_the_default_voice(server, tts, voices):
 
 # ---------------------------------------------------------------- the queue, a client that leaves, SIGTERM
 @pytest.fixture(scope="module")
-def small_server(bundle, tmp_path_factory):
+def small_server(equal_bundle, tmp_path_factory):
     """One row, one waiting request at most."""
-    s = start_server(bundle, tmp_path_factory.mktemp("log") / "small.log", "--batch", "1", "--queue", "1")
+    s = start_server(equal_bundle, tmp_path_factory.mktemp("log") / "small.log", "--batch", "1", "--queue", "1")
     yield s
     if s.proc.poll() is None:
         stop(s)
@@ -392,23 +378,8 @@ def test_sigterm_drains_then_exits_0(small_server, tts_wide, voices):
 
 # ---------------------------------------------------------------- chat
 @pytest.fixture(scope="module")
-def lm_bundle():
-    from kztts.export.lm.bundle_writer import cached_lm_bundle
-    from kztts.export.lm.tiny import cached_tiny_lm
-
-    return cached_lm_bundle(cached_tiny_lm("qwen3"))
-
-
-@pytest.fixture(scope="module")
-def lm(lm_bundle):
-    from kztts.lm.lm import LM
-
-    return LM(lm_bundle)
-
-
-@pytest.fixture(scope="module")
-def chat_server(lm_bundle, tmp_path_factory):
-    s = start_server(lm_bundle, tmp_path_factory.mktemp("log") / "chat.log", "--batch", "3", "--queue", "8")
+def chat_server(chat_bundle, tmp_path_factory):
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "chat.log", "--batch", "3", "--queue", "8")
     yield s
     assert stop(s) == 0, s.tail()
 
@@ -429,12 +400,12 @@ CONVERSATIONS = [
 ]
 
 
-def test_chat_equals_lm_generate(chat_server, lm, lm_bundle):
+def test_chat_equals_lm_generate(chat_server, lm, chat_bundle):
     from kztts.generation.sampling import SamplingParams
 
     client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
-    assert model == Path(lm_bundle).name
+    assert model == Path(chat_bundle).name
     sampled = dict(temperature=0.8, top_p=0.9, seed=5)
     params = {**lm.params.__dict__, "temperature": 0.8, "top_p": 0.9, "greedy": False}
     # greedy, not streamed
@@ -474,15 +445,15 @@ def test_chat_equals_lm_generate(chat_server, lm, lm_bundle):
      "invalid_type"),
     ({"model": "{model}", "input": "hi"}, 400, "unknown_parameter"),
 ])
-def test_bad_chat_requests(chat_server, lm_bundle, body, status, code):
-    body = {k: (Path(lm_bundle).name if v == "{model}" else v) for k, v in body.items()}
+def test_bad_chat_requests(chat_server, chat_bundle, body, status, code):
+    body = {k: (Path(chat_bundle).name if v == "{model}" else v) for k, v in body.items()}
     got, _, data = raw(chat_server, "POST", "/v1/chat/completions", body, key=None)
     assert got == status, data
     assert json.loads(data)["error"]["code"] == code
     healthy(chat_server)
 
 
-def test_without_batched_graphs_requests_run_one_at_a_time(bundle, lm_bundle, voices_dir, tmp_path_factory):
+def test_without_batched_graphs_requests_run_one_at_a_time(equal_bundle, chat_bundle, voices_dir, tmp_path_factory):
     """The plain attention graphs have no batched form: the server says so and serves requests in turn,
     each equal to its run alone (on the same plain graphs)."""
     from kztts.core.audio import read_voice
@@ -492,12 +463,12 @@ def test_without_batched_graphs_requests_run_one_at_a_time(bundle, lm_bundle, vo
 
     logs = tmp_path_factory.mktemp("log")
     plain = {"KZTTS_ATTENTION": "plain"}
-    speech, chat = (start_server(bundle, logs / "speech.log", "--voices", str(voices_dir), env=plain),
-                    start_server(lm_bundle, logs / "chat.log", env=plain))
+    speech, chat = (start_server(equal_bundle, logs / "speech.log", "--voices", str(voices_dir), env=plain),
+                    start_server(chat_bundle, logs / "chat.log", env=plain))
     try:
         for s, what in ((speech, "request"), (chat, "conversation")):
             assert f"one {what} at a time" in json.loads(raw(s, "GET", "/health", key=None)[2])["mode"]
-        tts = TTS(bundle, attention="plain")
+        tts = TTS(equal_bundle, attention="plain")
         alice = tts.voice_from_wav(*read_voice(voices_dir / "alice.wav"))
         body = dict(model="tts-1", input=SHORT, voice="alice", max_frames=30)
         with ThreadPoolExecutor(2) as pool:
@@ -508,9 +479,9 @@ def test_without_batched_graphs_requests_run_one_at_a_time(bundle, lm_bundle, vo
         assert np.array_equal(int16_of_wav(whole[2]), int16_of(want))
         assert np.array_equal(np.frombuffer(streamed[2], "<i2"),
                               int16_of(np.concatenate(list(tts.stream(SHORT, alice, seed=2, max_frames=30)))))
-        lm = LM(lm_bundle, attention="plain")
+        lm = LM(chat_bundle, attention="plain")
         params = SamplingParams(**{**lm.params.__dict__, "temperature": 0.7, "greedy": False})
-        model = Path(lm_bundle).name
+        model = Path(chat_bundle).name
         asks = [{"model": model, "messages": m, "max_tokens": 20, "temperature": 0.7, "seed": 9, "stream": i == 1}
                 for i, m in enumerate(CONVERSATIONS[:2])]
         with ThreadPoolExecutor(2) as pool:
@@ -525,16 +496,16 @@ def test_without_batched_graphs_requests_run_one_at_a_time(bundle, lm_bundle, vo
         assert stop(speech) == 0 and stop(chat) == 0
 
 
-def test_command_line_refusals_are_one_line(bundle, tmp_path):
+def test_command_line_refusals_are_one_line(equal_bundle, tmp_path):
     import socket
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     cases = [([str(tmp_path / "none")], "no such bundle folder"),
-             ([str(bundle), "--batch", "0"], "--batch must be"),
-             ([str(bundle), "--voices", str(tmp_path / "none")], "--voices must be a folder"),
-             ([str(bundle), "--port", str(busy.getsockname()[1])], "cannot listen on")]
+             ([str(equal_bundle), "--batch", "0"], "--batch must be"),
+             ([str(equal_bundle), "--voices", str(tmp_path / "none")], "--voices must be a folder"),
+             ([str(equal_bundle), "--port", str(busy.getsockname()[1])], "cannot listen on")]
     try:
         for args, words in cases:
             r = subprocess.run([sys.executable, "-m", "kztts.cli.main", "serve", *args], capture_output=True,
