@@ -136,6 +136,14 @@ def qwen3_dir():
 
 
 @pytest.fixture(scope="session")
+def chat_bundle(qwen3_dir):
+    """``qwen3_dir``'s CPU bundle (its fused graphs and ``talker_batched``): what ``kztts serve`` chats with."""
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+
+    return cached_lm_bundle(qwen3_dir)
+
+
+@pytest.fixture(scope="session")
 def qwen3_bundle(qwen3_dir, small_target):
     """``qwen3_dir`` exported with the CPU graphs, the static HTP graphs and the layer segments of
     ``small_target`` (cached): the LM tests' bundle."""

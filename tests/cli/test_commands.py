@@ -385,7 +385,7 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
     assert rows["cp_frame"][1] == "static" and rows["talker"][1] == "dynamic"
 
 
-@pytest.mark.slow  # ~20 s: qwen-tts replays 8 prompts (test_cli checks the --json form by default)
+@pytest.mark.slow  # ~20 s: qwen-tts replays 8 prompts (tests/cli/test_tiny_export_validate.py checks the --json form by default)
 @pytest.mark.parametrize("variant", ["proj"], indirect=True)
 def test_validate_prints_a_table_and_pass(tiny_model_dir, tiny_bundle_dir, capsys):
     code, out, err = kztts_main(capsys, "validate", tiny_bundle_dir, "--reference", tiny_model_dir, "--frames", 2)

@@ -70,3 +70,26 @@ def test_synth_file_refuses_single_output_flags(tmp_path, capsys, extra, message
     assert code == 2 and message in err, err
     code, _, err = kztts_main(capsys, "synth", "--bundle", tmp_path / "none")
     assert code == 2 and "synth needs TEXT and -o/--output (or --file" in err
+
+
+def test_read_lines_checks_each_line_into_its_keys_and_overrides(tmp_path):
+    """``read_lines`` directly: blank lines skipped, a line's number as its default name, the sampling keys as the
+    environment's overrides; the voice keys' rules and an empty file refused naming the line or the file."""
+    from kztts.cli.synth_many import Line, read_lines
+    from kztts.core.errors import KzttsError
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"text": "one", "seed": 2, "temperature": 0.5, "cp_top_k": 3}\n\n'
+                    '{"text": "two", "name": "b", "xvector": "v.npy", "language": "french"}\n')
+    assert read_lines(path) == [Line(1, "0001", {"text": "one", "seed": 2}, {"KZTTS_TEMP": 0.5, "KZTTS_CP_TOPK": 3}),
+                                Line(3, "b", {"text": "two", "xvector": "v.npy", "language": "french"}, {})]
+    for text, words in (('{"text": "x", "ref_audio": "a.wav"}', "line 1: an ICL voice needs both keys"),
+                        ('{"text": "x", "xvector": "a.npy", "speaker_wav": "b.wav"}', "line 1: give one voice"),
+                        ('[1]', "line 1: must be a JSON object with a 'text' key, got list"),
+                        ("\n\n", "no requests (one JSON object per line")):
+        path.write_text(text + "\n")
+        with pytest.raises(KzttsError) as info:
+            read_lines(path)
+        assert words in str(info.value)
+    with pytest.raises(KzttsError, match="cannot read the request file"):
+        read_lines(tmp_path / "missing.jsonl")

@@ -110,8 +110,11 @@ def test_segments_join_adjacent_units_on_one_device():
 
 # ------------------------------------------------------------------ the injected model and its graphs
 def test_injected_activation_lives_inside_one_layer_of_the_reference(massive_reference):
-    """In the official model, layer 1's residual stream reaches ~1e5; its input and output do not."""
+    """In the official model, layer 1's residual stream reaches ~1e5 (``kztts.export.tts.massive``'s value); its input
+    and output do not."""
     import torch
+
+    from kztts.export.tts.massive import DEFAULT_VALUE
 
     talker = massive_reference.model.talker
     mids, outs = {}, {}
@@ -132,7 +135,7 @@ def test_injected_activation_lives_inside_one_layer_of_the_reference(massive_ref
     finally:
         for h in handles:
             h.remove()
-    assert mids["post_norm_in"] > 9e4  # the residual stream inside layer 1
+    assert 0.9 * DEFAULT_VALUE < mids["post_norm_in"] < 1.1 * DEFAULT_VALUE  # the residual stream inside layer 1
     assert max(outs.values()) < 1e3 and max(v for k, v in mids.items() if k != "post_norm_in") < 1e3
 
 

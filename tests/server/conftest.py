@@ -1,16 +1,8 @@
-"""Fixtures of the server tests: the bundles ``kztts serve`` speaks and chats with, and a way to read a job's
-events without an event loop."""
+"""Fixtures of the server tests: the TTS and the LM ``kztts serve`` speaks and chats with (over
+``equal_bundle`` and ``chat_bundle``, tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def chat_bundle(qwen3_dir):
-    """The tiny Qwen3's CPU bundle (its fused graphs and ``talker_batched``): what the chat server serves."""
-    from kztts.export.lm.bundle_writer import cached_lm_bundle
-
-    return cached_lm_bundle(qwen3_dir)
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,31 @@ def test_each_request_of_a_batch_equals_it_alone(tts, requests, alone, batch):
     assert len({r.codes[0, 0] for r in alone}) > 1 or len({r.codes[0, 1] for r in alone}) > 1
 
 
+def test_the_loop_its_rows_and_their_capacity(tts, requests, alone):
+    """``BatchLoop`` directly, as a server drives it: runs join free rows (the KV capacity grows for one that needs
+    more), leave when dropped, and each run's frames, reported under its key, are its codes alone."""
+    from kztts.tts.batch_loop import BatchLoop, start_runs
+
+    with pytest.raises(KzttsError, match="batch must be an integer >= 1, got 0"):
+        BatchLoop(tts, 0, 8)
+    loop = BatchLoop(tts, 2, 8)
+    runs = start_runs(tts, requests[:3])
+    assert (loop.rows, loop.free, loop.talker.capacity) == (2, 2, 8)
+    loop.join("a", runs[0])
+    loop.join("b", runs[1])
+    assert loop.free == 0 and loop.talker.capacity > 8  # a prompt and its frames: the buffers grew
+    with pytest.raises(KzttsError, match="all 2 batch rows are taken"):
+        loop.join("c", runs[2])
+    loop.leave({"b"})  # cancelled: its row is free at once
+    assert loop.free == 1
+    frames, ended = [], []
+    while loop.active:
+        for key, frame in loop.step():
+            (frames if frame is not None else ended).append(key if frame is None else frame)
+    assert ended == ["a"] and np.array_equal(np.stack(frames), alone[0].codes)
+    assert np.array_equal(runs[0].code_array(), alone[0].codes) and loop.free == 2
+
+
 def test_stream_many_yields_each_request_s_stream(tts, requests, alone):
     chunks: dict[int, list] = {}
     results: dict = {}

