@@ -1,6 +1,6 @@
 """The NPU path on the HTP simulator of onnxruntime-qnn (tiny model, context 64, prefill chunk 16).
 
-Numeric comparisons with the HTP run its side in a child process (QNN.md: fp16 mode
+Numeric comparisons with the HTP run its side in a child process (docs/QNN_EP.md: fp16 mode
 leaks across sessions of one process); placement checks run here.
 """
 from __future__ import annotations
@@ -403,7 +403,7 @@ def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, ti
 
 
 def test_fp16_headroom_flags_activations_near_saturation(tmp_path):
-    """HTP fp16 saturates silently at 65504 (QNN.md): the fp32 magnitude check must catch it."""
+    """HTP fp16 saturates silently at 65504 (docs/QNN_EP.md): the fp32 magnitude check must catch it."""
     from kztts.export.validate.htp import FP16_RISK, activation_peaks
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -420,7 +420,7 @@ def test_fp16_headroom_flags_activations_near_saturation(tmp_path):
 def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, small_target, tmp_path):
     """`kztts synth --target` puts the static Talker and the Code Predictor frame graph on the
     HTP (strict: nothing falls back); its greedy codes are compared with the CPU run's and the
-    agreement is reported, since fp16 ties may flip a code (QNN.md)."""
+    agreement is reported, since fp16 ties may flip a code (docs/QNN_EP.md)."""
     from kztts.core.audio import synthetic_voice, write_wav
 
     voice = tmp_path / "voice.wav"
