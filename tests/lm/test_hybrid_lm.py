@@ -252,9 +252,13 @@ def test_context_overflow_and_refusals(bundle, hybrid_dir, tmp_path, capsys):
     out = str(tmp_path / "b")
     for flags, msg in ((["--segments", "--target", "simulator"], "has no per-layer graphs"),
                        (["--kv", "fp16"], "no fp16 cache variant"),
-                       (["--target", "simulator", "--precision", "w8a16"], "not available for hybrid LMs")):
+                       (["--target", "simulator", "--precision", "w8a16"], "not available for hybrid LMs"),
+                       (["--weights", "int8"], "--weights int8: a hybrid LM's int8 CPU weights have no accuracy bound"),
+                       (["--weights", "int4"], "logits cosine min -0.03 at int8, -0.25 at int4 against fp32")):
         assert main(["export", str(hybrid_dir), "-o", out, *flags]) == 2
-        assert msg in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert msg in err and len([ln for ln in err.splitlines() if "error" in ln]) == 1, err
+    assert not (tmp_path / "b").exists()  # refused before anything is written
 
 
 def test_without_static_graphs_the_plan_falls_back_or_refuses(hybrid_dir, small_target, bundle):
