@@ -290,17 +290,6 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     assert cos.min() >= 0.995 and cos.mean() >= 0.9995  # measured: min 0.9991, mean 0.99988 (per-tensor weights: 0.997, 0.9998)
 
 
-@pytest.fixture(scope="module")
-def prefill_only_target(small_target, tmp_path_factory):
-    """``small_target`` with one Talker graph, as the shipped simulator target: decode steps run the
-    padded prefill graph (``kztts.runners.talker_prefill_only``)."""
-    data = json.loads(Path(small_target).read_text())
-    data["talker_graphs"] = "prefill-only"
-    p = tmp_path_factory.mktemp("targets") / "simulator_small_prefill_only.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
 @pytest.mark.slow  # ~5 min: a narrow checkpoint, two calibrated exports, four prompt modes on the simulator
 @pytest.mark.parametrize("precision", ["w8a16", "w4a16"])
 def test_prefill_only_quantized_graphs_meet_their_bounds_on_narrow_widths(qnn, prefill_only_target, precision):
