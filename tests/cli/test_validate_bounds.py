@@ -95,8 +95,8 @@ def failing(report: dict, bounds: dict) -> list[str]:
 
 # ------------------------------------------------------------------ the TTS Talker
 class PromptsAlone:
-    """``TtsPrompts`` whose Talker graphs see the prompts alone (no decode step); ``cp_frame``, calibrated on the
-    frames the decode steps speak, keeps them (without them it would have no data at all)."""
+    """``TtsPrompts`` whose prefill graph sees the prompts alone (no decode step); the other graphs (``cp_frame``,
+    the exported ``talker_decode``) keep the frames the decode steps speak (without them they would have no data)."""
 
     what = "the calibration prompts alone"
     reads_torch_model = True
@@ -105,10 +105,10 @@ class PromptsAlone:
         self.model = model
 
     def feeds(self, work_dir, drive, graph, target):
-        from kztts.export.htp.calibration import CP_FRAME
         from kztts.export.tts.prompt_calibration import CALIBRATION_FRAMES, TtsPrompts
+        from kztts.runners.talker_static import PREFILL
 
-        frames = CALIBRATION_FRAMES if graph == CP_FRAME else 0
+        frames = 0 if graph == PREFILL else CALIBRATION_FRAMES
         return TtsPrompts(self.model, frames=frames).feeds(work_dir, drive, graph, target)
 
 
