@@ -3,7 +3,8 @@
 ``reference_run`` captures, for one prompt, exactly what qwen-tts's own
 ``generate`` builds and produces: the prefill embeddings, the trailing text
 embeddings, the speaker x-vector, the ICL reference codes and the greedy codes.
-``teacher_forced_talker`` replays the Talker on given codes (no sampling) and
+``preset_run`` does the same through qwen-tts's own ``generate_custom_voice`` / ``generate_voice_design``
+(one request or a batch of them), ``teacher_forced_talker`` replays the Talker on given codes (no sampling) and
 returns the logits and final-norm hidden of every step.
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _capture_talker_generate(model):
 
     def wrapped(*args, **kwargs):
         captured.update(prefill=kwargs["inputs_embeds"].clone(), trailing=kwargs["trailing_text_hidden"].clone(),
-                        tts_pad=kwargs["tts_pad_embed"].clone())
+                        tts_pad=kwargs["tts_pad_embed"].clone(), mask=kwargs["attention_mask"].clone())
         return original(*args, **kwargs)
 
     model.talker.generate = wrapped
@@ -91,6 +92,62 @@ def reference_run(tts, mode: str, *, frames: int, language: str = "English", tex
         tts_pad=captured["tts_pad"].reshape(-1).numpy(), speaker=item.ref_spk_embedding.numpy(),
         ref_codes=None if xvec else item.ref_code.numpy(), codes=codes_list[0].numpy(),
     )
+
+
+@dataclass
+class PresetRun:
+    """One request of a CustomVoice / VoiceDesign reference run and what qwen-tts made of it."""
+
+    text: str
+    language: str
+    speaker: str | None  # CustomVoice
+    instruct: str | None
+    non_streaming: bool
+    prefill: np.ndarray  # [T, H] (its row of the left-padded batch, padding removed)
+    trailing: np.ndarray  # [K, H] (padded with tts_pad to the batch's longest)
+    codes: np.ndarray  # [F, 16] greedy codes
+
+
+@torch.no_grad()
+def preset_run(tts, requests: list[dict], *, frames: int, non_streaming: bool = True) -> list[PresetRun]:
+    """Greedy qwen-tts generation of ``frames`` frames for each request ({text, language, speaker?, instruct?}),
+    all in one call of the wrapper the checkpoint's kind has: ``generate_custom_voice`` (speakers) or
+    ``generate_voice_design``; the wrapper decides what reaches ``generate`` (it drops a 0.6B instruction)."""
+    model = tts.model
+    captured, restore = _capture_talker_generate(model)
+    codes_out: list = []
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        codes_list, hidden = original(*args, **kwargs)
+        codes_out.extend(c.clone() for c in codes_list)
+        return codes_list, hidden
+
+    model.generate = generate
+    greedy = dict(do_sample=False, subtalker_dosample=False, temperature=1.0, subtalker_temperature=1.0,
+                  max_new_tokens=frames + 1)
+    texts = [r["text"] for r in requests]
+    languages = [r.get("language") or "Auto" for r in requests]
+    instructs = [r.get("instruct") or "" for r in requests]
+    try:
+        if model.tts_model_type == "custom_voice":
+            tts.generate_custom_voice(texts, [r["speaker"] for r in requests], languages, instructs,
+                                      non_streaming_mode=non_streaming, **greedy)
+        else:
+            tts.generate_voice_design(texts, instructs, languages, non_streaming_mode=non_streaming, **greedy)
+    finally:
+        restore()
+        model.generate = original
+    mask = captured.get("mask")
+    runs = []
+    for i, r in enumerate(requests):
+        prefill = captured["prefill"][i].numpy()
+        if mask is not None:
+            prefill = prefill[mask[i].numpy().astype(bool)]
+        runs.append(PresetRun(text=r["text"], language=languages[i], speaker=r.get("speaker"),
+                              instruct=r.get("instruct"), non_streaming=non_streaming, prefill=prefill,
+                              trailing=captured["trailing"][i].numpy(), codes=codes_out[i].numpy()))
+    return runs
 
 
 @torch.no_grad()
