@@ -24,6 +24,15 @@ from kztts.tts.request import SynthesisRequest, Voice
 KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
 
 
+class KindError(KzttsError):
+    """A request its bundle's kind cannot take; ``key`` is the request field at fault ("speaker", "voice" or
+    "instruct"), so that a server can name its own key."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
+
+
 @dataclass(frozen=True)
 class Speaker:
     """A preset speaker of a CustomVoice bundle."""
@@ -58,11 +67,11 @@ class ModelKind:
     def speaker(self, name: str) -> Speaker:
         """The preset speaker ``name`` (case-insensitive, as qwen-tts), or a refusal listing them."""
         if self.kind != "custom_voice":
-            raise KzttsError(f"speaker {name!r}: this {self.label} bundle has no preset speakers; "
-                             + self._who_speaks())
+            raise KindError(f"speaker {name!r}: this {self.label} bundle has no preset speakers; "
+                            + self._who_speaks(), "speaker")
         found = self.speakers.get(str(name).lower())
         if found is None:
-            raise KzttsError(f"unknown speaker {name!r}; this bundle's speakers are {self.speaker_names()}")
+            raise KindError(f"unknown speaker {name!r}; this bundle's speakers are {self.speaker_names()}", "speaker")
         return found
 
     def _who_speaks(self) -> str:
@@ -75,35 +84,36 @@ class ModelKind:
     def check(self, r: SynthesisRequest) -> None:
         """Refuse, in one line, a request this kind cannot speak."""
         if r.speaker is not None and r.voice is not None:
-            raise KzttsError("give a speaker name or a voice, not both")
+            raise KindError("give a speaker name or a voice, not both", "speaker")
         if r.instruct is not None and not isinstance(r.instruct, str):
-            raise KzttsError(f"the instruction must be a string, got {type(r.instruct).__name__}")
+            raise KindError(f"the instruction must be a string, got {type(r.instruct).__name__}", "instruct")
         if r.instruct and not self.takes_instruction:
             why = ("qwen-tts drops the instruction of the 0.6B CustomVoice model" if self.kind == "custom_voice"
                    else "only VoiceDesign and 1.7B CustomVoice bundles take one")
-            raise KzttsError(f"this {self.label} bundle takes no instruction ({why}); leave --instruct out")
+            raise KindError(f"this {self.label} bundle takes no instruction ({why}); leave --instruct out", "instruct")
         voice = r.voice
         if r.speaker is not None:
             self.speaker(r.speaker)  # refuses an unknown one, or a speaker for another kind
         elif voice is not None and not isinstance(voice, Voice):
-            raise KzttsError(f"voice must be a kztts.Voice, got {type(voice).__name__}")
+            raise KindError(f"voice must be a kztts.Voice, got {type(voice).__name__}", "voice")
         if self.kind == "base":
             if voice is None and r.speaker is None:
-                raise KzttsError("a voice is required: the Base model clones one (use voice_from_xvector, "
-                                 "voice_from_wav, voice_from_reference or voice_from_file)")
+                raise KindError("a voice is required: the Base model clones one (use voice_from_xvector, "
+                                "voice_from_wav, voice_from_reference or voice_from_file)", "voice")
             if voice is not None and voice.preset is not None:
-                raise KzttsError(f"speaker {voice.preset!r}: this Base bundle has no preset speakers; "
-                                 + self._who_speaks())
+                raise KindError(f"speaker {voice.preset!r}: this Base bundle has no preset speakers; "
+                                + self._who_speaks(), "voice")
         elif self.kind == "custom_voice":
             if voice is None and r.speaker is None:
-                raise KzttsError(f"this {self.label} bundle needs a speaker: {self._who_speaks()}")
+                raise KindError(f"this {self.label} bundle needs a speaker: {self._who_speaks()}", "speaker")
             if voice is not None and voice.preset is None:
-                raise KzttsError(f"a reference voice cannot be used with this {self.label} bundle: {self._who_speaks()}")
+                raise KindError(f"a reference voice cannot be used with this {self.label} bundle: {self._who_speaks()}",
+                                "voice")
             if voice is not None:
                 self.speaker(voice.preset)
         elif voice is not None:
-            raise KzttsError(f"a {'preset speaker' if voice.preset else 'reference voice'} cannot be used with this "
-                             f"{self.label} bundle: {self._who_speaks()}")
+            raise KindError(f"a {'preset speaker' if voice.preset else 'reference voice'} cannot be used with this "
+                            f"{self.label} bundle: {self._who_speaks()}", "voice")
 
     def describe(self) -> list[str]:
         """Lines for ``kztts inspect``: the kind, who speaks, the instruction, the speakers."""
