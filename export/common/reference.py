@@ -35,6 +35,11 @@ class ReferenceRun:
     speaker: np.ndarray  # x-vector [enc_dim]
     ref_codes: np.ndarray | None  # [F_ref, 16] (ICL)
     codes: np.ndarray  # [F, 16] greedy codes from generate()
+    # CustomVoice / VoiceDesign (``speaker`` is then the preset's codec row, or zeros for none):
+    instruct_ids: np.ndarray | None = None  # the instruction template's ids, as qwen-tts tokenized it
+    language_id: int | None = None  # the codec language id qwen-tts chose (a dialect speaker's remap)
+    preset: str | None = None  # the preset speaker
+    has_speaker: bool = True  # False: VoiceDesign (no speaker position)
 
     @property
     def xvector_mode(self) -> bool:
@@ -65,6 +70,8 @@ def reference_run(tts, mode: str, *, frames: int, language: str = "English", tex
     """Greedy qwen-tts generation of ``frames`` frames (fewer if EOS) with the prompt captured."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} not in {MODES}")
+    if tts.model.tts_model_type != "base":
+        return _kind_reference_run(tts, mode, frames=frames, language=language, text=text)
     xvec = mode.startswith("xvec")
     non_streaming = mode.endswith("nonstream")
     model = tts.model
@@ -94,6 +101,50 @@ def reference_run(tts, mode: str, *, frames: int, language: str = "English", tex
     )
 
 
+VALIDATION_INSTRUCT = "Speak slowly and clearly, in a calm voice."
+
+
+def kind_modes(tts, modes) -> tuple[str, ...]:
+    """``modes`` as the checkpoint's kind runs them: all four for Base; for CustomVoice / VoiceDesign (no ICL) one
+    per text mode (``_kind_reference_run``)."""
+    if tts.model.tts_model_type == "base":
+        return tuple(modes)
+    seen: dict[bool, str] = {}
+    for m in modes:
+        seen.setdefault(m.endswith("nonstream"), m)
+    return tuple(seen.values())
+
+
+def _kind_reference_run(tts, mode: str, *, frames: int, language: str, text: str) -> ReferenceRun:
+    """``reference_run`` of a CustomVoice / VoiceDesign checkpoint: its prompt is the x-vector layout, so a mode is
+    its text mode (xvec or icl alike): a dialect speaker if it has one (else its first), with an instruction where
+    the checkpoint takes one (VoiceDesign: always ``VALIDATION_INSTRUCT``)."""
+    model = tts.model
+    tc = model.config.talker_config
+    request = {"text": text, "language": language}
+    takes = model.tts_model_type == "voice_design" or not (model.tts_model_size in "0b6")
+    if takes:
+        request["instruct"] = VALIDATION_INSTRUCT
+    preset = None
+    if model.tts_model_type == "custom_voice":
+        names = sorted(tc.spk_id)
+        preset = next((n for n in names if tc.spk_is_dialect.get(n)), names[0])
+        request["speaker"] = preset
+    run = preset_run(tts, [request], frames=frames, non_streaming=mode.endswith("nonstream"))[0]
+    input_ids = tts._tokenize_texts([tts._build_assistant_text(text)])[0][0].numpy()
+    instruct_ids = tts._tokenize_texts([tts._build_instruct_text(VALIDATION_INSTRUCT)])[0][0].numpy() if takes else None
+    hidden = model.talker.get_input_embeddings().weight.shape[1]
+    speaker = (model.talker.get_input_embeddings().weight[int(tc.spk_id[preset])].detach().numpy().copy()
+               if preset else np.zeros(hidden, np.float32))
+    lid = None if language.lower() == "auto" else int(tc.codec_language_id[language.lower()])
+    if preset and tc.spk_is_dialect.get(preset) and language.lower() in ("chinese", "auto"):
+        lid = int(tc.codec_language_id[tc.spk_is_dialect[preset]])
+    return ReferenceRun(mode=mode, language=language, text=text, ref_text=None, input_ids=input_ids, ref_ids=None,
+                        prefill=run.prefill, trailing=run.trailing, tts_pad=run.tts_pad, speaker=speaker,
+                        ref_codes=None, codes=run.codes, instruct_ids=instruct_ids, language_id=lid, preset=preset,
+                        has_speaker=preset is not None)
+
+
 @dataclass
 class PresetRun:
     """One request of a CustomVoice / VoiceDesign reference run and what qwen-tts made of it."""
@@ -105,6 +156,7 @@ class PresetRun:
     non_streaming: bool
     prefill: np.ndarray  # [T, H] (its row of the left-padded batch, padding removed)
     trailing: np.ndarray  # [K, H] (padded with tts_pad to the batch's longest)
+    tts_pad: np.ndarray  # [H]
     codes: np.ndarray  # [F, 16] greedy codes
 
 
@@ -146,7 +198,8 @@ def preset_run(tts, requests: list[dict], *, frames: int, non_streaming: bool = 
             prefill = prefill[mask[i].numpy().astype(bool)]
         runs.append(PresetRun(text=r["text"], language=languages[i], speaker=r.get("speaker"),
                               instruct=r.get("instruct"), non_streaming=non_streaming, prefill=prefill,
-                              trailing=captured["trailing"][i].numpy(), codes=codes_out[i].numpy()))
+                              trailing=captured["trailing"][i].numpy(),
+                              tts_pad=captured["tts_pad"].reshape(-1).numpy(), codes=codes_out[i].numpy()))
     return runs
 
 
