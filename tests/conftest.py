@@ -174,3 +174,47 @@ def voice_wav(tmp_path_factory):
     path = tmp_path_factory.mktemp("voice") / "voice.wav"
     write_wav(path, synthetic_voice(), 24000, subtype="FLOAT")
     return path
+
+
+# The other official kinds (kztts.tts.model_kind): CustomVoice in the 1.7B layout (projection Talker -> Code
+# Predictor, the instruction taken) and the 0.6B layout (no projection, the instruction dropped), VoiceDesign.
+KIND_MODELS = {"custom_voice": ("proj", "custom_voice"), "custom_voice_06": ("equal", "custom_voice"),
+               "voice_design": ("proj", "voice_design")}
+
+
+@pytest.fixture(scope="session")
+def kind_dirs():
+    """{name: checkpoint} of ``KIND_MODELS`` (built once, cached), looked up lazily."""
+    from kztts.export.tts.tiny import cached_tiny
+
+    class Dirs(dict):
+        def __missing__(self, name):
+            variant, kind = KIND_MODELS[name]
+            self[name] = cached_tiny(variant, kind=kind)
+            return self[name]
+
+    return Dirs()
+
+
+@pytest.fixture(scope="session")
+def custom_voice_bundle(kind_dirs):
+    """The tiny CustomVoice checkpoint in the 1.7B layout, its CPU bundle (cached)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+
+    return cached_bundle(kind_dirs["custom_voice"])
+
+
+@pytest.fixture(scope="session")
+def custom_voice_06_bundle(kind_dirs):
+    """The tiny CustomVoice checkpoint in the 0.6B layout (takes no instruction), its CPU bundle (cached)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+
+    return cached_bundle(kind_dirs["custom_voice_06"])
+
+
+@pytest.fixture(scope="session")
+def voice_design_bundle(kind_dirs):
+    """The tiny VoiceDesign checkpoint (1.7B layout), its CPU bundle (cached)."""
+    from kztts.export.tts.bundle_writer import cached_bundle
+
+    return cached_bundle(kind_dirs["voice_design"])

@@ -14,10 +14,11 @@ from kztts.export.common.qwen_import import import_qwen_tts
 log = logging.getLogger(__name__)
 
 SUPPORTED_TOKENIZER = "qwen3_tts_tokenizer_12hz"
+TTS_KINDS = ("base", "custom_voice", "voice_design")  # config.json tts_model_type
 
 
 def read_config(model_dir: Path) -> dict:
-    """config.json of a 12 Hz Base checkpoint, or a KzttsError saying what is wrong."""
+    """config.json of a 12 Hz checkpoint (Base, CustomVoice or VoiceDesign), or a KzttsError saying what is wrong."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise KzttsError(f"{model_dir}: not a directory; give a Qwen3-TTS checkpoint directory")
@@ -34,9 +35,19 @@ def read_config(model_dir: Path) -> dict:
     if cfg.get("tokenizer_type") != SUPPORTED_TOKENIZER:
         raise KzttsError(f"{cfg_path}: tokenizer_type {cfg.get('tokenizer_type')!r} is not supported "
                          f"(only {SUPPORTED_TOKENIZER!r}, the 12 Hz models)")
-    if cfg.get("tts_model_type") != "base":
-        raise KzttsError(f"{cfg_path}: tts_model_type {cfg.get('tts_model_type')!r} is not supported yet "
-                         "(only 'base' checkpoints, which clone a voice from a reference)")
+    if cfg.get("tts_model_type") not in TTS_KINDS:
+        raise KzttsError(f"{cfg_path}: tts_model_type {cfg.get('tts_model_type')!r} is not supported "
+                         f"(kztts exports {', '.join(TTS_KINDS)})")
+    talker = cfg.get("talker_config") or {}
+    if cfg["tts_model_type"] == "custom_voice":
+        speakers, dialects = talker.get("spk_id"), talker.get("spk_is_dialect")
+        if not isinstance(speakers, dict) or not speakers:
+            raise KzttsError(f"{cfg_path}: a custom_voice checkpoint without talker_config.spk_id speakers; "
+                             "the checkpoint is incomplete")
+        missing = sorted(set(speakers) - set(dialects if isinstance(dialects, dict) else {}))
+        if missing:
+            raise KzttsError(f"{cfg_path}: talker_config.spk_is_dialect lacks speakers {', '.join(missing)}; "
+                             "the checkpoint is incomplete")
     if not (model_dir / "speech_tokenizer").is_dir():
         raise KzttsError(f"{model_dir / 'speech_tokenizer'}: missing; the checkpoint is incomplete")
     return cfg

@@ -22,7 +22,7 @@ from kztts.export.graphs.talker_graph import export_talker
 from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
 from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny_build import MARKER
-from kztts.export.tts.tts_parts import model_config, special_ids
+from kztts.export.tts.tts_parts import kind_entries, model_config, special_ids
 from kztts.htp.targets import load_target, target_path
 from kztts.plan.resolve import resolve_placement
 
@@ -67,7 +67,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         steps.phase("speech tokenizer + speaker encoder")
         graphs.update(export_decoder(model, work, export_id))
         graphs.update(export_encoder(model, work, export_id))
-        graphs.update(export_speaker_encoder(model, work, export_id))
+        if model.speaker_encoder is not None:  # Base only: the other kinds clone no voice
+            graphs.update(export_speaker_encoder(model, work, export_id))
         steps.update()
         if target is not None:
             steps.phase(f"HTP graphs for {target}")
@@ -78,7 +79,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         steps.phase("manifest")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,
-            "tts_model_type": cfg["tts_model_type"], "tokenizer_type": TOKENIZER_TYPE,
+            "tts_model_type": cfg["tts_model_type"], **kind_entries(model), "tokenizer_type": TOKENIZER_TYPE,
             "source": source, "config": model_config(model), "special_ids": special_ids(model),
             "languages": dict(model.config.talker_config.codec_language_id or {}),
             "generation": dict(getattr(model, "generate_config", None) or {}),

@@ -2,7 +2,8 @@
 graphs' own inputs while the model speaks.
 
 Real text prompts (:data:`CALIBRATION_PROMPTS`: several languages, x-vector streaming and non-streaming, the
-speaker vector from the model's speaker encoder on a voiced test signal) run through the float graphs on the CPU
+speaker vector from the model's speaker encoder on a voiced test signal; a CustomVoice checkpoint's first preset
+speaker, none for VoiceDesign) run through the float graphs on the CPU
 EP, then greedy frames (CB0 from the Talker with a repetition penalty, CB1..15 from the PyTorch Code Predictor) are
 fed back as the decode inputs, exactly as the runtime does. The Talker runner is
 ``kztts.export.htp.calibration.recording_talker``'s: the whole-stack static graphs, or the layer graphs for their
@@ -83,6 +84,18 @@ class _Frames:
         return np.asarray(out, np.int64)
 
 
+def _calibration_speaker(model, tables: EmbeddingTables) -> np.ndarray | None:
+    """The speaker vector the calibration prompts are spoken with: an x-vector (Base), a preset speaker's codec row
+    (CustomVoice), or none (VoiceDesign)."""
+    if model.speaker_encoder is not None:
+        with torch.no_grad():
+            return model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
+    presets = model.config.talker_config.spk_id or {}
+    if presets:
+        return np.asarray(tables.codec([int(presets[sorted(presets)[0]])])[0], np.float32)
+    return None
+
+
 def _cp_feed(hidden: np.ndarray, c0_embed: np.ndarray, rng: np.random.Generator, groups: int) -> dict:
     s = CP_CALIBRATION_SAMPLING
     return {"hidden": np.asarray(hidden, np.float32).reshape(1, -1), "c0_embed": c0_embed.reshape(1, -1),
@@ -113,8 +126,7 @@ class TtsPrompts:
         tables = EmbeddingTables(work_dir, _tables_spec(work_dir), sid)
         tok = TextTokenizer(work_dir / "tokenizer.json")
         languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
-        with torch.no_grad():
-            speaker = model.extract_speaker_embedding(synthetic_voice(), 24000).float().numpy().reshape(-1)
+        speaker = _calibration_speaker(model, tables)
         cp = _Frames(model)
         rng = np.random.default_rng(0)
         for text, lang, non_streaming in self.prompts:

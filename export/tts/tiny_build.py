@@ -1,6 +1,6 @@
-"""Random-weight Qwen3-TTS-12Hz Base checkpoints, built offline with the official classes.
+"""Random-weight Qwen3-TTS-12Hz checkpoints (Base, CustomVoice, VoiceDesign), built offline with the official classes.
 
-``make_tiny(out_dir, size=..., variant=..., seed=...)`` writes a directory in the Hugging Face layout that
+``make_tiny(out_dir, size=..., variant=..., seed=..., kind=...)`` writes a directory in the Hugging Face layout that
 ``qwen_tts.Qwen3TTSModel.from_pretrained(out_dir)`` loads offline: ``config.json``, ``model.safetensors`` (one file,
 fp32), ``generation_config.json`` (the released sampling defaults), the text tokenizer files and
 ``speech_tokenizer/``; ``kztts.export.tts.tiny.cached_tiny`` keeps one in the cache. The build's parts: the sizes
@@ -31,7 +31,14 @@ from kztts.export.common import offline_tokenizer, qwen_import
 from kztts.export.common.qwen_import import import_qwen_tts
 from kztts.export.tts import massive, tiny_configs, tiny_eos, tiny_files, tiny_weights
 from kztts.export.tts.massive import inject_massive_activation_
-from kztts.export.tts.tiny_configs import GENERATION_CONFIG, SMALL_SIZES, make_configs, resolve_variant
+from kztts.export.tts.tiny_configs import (
+    GENERATION_CONFIG,
+    SMALL_SIZES,
+    TinyConfigError,
+    check_kind,
+    make_configs,
+    resolve_variant,
+)
 from kztts.export.tts.tiny_eos import apply_eos_bias_, resolve_eos_bias
 from kztts.export.tts.tiny_files import save_model, text_tokenizer_files
 from kztts.export.tts.tiny_weights import calibrate_decoder_, randomize_, round_to_bf16_
@@ -79,14 +86,14 @@ class _Progress:
 
 
 def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optional[float],
-                massive_layer: Optional[int] = None) -> dict:
+                massive_layer: Optional[int] = None, kind: str = "base") -> dict:
     from transformers import EncodecFeatureExtractor
 
     import_qwen_tts()
     from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 
-    cfg, st_cfg = make_configs(size, variant, massive_layer)
+    cfg, st_cfg = make_configs(size, variant, massive_layer, kind)
     info: dict = {}
     progress = _Progress(size, variant, seed)
     try:
@@ -119,7 +126,8 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
             # "model_type": "" and reloading then raises TypeError: drop it (the released
             # config.json has no model_type there either).
             cj = json.loads((tmp / "config.json").read_text())
-            cj["speaker_encoder_config"].pop("model_type", None)
+            if "speaker_encoder_config" in cj:
+                cj["speaker_encoder_config"].pop("model_type", None)
             (tmp / "config.json").write_text(json.dumps(cj, indent=2, sort_keys=True) + "\n")
             (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
             info["params"] = sum(p.numel() for p in model.parameters())
@@ -138,13 +146,15 @@ def _build_into(tmp: Path, size: str, variant: str, seed: int, eos_bias: Optiona
 
 
 def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", seed: int = 1234,
-              eos_bias: Union[float, bool, None] = None, massive_layer: Optional[int] = None) -> Path:
-    """Write a random-weight Qwen3-TTS-12Hz Base checkpoint to ``out_dir``; return its path.
+              eos_bias: Union[float, bool, None] = None, massive_layer: Optional[int] = None,
+              kind: str = "base") -> Path:
+    """Write a random-weight Qwen3-TTS-12Hz checkpoint to ``out_dir``; return its path.
 
     ``size``: "tiny", "narrow", "0.6b" or "1.7b" (``kztts.export.tts.tiny_configs``); ``variant``: "proj" or
     "equal" for tiny (the other sizes use their own layout whatever ``variant`` says); ``eos_bias``: None, True
     (= ``EOS_BIAS_DEFAULT``) or a number, see ``kztts.export.tts.tiny_eos``; ``massive_layer``: a
-    talker layer to inject a massive activation into (module docstring). The checkpoint is
+    talker layer to inject a massive activation into (module docstring); ``kind``: "base", "custom_voice" or
+    "voice_design" (``kztts.export.tts.tiny_configs``; ``eos_bias`` is for Base only). The checkpoint is
     built in a temporary directory next to ``out_dir`` and renamed into place, so an
     interrupted build leaves no half checkpoint. An existing ``out_dir`` is replaced only
     if it is empty or a previous make_tiny output (it holds ``kztts_tiny.json``).
@@ -152,6 +162,9 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
     out_dir = Path(out_dir).expanduser().absolute()
     variant = resolve_variant(size, variant)
     eos_bias = resolve_eos_bias(eos_bias)
+    check_kind(kind)
+    if eos_bias is not None and kind != "base":
+        raise TinyConfigError("eos_bias is calibrated on a cloned voice: build it with kind 'base'")
     try:  # the checks too: exists() raises for a name the file system refuses (too long)
         if out_dir.exists() and not out_dir.is_dir():
             raise KzttsError(f"cannot write the model to {out_dir}: it exists and is not a directory")
@@ -159,8 +172,8 @@ def make_tiny(out_dir, *, size: str = "tiny", variant: Optional[str] = "proj", s
             raise KzttsError(f"refusing to replace {out_dir}: it is not empty and was not written by "
                              "make_tiny; choose another output directory")
         with staged_dir(out_dir) as tmp:
-            info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer)
-            marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias,
+            info = _build_into(tmp, size, variant, seed, eos_bias, massive_layer, kind)
+            marker = dict(size=size, variant=variant, seed=seed, eos_bias=eos_bias, kind=kind,
                           fingerprint=source_fingerprint(), **info)
             (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     except OSError as exc:

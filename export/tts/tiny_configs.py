@@ -24,6 +24,15 @@ Sizes
     (with a log line), so a CLI's ``--variant proj`` default works for every size.
     Unknown sizes/variants raise ``TinyConfigError`` (a ``ValueError`` and a ``KzttsError``).
 
+Kinds
+-----
+``kind``: the checkpoint's ``tts_model_type``. ``base`` clones a voice (it has the speaker encoder);
+``custom_voice`` speaks the released CustomVoice checkpoints' nine preset speakers (``SPEAKERS``: each a
+row of the Talker's codec embedding, two of them dialect speakers) and has no speaker encoder;
+``voice_design`` has neither: the voice comes from the instruction. ``tts_model_size`` follows the
+variant ("1b7" for proj, "0b6" for equal), which decides whether qwen-tts passes a CustomVoice
+instruction on ("0b6" drops it).
+
 Released sub-model configs used for ``0.6b``/``1.7b``
 ------------------------------------------------------
 Weights cannot be downloaded here, so the values come from the released
@@ -58,6 +67,7 @@ logger = logging.getLogger(__name__)
 SIZES = ("tiny", "narrow", "0.6b", "1.7b")
 SMALL_SIZES = ("tiny", "narrow")  # small speaker encoder and speech tokenizer, built in seconds
 VARIANTS = ("proj", "equal")
+KINDS = ("base", "custom_voice", "voice_design")
 _FULL_VARIANT = {"narrow": "proj", "0.6b": "equal", "1.7b": "proj"}
 MASSIVE_TINY_LAYERS = 4  # talker layers of a tiny model with an injected massive activation
 
@@ -70,6 +80,13 @@ LANGUAGE_IDS = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
     "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
     "beijing_dialect": 2074, "sichuan_dialect": 2062,
+}
+# The released CustomVoice checkpoints' talker_config.spk_id / spk_is_dialect (name: codec id, dialect or
+# False), as quoted alike by independent ports of their config.json.
+SPEAKERS = {
+    "serena": (3066, False), "vivian": (3065, False), "uncle_fu": (3010, False), "ryan": (3061, False),
+    "aiden": (2861, False), "ono_anna": (2873, False), "sohee": (2864, False),
+    "eric": (2875, "sichuan_dialect"), "dylan": (2878, "beijing_dialect"),
 }
 TEXT_IDS = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671,
                 tts_bos_token_id=151672, tts_eos_token_id=151673)
@@ -85,6 +102,13 @@ GENERATION_CONFIG = dict(
 
 class TinyConfigError(KzttsError, ValueError):
     """An unknown size or variant, or an eos_bias that is not a number."""
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` itself when it is one of ``KINDS``, else a ``TinyConfigError``."""
+    if kind not in KINDS:
+        raise TinyConfigError(f"unknown checkpoint kind {kind!r}: choose one of {', '.join(KINDS)}")
+    return kind
 
 
 def resolve_variant(size: str, variant: Optional[str]) -> str:
@@ -126,8 +150,9 @@ def _talker_dims(size: str, variant: str) -> dict:
     )
 
 
-def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_layer: Optional[int] = None):
-    """(Qwen3TTSConfig, Qwen3TTSTokenizerV2Config) for ``size``/``variant``.
+def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_layer: Optional[int] = None,
+                 kind: str = "base"):
+    """(Qwen3TTSConfig, Qwen3TTSTokenizerV2Config) for ``size``/``variant`` and ``kind`` (module docstring).
 
     ``massive_layer``: the talker gets attention biases (and, for tiny, 4 layers) so that
     ``kztts.export.tts.massive`` can inject a massive activation into that layer."""
@@ -141,6 +166,7 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
     )
 
     variant = resolve_variant(size, variant)
+    check_kind(kind)
     d = _talker_dims(size, variant)
     if massive_layer is not None and size == "tiny":
         d["layers"] = MASSIVE_TINY_LAYERS
@@ -161,7 +187,9 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
         rope_scaling={"interleaved": True, "mrope_section": d["mrope"], "rope_type": "default"},
         attention_bias=massive_layer is not None, num_code_groups=16,
         text_hidden_size=d["text_hidden"], text_vocab_size=TEXT_VOCAB_SIZE,  # text_vocab_size: kwargs too
-        codec_language_id=dict(LANGUAGE_IDS), spk_id={}, spk_is_dialect={},
+        codec_language_id=dict(LANGUAGE_IDS),
+        spk_id={n: i for n, (i, _) in SPEAKERS.items()} if kind == "custom_voice" else {},
+        spk_is_dialect={n: dialect for n, (_, dialect) in SPEAKERS.items()} if kind == "custom_voice" else {},
         position_id_per_seconds=13, **CODEC_IDS,
     )
     if size in SMALL_SIZES:
@@ -180,7 +208,7 @@ def make_configs(size: str = "tiny", variant: Optional[str] = None, massive_laye
     cfg = Qwen3TTSConfig(
         talker_config=talker_config, speaker_encoder_config=speaker_encoder_config,
         tokenizer_type="qwen3_tts_tokenizer_12hz",
-        tts_model_size="1b7" if variant == "proj" else "0b6", tts_model_type="base",
+        tts_model_size="1b7" if variant == "proj" else "0b6", tts_model_type=kind,
         assistant_token_id=ASSISTANT_TOKEN_ID, **TEXT_IDS,
     )
     cfg.architectures = ["Qwen3TTSForConditionalGeneration"]

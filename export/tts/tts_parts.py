@@ -1,6 +1,6 @@
 """What a TTS bundle's manifest holds of the model besides its graphs: the shapes and ids the runtime sizes its
-buffers and prompts by (``model_config``, manifest ``config``) and the special text and codec ids
-(``special_ids``). An LM bundle's counterpart is ``kztts.export.lm.lm_parts``."""
+buffers and prompts by (``model_config``, manifest ``config``), the special text and codec ids
+(``special_ids``) and what the checkpoint's kind accepts (``kind_entries``: preset speakers, instruction). An LM bundle's counterpart is ``kztts.export.lm.lm_parts``."""
 from __future__ import annotations
 
 from torch import nn
@@ -46,3 +46,20 @@ def special_ids(model) -> dict:
         "codec_think": tc.codec_think_id, "codec_nothink": tc.codec_nothink_id,
         "codec_think_bos": tc.codec_think_bos_id, "codec_think_eos": tc.codec_think_eos_id,
     }
+
+
+def kind_entries(model) -> dict:
+    """The manifest keys of the checkpoint's kind: ``tts_model_size``, ``speakers`` {name: {id, dialect}} (a
+    CustomVoice checkpoint's presets; a dialect speaker's dialect is a ``languages`` key, else None) and
+    ``takes_instruction``: as qwen-tts 0.1.1 decides, VoiceDesign always, CustomVoice unless its size is 0.6B
+    (``generate_custom_voice`` sets the instruction to None when ``tts_model_size in "0b6"``), Base never
+    (``generate_voice_clone`` has no instruction)."""
+    c, tc = model.config, model.config.talker_config
+    kind, size = c.tts_model_type, c.tts_model_size
+    speakers = {}
+    if kind == "custom_voice":
+        dialects = tc.spk_is_dialect or {}
+        speakers = {str(name).lower(): {"id": int(i), "dialect": dialects.get(name) or None}
+                    for name, i in sorted((tc.spk_id or {}).items())}
+    takes = kind == "voice_design" or (kind == "custom_voice" and not (size is not None and size in "0b6"))
+    return {"tts_model_size": size, "speakers": speakers, "takes_instruction": bool(takes)}

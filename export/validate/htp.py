@@ -24,7 +24,7 @@ from kztts.core.progress import phase
 from kztts.core.worker_process import run_worker, worker_main
 from kztts.eval.replay import decode_input, decode_inputs, greedy_cb0, teacher_forced_talker
 from kztts.export.common.checkpoint import load_reference
-from kztts.export.common.reference import reference_run
+from kztts.export.common.reference import kind_modes, reference_run
 from kztts.export.validate.tts import bundle_prompt
 from kztts.generation.sampling import SamplingParams, XorShift32
 from kztts.htp.qnn import Placement, bundle_target, session_precision
@@ -244,6 +244,7 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     if tts is None:  # tests pass a loaded one
         phase("validate: loading the qwen-tts reference from %s", reference_dir)
         tts = load_reference(Path(reference_dir))
+    modes = kind_modes(tts, modes)
     seqs = reference_sequences(bundle, tts, modes, frames, language)
     names = list(modes)
     ctx = max(s["prefill"].shape[0] + len(s["decodes"]) + 1 for s in seqs)

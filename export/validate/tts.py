@@ -24,6 +24,7 @@ from kztts.export.common.checkpoint import fingerprint, load_reference, read_con
 from kztts.export.common.reference import (
     MODES,
     ReferenceRun,
+    kind_modes,
     reference_run,
     teacher_forced_code_predictor,
     teacher_forced_talker,
@@ -32,7 +33,7 @@ from kztts.generation.sampling import SamplingParams, XorShift32
 from kztts.plan.resolve import resolve_plan
 from kztts.runners.code_predictor import CodePredictor
 from kztts.runners.talker import Talker
-from kztts.tts.prompt import build_prompt
+from kztts.tts.prompt import build_prompt, speaker_language_id
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,15 @@ class ModeMetrics:
 
 def bundle_prompt(bundle: Bundle, tables: EmbeddingTables, run: ReferenceRun):
     """The bundle's own prompt for a reference run (token ids, x-vector and ref codes as given)."""
-    lang = None if run.language.lower() == "auto" else bundle.manifest.languages[run.language.lower()]
-    return build_prompt(tables, run.input_ids, special_ids=bundle.manifest.special_ids, language_id=lang,
+    m = bundle.manifest
+    if m.tts_kind != "base":  # a preset speaker's row (its dialect remaps the language) or none, an instruction
+        dialect = m.speakers[run.preset]["dialect"] if run.preset else None
+        return build_prompt(tables, run.input_ids, special_ids=m.special_ids,
+                            language_id=speaker_language_id(m.languages, run.language, dialect),
+                            speaker=tables.codec([m.speakers[run.preset]["id"]])[0] if run.preset else None,
+                            mode="xvector", non_streaming=run.non_streaming, instruct_ids=run.instruct_ids)
+    lang = None if run.language.lower() == "auto" else m.languages[run.language.lower()]
+    return build_prompt(tables, run.input_ids, special_ids=m.special_ids, language_id=lang,
                         speaker=run.speaker, mode="xvector" if run.xvector_mode else "icl",
                         non_streaming=run.non_streaming, ref_text_ids=run.ref_ids, ref_codes=run.ref_codes)
 
@@ -126,6 +134,7 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
     predictors = {m: resolve_plan(bundle, cp_mode=m).open_code_predictor(tables) for m in ("frame", "step")}
     phase("validate: loading the qwen-tts reference from %s", reference_dir)
     tts = load_reference(Path(reference_dir))
+    modes = kind_modes(tts, modes)
     per_mode = []
     for language in languages:
         for mode in modes:

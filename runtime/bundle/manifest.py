@@ -14,6 +14,8 @@ FORMAT = "kztts-bundle"
 FORMAT_VERSION = 1
 MODEL_TYPE = "qwen3_tts"
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
+# tts_model_type: Base clones a voice, CustomVoice speaks preset speakers, VoiceDesign makes a voice from an instruction
+TTS_KINDS = ("base", "custom_voice", "voice_design")
 
 # Keys every manifest has; the nested ones are checked where they are used.
 _REQUIRED = {
@@ -108,6 +110,22 @@ class Manifest:
         return self.data["config"]["code_predictor"]
 
     @property
+    def tts_kind(self) -> str:
+        """``tts_model_type``: "base", "custom_voice" or "voice_design"."""
+        return self.data.get("tts_model_type", "base")
+
+    @property
+    def speakers(self) -> dict[str, dict]:
+        """A CustomVoice bundle's preset speakers, {name: {"id": codec id, "dialect": language name or None}};
+        empty for the other kinds (and bundles written before the key)."""
+        return self.data.get("speakers") or {}
+
+    @property
+    def takes_instruction(self) -> bool:
+        """Whether an instruction goes into the prompt (qwen-tts 0.1.1: VoiceDesign, 1.7B CustomVoice)."""
+        return bool(self.data.get("takes_instruction", False))
+
+    @property
     def special_ids(self) -> dict:
         return self.data["special_ids"]
 
@@ -172,6 +190,14 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     if not isinstance(talker, dict) or any(k not in talker for k in _TALKER_KEYS):
         missing = [k for k in _TALKER_KEYS if not isinstance(talker, dict) or k not in talker]
         raise BundleError(f"{path}: config.talker lacks {missing}")
+    if data["tts_model_type"] not in TTS_KINDS:
+        raise BundleError(f"{path}: tts_model_type {data['tts_model_type']!r}: kztts runs {', '.join(TTS_KINDS)}")
+    speakers = data.get("speakers") or {}
+    if not isinstance(speakers, dict) or any(not isinstance(v, dict) or not isinstance(v.get("id"), int)
+                                             or (v.get("dialect") is not None and v["dialect"] not in data["languages"])
+                                             for v in speakers.values()):
+        raise BundleError(f"{path}: speakers should map names to {{id, dialect}} with a known dialect; "
+                          "re-export the bundle")
     missing = [k for k in _SPECIAL_KEYS if k not in data["special_ids"]]
     if missing:
         raise BundleError(f"{path}: special_ids lacks {missing}")

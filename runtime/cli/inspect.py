@@ -1,5 +1,6 @@
-"""``kztts inspect``: where each graph of a bundle runs (QNN/HTP or CPU) and in which precision; with a
-target, also what each graph call costs on paper (``kztts.htp.cost``)."""
+"""``kztts inspect``: what a bundle accepts (a TTS bundle's kind: a cloned voice, preset speakers, an instruction),
+where each graph runs (QNN/HTP or CPU) and in which precision; with a target, also what each graph call costs on
+paper (``kztts.htp.cost``)."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ from kztts.htp.qnn import (
 from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_placement, resolve_plan
+from kztts.tts.model_kind import ModelKind
 
 
 def _graph_bytes(path: Path) -> int:
@@ -94,8 +96,19 @@ def inspect_bundle(bundle_dir: str | Path, target: "str | Path | Target | None" 
             "soc": target.soc.name if target else None, "qnn_available": qnn_available(),
             "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
             "random_weights": bundle.manifest.random_weights, "graphs": rows,
+            "accepts": _accepts(bundle.manifest),
             "cost": bundle_cost(bundle_dir, target, bundle.session_config.threads, precision=precision,
                                 plan=plan) if target else None}
+
+
+def _accepts(manifest) -> dict | None:
+    """A TTS bundle's kind and what its requests take (``kztts.tts.model_kind``); None for an LM bundle."""
+    if manifest.kind != "tts":
+        return None
+    kind = ModelKind.of(manifest)
+    return {"kind": kind.kind, "label": kind.label, "takes_instruction": kind.takes_instruction,
+            "speakers": {s.name: {"id": s.id, "dialect": s.dialect} for s in kind.speakers.values()},
+            "lines": kind.describe()}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -123,6 +136,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if report["missing_skel"]:
         head += f"; on the CPU: {report['missing_skel']}"
     print(head)
+    for line in (report["accepts"] or {}).get("lines", []):
+        print(line)
     if report["random_weights"]:
         print(f"random weights ({random_weights_label(report['random_weights'])}): not a real checkpoint")
     print(f"{'graph':<22}{'variant':<9}{'attention':<10}{'size':>10}{'QNN':>6}{'CPU':>6}  {'precision':<24}CPU op types")

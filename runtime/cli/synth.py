@@ -1,5 +1,7 @@
 """``kztts synth``: text to speech, from a bundle, a checkpoint, or the embedded demo model; with
-``--file`` many utterances batched (``kztts.cli.synth_many``)."""
+``--file`` many utterances batched (``kztts.cli.synth_many``). And ``kztts voice create``: a voice computed once
+from a recording, saved for ``synth --voice``, the API and ``serve --voices`` (``kztts.tts.voice_file``); it is
+here beside the voice flags it shares, since ``kztts.cli`` holds the most modules a folder may."""
 from __future__ import annotations
 
 import argparse
@@ -28,9 +30,14 @@ from kztts.generation.settings import (
     with_environment,
     with_overrides,
 )
-from kztts.tts.request import Voice
+from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
+from kztts.tts.voice_file import SUFFIX
+
+VOICE_FLAGS = ("xvector", "speaker_wav", "ref_audio", "voice")  # a voice a Base bundle clones
+# stands for a voice not computed yet, so that a bundle that takes none refuses the flag before any work
+_REFERENCE = Voice(np.zeros(1, np.float32))
 
 
 def sampling_flags(args: argparse.Namespace) -> tuple[dict, dict]:
@@ -88,26 +95,33 @@ def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
 
 
 def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> Voice | None:
-    """The voice of ``--xvector``, ``--speaker-wav`` or ``--ref-audio``; the demo's synthetic one; None
-    with ``--file`` (each line gives its own)."""
+    """The voice of ``--xvector``, ``--speaker-wav``, ``--ref-audio`` or ``--voice``; the demo's synthetic one;
+    None with ``--speaker`` (the request names it), for a bundle that clones no voice, or with ``--file`` (each
+    line gives its own). The bundle's kind refuses what it cannot take before any encoder runs."""
+    given = any(getattr(args, f) for f in VOICE_FLAGS)
+    if given or args.speaker or args.instruct or (tts.kind.kind != "base" and not args.file):
+        tts.kind.check(SynthesisRequest(args.text or "", voice=_REFERENCE if given else None, speaker=args.speaker,
+                                        instruct=args.instruct))
+    if args.voice:
+        return tts.voice_from_file(args.voice)
     if args.xvector:
         return tts.voice_from_xvector(args.xvector)
     if args.speaker_wav:
         return tts.voice_from_wav(*recording)
     if args.ref_audio:
         return tts.voice_from_reference(*recording, args.ref_text)
+    if args.speaker or tts.kind.kind != "base" or args.file:
+        return None
     if demo:
         return tts.voice_from_wav(synthetic_voice(), 24000)
-    if args.file:
-        return None
     raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
-                     "or --ref-audio F --ref-text T")
+                     "--ref-audio F --ref-text T, or a saved voice --voice F")
 
 
 def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings) -> SynthesisResult:
     """One text, whole or streamed, with a frame bar on a terminal."""
     options = dict(language=args.language, streaming_text=args.streaming_text, seed=args.seed, greedy=args.greedy,
-                   max_frames=args.max_frames, settings=settings)
+                   max_frames=args.max_frames, settings=settings, speaker=args.speaker, instruct=args.instruct)
     bar = tqdm(desc="frames", unit="frame", disable=None, leave=False, file=sys.stderr)
     try:
         if args.stream:
@@ -177,7 +191,11 @@ def add_command(sub) -> None:
     voice.add_argument("--xvector", help="speaker x-vector file (.npy, or raw little-endian float32)")
     voice.add_argument("--speaker-wav", help="recording of the voice to clone (x-vector)")
     voice.add_argument("--ref-audio", help="recording for ICL voice cloning (needs --ref-text)")
+    voice.add_argument("--voice", help=f"a saved voice ({SUFFIX} file of `kztts voice create`; Base bundles)")
+    voice.add_argument("--speaker", help="a preset speaker of a CustomVoice bundle (`kztts inspect BUNDLE` lists them)")
     s.add_argument("--ref-text", help="transcript of --ref-audio")
+    s.add_argument("--instruct", help="an instruction: the voice's description (VoiceDesign) or a style (1.7B "
+                                      "CustomVoice)")
     s.add_argument("--streaming-text", action="store_true",
                    help="feed the text alongside the audio frames (qwen-tts's streaming mode)")
     s.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default 0)")
@@ -209,3 +227,38 @@ def add_command(sub) -> None:
     s.add_argument("--explain", action="store_true",
                    help="print the execution plan first: every graph's device, precision, threads and why")
     s.set_defaults(func=cmd_synth)
+    add_voice_command(sub)
+
+
+def cmd_voice_create(args: argparse.Namespace) -> int:
+    """Compute a voice from a recording with the bundle's encoders and save it (``kztts.tts.voice_file``)."""
+    out = check_writable(args.output, "voice")
+    if out.suffix != SUFFIX:
+        raise KzttsError(f"{out}: a voice file is named NAME{SUFFIX}")
+    if args.ref_text is not None and not args.ref_text.strip():
+        raise KzttsError("--ref-text is empty; give the transcript of the recording (or leave it out for an "
+                         "x-vector voice)")
+    recording = read_voice(args.recording)
+    bundle = Path(args.bundle) if args.bundle else cached_export(Path(args.model) if args.model else None)
+    tts = TTS(bundle)
+    if tts.kind.kind != "base":
+        raise KzttsError(f"{bundle}: a {tts.kind.label} bundle clones no voice; saved voices are for Base bundles")
+    voice = (tts.voice_from_reference(*recording, args.ref_text) if args.ref_text is not None
+             else tts.voice_from_wav(*recording))
+    tts.save_voice(voice, out)
+    kind = f"ICL: x-vector + {voice.ref_codes.shape[0]} reference frames + transcript" if voice.icl else "x-vector"
+    print(f"{out}: voice ({kind}) for {bundle}")
+    return 0
+
+
+def add_voice_command(sub) -> None:
+    s = sub.add_parser("voice", help="saved voices: compute a voice once from a recording")
+    verbs = s.add_subparsers(dest="verb", required=True)
+    c = verbs.add_parser("create", help=f"a recording -> a {SUFFIX} file (x-vector, or ICL with --ref-text)")
+    c.add_argument("recording", help="the voice's recording (WAV, FLAC, OGG; any sample rate)")
+    c.add_argument("-o", "--output", required=True, help=f"the voice file to write (NAME{SUFFIX})")
+    c.add_argument("--ref-text", help="transcript of the recording: an ICL voice (reference codes + text)")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--bundle", help="the Base bundle the voice is for (default: the embedded demo)")
+    where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")
+    c.set_defaults(func=cmd_voice_create)

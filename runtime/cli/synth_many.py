@@ -3,8 +3,9 @@ frame loop (``TTS.synthesize_many``), one WAV per line and one ``summary.json``.
 
 Each line of the file is a JSON object: ``text`` (required) and, optionally, ``name`` (the WAV's
 stem; default the line number, ``0001``), ``language``, ``seed``, ``greedy``, ``max_frames``,
-``streaming_text``, a voice (``xvector``, ``speaker_wav``, or ``ref_audio`` with ``ref_text``; paths
-relative to the file's directory) and sampling overrides named like the flags (``temperature``,
+``streaming_text``, who speaks (a Base bundle's voice: ``xvector``, ``speaker_wav``, ``ref_audio`` with
+``ref_text``, or a saved ``voice`` file, paths relative to the file's directory; a CustomVoice bundle's
+``speaker``), ``instruct`` and sampling overrides named like the flags (``temperature``,
 ``cp_top_k``, ...). The command's flags are the defaults of every line. Blank lines are skipped. A
 bad line is refused before anything loads, naming its line number and key.
 """
@@ -19,11 +20,13 @@ from kztts.core.atomic import check_writable_dir, write_text
 from kztts.core.audio import read_voice, write_wav
 from kztts.core.errors import KzttsError
 from kztts.generation.settings import SAMPLING_FLAGS, GenerationSettings, reference_settings, with_overrides
+from kztts.tts.request import SynthesisRequest
 
 SUMMARY = "summary.json"
-VOICE_KEYS = ("xvector", "speaker_wav", "ref_audio", "ref_text")
+VOICE_KEYS = ("xvector", "speaker_wav", "ref_audio", "ref_text", "voice")
+WHO_KEYS = ("xvector", "speaker_wav", "ref_audio", "voice", "speaker")  # one of them says who speaks a line
 _TYPES = {"text": str, "name": str, "language": str, "seed": int, "greedy": bool, "max_frames": int,
-          "streaming_text": bool, **{k: str for k in VOICE_KEYS}}
+          "streaming_text": bool, "speaker": str, "instruct": str, **{k: str for k in VOICE_KEYS}}
 KEYS = (*_TYPES, *SAMPLING_FLAGS)
 # flags a batch run does not take (they describe one output)
 _SINGLE_ONLY = {"text": "TEXT", "output": "-o/--output", "codes_out": "--codes-out", "stream": "--stream",
@@ -85,8 +88,9 @@ def read_lines(path: str | Path) -> list[Line]:
         keys = {k: _check_value(where, k, v) for k, v in item.items() if k in _TYPES}
         if ("ref_audio" in keys) != ("ref_text" in keys):
             raise KzttsError(f"{where}: an ICL voice needs both keys 'ref_audio' and 'ref_text'")
-        if sum(k in keys for k in ("xvector", "speaker_wav", "ref_audio")) > 1:
-            raise KzttsError(f"{where}: give one voice: 'xvector', 'speaker_wav' or 'ref_audio' with 'ref_text'")
+        if sum(k in keys for k in WHO_KEYS) > 1:
+            raise KzttsError(f"{where}: give one voice: 'xvector', 'speaker_wav', 'ref_audio' with 'ref_text', "
+                             "'voice' or 'speaker'")
         name = keys.pop("name", f"{number:04d}")
         if name in names:
             raise KzttsError(f"{where}: key 'name' {name!r} is already used by line {names[name]}")
@@ -114,16 +118,17 @@ def check_args(args) -> list[Line]:
 
 def _voice(tts, keys: dict, base: Path, default, cache: dict):
     """The line's own voice (loaded once per file), else ``default``."""
-    for key in ("xvector", "speaker_wav", "ref_audio"):
+    for key in ("xvector", "speaker_wav", "ref_audio", "voice"):
         if key in keys:
             path = base / keys[key]
             ident = (key, str(path), keys.get("ref_text"))
             if ident not in cache:
                 cache[ident] = (tts.voice_from_xvector(path) if key == "xvector" else
                                 tts.voice_from_wav(*read_voice(path)) if key == "speaker_wav" else
+                                tts.voice_from_file(path) if key == "voice" else
                                 tts.voice_from_reference(*read_voice(path), keys["ref_text"]))
             return cache[ident]
-    return default
+    return None if "speaker" in keys else default
 
 
 def run(args, tts, settings: GenerationSettings, voice, lines: list[Line]) -> int:
@@ -131,16 +136,23 @@ def run(args, tts, settings: GenerationSettings, voice, lines: list[Line]) -> in
     base, cache, requests = Path(args.file).parent, {}, []
     for line in lines:
         where = f"{args.file} line {line.number}"
-        v = _voice(tts, line.keys, base, voice, cache)
-        if v is None:
-            raise KzttsError(f"{where}: a voice is required: give the line an 'xvector', 'speaker_wav' or "
-                             "'ref_audio' with 'ref_text', or the command --xvector/--speaker-wav/--ref-audio")
         k = line.keys
-        requests.append(dict(text=k["text"], voice=v, language=k.get("language", args.language),
-                             seed=k.get("seed", args.seed), greedy=k.get("greedy", args.greedy),
-                             max_frames=k.get("max_frames", args.max_frames),
-                             streaming_text=k.get("streaming_text", args.streaming_text),
-                             settings=with_overrides(settings, line.overrides, _override_names(where))))
+        own = any(key in k for key in WHO_KEYS)  # the line says who speaks: the command's voice is not its default
+        if not own and tts.kind.kind == "base" and voice is None:
+            raise KzttsError(f"{where}: a voice is required: give the line an 'xvector', 'speaker_wav', 'ref_audio' "
+                             "with 'ref_text' or 'voice', or the command --xvector/--speaker-wav/--ref-audio/--voice")
+        request = SynthesisRequest(k["text"], _voice(tts, k, base, voice, cache),
+                                   language=k.get("language", args.language), seed=k.get("seed", args.seed),
+                                   greedy=k.get("greedy", args.greedy), max_frames=k.get("max_frames", args.max_frames),
+                                   streaming_text=k.get("streaming_text", args.streaming_text),
+                                   settings=with_overrides(settings, line.overrides, _override_names(where)),
+                                   speaker=k["speaker"] if "speaker" in k else None if own else args.speaker,
+                                   instruct=k.get("instruct", args.instruct))
+        try:
+            tts.kind.check(request)
+        except KzttsError as exc:
+            raise KzttsError(f"{where}: {exc}") from None
+        requests.append(request)
     started = time.perf_counter()
     results = tts.synthesize_many(requests, batch=args.batch)
     seconds = time.perf_counter() - started

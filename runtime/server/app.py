@@ -34,11 +34,13 @@ from kztts.server.chat import ChatSpec, params_of, prompt_of
 from kztts.server.errors import ApiError, bad, error_body
 from kztts.server.scheduler import Job
 from kztts.server.service import Service
+from kztts.tts.model_kind import KindError
 from kztts.tts.request import SynthesisRequest
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("kztts.server.access")
 
+_KIND_PARAMS = {"speaker": "voice", "voice": "voice", "instruct": "instructions"}  # a request field -> its body key
 ENDPOINTS = ("/v1/audio/speech", "/v1/audio/voices", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
 
@@ -167,9 +169,13 @@ class Api:
             settings = with_overrides(s.settings, body.overrides, body.override_names)
             synthesis = SynthesisRequest(body.input, voice, language=body.language, seed=body.seed,
                                          greedy=body.greedy, settings=settings, max_frames=body.max_frames,
-                                         streaming_text=body.streaming_text)
+                                         streaming_text=body.streaming_text, instruct=body.instructions)
+            s.model.kind.check(synthesis)
             loop = asyncio.get_running_loop()
             spec = await loop.run_in_executor(None, s.engine.prepare, synthesis, body.stream)
+        except KindError as exc:  # named by its OpenAI key
+            raise bad(str(exc), param=_KIND_PARAMS[exc.key], code="unsupported_parameter"
+                      if exc.key == "instruct" else "invalid_value") from None
         except KzttsError as exc:
             raise bad(str(exc)) from None
         job = Job("speech", spec, asyncio.get_running_loop())

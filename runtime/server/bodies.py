@@ -136,6 +136,7 @@ class SpeechBody:
     greedy: bool
     max_frames: int | None
     streaming_text: bool
+    instructions: str | None = None  # the instruction (VoiceDesign, 1.7B CustomVoice); the bundle's kind checks it
     overrides: dict = field(default_factory=dict)  # sampling overrides keyed like $KZTTS_TEMP...
     override_names: dict = field(default_factory=dict)  # the same keys -> the body key, for messages
 
@@ -169,9 +170,6 @@ def speech_body(body: dict, limits: Limits) -> SpeechBody:
         raise bad(f"'speed' {speed:g} is not supported: kztts speaks at the model's own pace (give 1.0 or leave it "
                   "out; resample the audio on the client to change it)", param="speed", code="unsupported_parameter")
     instructions = _str(body, "instructions")
-    if instructions:
-        raise bad("'instructions' are not supported: the Qwen3-TTS Base model clones a voice and takes no style "
-                  "prompt", param="instructions", code="unsupported_parameter")
     stream_format = _str(body, "stream_format")
     if stream_format is not None and stream_format not in STREAM_FORMATS:
         raise bad(f"'stream_format' {stream_format!r}: expected one of {', '.join(STREAM_FORMATS)}",
@@ -198,7 +196,8 @@ def speech_body(body: dict, limits: Limits) -> SpeechBody:
     return SpeechBody(model=model, input=text, voice=voice or VOICE_DEFAULT, response_format=fmt, stream=stream,
                       sse=stream_format == "sse", language=_str(body, "language"), seed=_int(body, "seed", 0),
                       greedy=_bool(body, "greedy", False), max_frames=max_frames,
-                      streaming_text=_bool(body, "streaming_text", False), overrides=overrides, override_names=names)
+                      streaming_text=_bool(body, "streaming_text", False), instructions=instructions or None,
+                      overrides=overrides, override_names=names)
 
 
 @dataclass(frozen=True)

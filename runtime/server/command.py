@@ -59,7 +59,9 @@ def add_command(sub) -> None:
     s.add_argument("bundle", help="a TTS bundle (speech) or an LM bundle (chat)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed)")
-    s.add_argument("--voices", help="folder of voices: NAME.wav recordings and NAME.npy x-vectors, named by stem")
+    s.add_argument("--voices", help="Base bundles: folder of voices, NAME.wav recordings, NAME.npy x-vectors and "
+                                    "NAME.voice saved voices (kztts voice create), named by stem; a CustomVoice "
+                                    "bundle's voices are its preset speakers")
     s.add_argument("--batch", type=int, default=4, help="requests generated together (default 4)")
     s.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a free row (default 16); more are refused with 429")

@@ -54,7 +54,8 @@ class ServeOptions:
         if self.context is not None and (isinstance(self.context, bool) or self.context < 16):
             raise KzttsError(f"--context must be an integer >= 16, got {self.context!r}")
         if self.voices is not None and not Path(self.voices).is_dir():
-            raise KzttsError(f"{self.voices}: --voices must be a folder of .wav (recordings) or .npy (x-vectors)")
+            raise KzttsError(f"{self.voices}: --voices must be a folder of .wav (recordings), .npy (x-vectors) or .voice "
+                             "(saved voices)")
         return self
 
 

@@ -1,12 +1,15 @@
-"""The voices a speech server offers: read once at start from ``--voices DIR``, looked up by name.
+"""The voices a speech server offers, fixed at start and looked up by name; what they are depends on the bundle's kind.
 
-Each ``NAME.wav`` (or .flac / .ogg: any recording ``kztts.core.audio.read_voice`` takes) becomes an x-vector
-through the bundle's speaker encoder, each ``NAME.npy`` is an x-vector itself; the name is the file
-stem. Names are keys of a dict filled at start: a request's voice name is never joined to a path.
+Base: the voices of ``--voices DIR``. Each ``NAME.wav`` (or .flac / .ogg: any recording
+``kztts.core.audio.read_voice`` takes) becomes an x-vector through the bundle's speaker encoder, each ``NAME.npy``
+is an x-vector itself, each ``NAME.voice`` a saved voice (``kztts voice create``: an x-vector or an ICL reference,
+loaded without running an encoder); the name is the file stem. Names are keys of a dict filled at start: a
+request's voice name is never joined to a path. The default voice (a request that names none, or names
+``default``): the folder's ``default.*`` if it has one, else the x-vector of ``kztts.core.audio.synthetic_voice()``
+(the demo's voice, what ``kztts synth`` uses with the demo model).
 
-The default voice (a request that names none, or names ``default``): the folder's ``default.*`` if it
-has one, else the x-vector of ``kztts.core.audio.synthetic_voice()`` (the demo's voice, what
-``kztts synth`` uses with the demo model).
+CustomVoice: the bundle's preset speakers (case-insensitive), no default. VoiceDesign: only ``default``, no
+voice at all: the request's ``instructions`` describe it. Neither takes ``--voices``.
 """
 from __future__ import annotations
 
@@ -25,35 +28,52 @@ log = logging.getLogger(__name__)
 
 RECORDINGS = (".wav", ".flac", ".ogg")
 XVECTORS = (".npy",)
+SAVED = (".voice",)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
 class Entry:
     name: str
-    voice: Voice
-    source: str  # "recording", "xvector" or "builtin"
+    voice: Voice | None  # None: a VoiceDesign request (the instructions make the voice)
+    source: str  # "recording", "xvector", "saved", "builtin", "preset" or "instructions"
+    dialect: str | None = None  # a preset speaker's
 
 
 class VoiceBook:
     """Name -> voice, fixed at start."""
 
-    def __init__(self, entries: dict[str, Entry]):
+    def __init__(self, entries: dict[str, Entry], case_insensitive: bool = False):
         self._entries = dict(entries)
+        self._fold = case_insensitive  # preset speaker names, as qwen-tts matches them
 
     @classmethod
     def load(cls, tts, folder: str | Path | None) -> VoiceBook:
-        """The voices of ``folder`` (None: the default voice only); a bad file is a ``KzttsError``."""
+        """The voices of the bundle's kind (module docstring); a bad file or flag is a ``KzttsError``."""
+        kind = tts.kind
+        if kind.kind != "base":
+            if folder is not None:
+                raise KzttsError(f"{folder}: a {kind.label} bundle clones no voice, so it takes no --voices folder "
+                                 f"({'its voices are its preset speakers' if kind.speakers else 'the instructions describe the voice'}); "
+                                 "drop --voices")
+            if kind.kind == "voice_design":
+                entries = {VOICE_DEFAULT: Entry(VOICE_DEFAULT, None, "instructions")}
+            else:
+                entries = {s.name: Entry(s.name, tts.voice_from_speaker(s.name), "preset", s.dialect)
+                           for s in kind.speakers.values()}
+            log.info("voices (%s): %s", kind.label, ", ".join(entries))
+            return cls(entries, case_insensitive=True)
         entries: dict[str, Entry] = {}
         if folder is not None:
             folder = Path(folder)
             if not folder.is_dir():
-                raise KzttsError(f"{folder}: --voices must be a folder of .wav (recordings) or .npy (x-vectors) files")
+                raise KzttsError(f"{folder}: --voices must be a folder of .wav (recordings), .npy (x-vectors) or .voice "
+                                 "(saved voices) files")
             for path in sorted(folder.iterdir()):
                 suffix = path.suffix.lower()
-                if not path.is_file() or suffix not in RECORDINGS + XVECTORS:
+                if not path.is_file() or suffix not in RECORDINGS + XVECTORS + SAVED:
                     if not path.name.startswith("."):
-                        log.info("%s: not a voice (.wav, .flac, .ogg or .npy), skipped", path)
+                        log.info("%s: not a voice (.wav, .flac, .ogg, .npy or .voice), skipped", path)
                     continue
                 name = path.stem
                 if not NAME.fullmatch(name):
@@ -63,6 +83,8 @@ class VoiceBook:
                     raise KzttsError(f"{path}: voice {name!r} is given twice in {folder}; keep one file per name")
                 if suffix in XVECTORS:
                     entries[name] = Entry(name, tts.voice_from_xvector(path), "xvector")
+                elif suffix in SAVED:
+                    entries[name] = Entry(name, tts.voice_from_file(path), "saved")
                 else:
                     entries[name] = Entry(name, tts.voice_from_wav(*read_voice(path)), "recording")
         if VOICE_DEFAULT not in entries:
@@ -73,8 +95,8 @@ class VoiceBook:
         log.info("voices: %s", ", ".join(f"{e.name} ({e.source})" for e in entries.values()) or "none")
         return cls(entries)
 
-    def get(self, name: str) -> Voice:
-        entry = self._entries.get(name)
+    def get(self, name: str) -> Voice | None:
+        entry = self._entries.get(name.lower() if self._fold else name)
         if entry is None:
             known = ", ".join(self._entries) or "none"
             raise ApiError(404, f"voice {name[:64]!r} is not offered here; the voices are: {known} "
@@ -83,4 +105,5 @@ class VoiceBook:
 
     def listing(self) -> list[dict]:
         return [{"id": e.name, "object": "voice", "name": e.name, "source": e.source,
-                 "default": e.name == VOICE_DEFAULT} for e in self._entries.values()]
+                 "default": e.name == VOICE_DEFAULT, **({"dialect": e.dialect} if e.source == "preset" else {})}
+                for e in self._entries.values()]

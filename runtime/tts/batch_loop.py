@@ -210,8 +210,8 @@ class _RowStream:
         self.pending: list[np.ndarray] = []
         self.chunks: list[np.ndarray] = []
         self.skip = 0
-        if run.voice.icl:
-            ref = run.voice.ref_codes
+        ref = run.reference_codes
+        if ref is not None:
             self.skip = ref.shape[0] * SAMPLES_PER_FRAME - self._push(ref).shape[0]
 
     def _push(self, codes: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 from kztts.core.errors import ContextOverflowError
 from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.prompt import prompt_length
-from kztts.tts.request import SynthesisRequest
+from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult, joined
 from kztts.tts.text import TextTokenizer, assistant_text
 from kztts.tts.text_split import frames_per_token, split_text
@@ -32,20 +32,22 @@ def text_tokens(tokenizer: TextTokenizer, text: str) -> int:
     return len(tokenizer.text_body(tokenizer.encode(assistant_text(text)))) if text else 0
 
 
-def split_for_context(request: SynthesisRequest, max_frames: int, *, tokenizer: TextTokenizer,
-                      language_tag: bool, context: int) -> list[str]:
+def split_for_context(request: SynthesisRequest, voice: Voice | None, max_frames: int, *, tokenizer: TextTokenizer,
+                      language_tag: bool, context: int, instruct_tokens: int = 0) -> list[str]:
     """``[text]`` when the request's prompt plus the frames its text is expected to need (at most
     ``max_frames``) fit in ``context`` positions, else the pieces of its text that each do.
-    ``language_tag``: the prompt holds a language id (``kztts.tts.prompt.language_id``)."""
-    text, voice, language = request.text, request.voice, request.language
-    ref_text = len(tokenizer.ref_body(tokenizer.ref_ids(voice.ref_text))) if voice.icl else 0
-    ref_frames = voice.ref_codes.shape[0] if voice.icl else 0
+    ``voice``: who speaks (None: no speaker position); ``language_tag``: the prompt holds a language id
+    (``kztts.tts.prompt.language_id``); ``instruct_tokens``: the instruction's positions in front."""
+    text, language = request.text, request.language
+    icl = voice is not None and voice.icl
+    ref_text = len(tokenizer.ref_body(tokenizer.ref_ids(voice.ref_text))) if icl else 0
+    ref_frames = voice.ref_codes.shape[0] if icl else 0
     rate = frames_per_token(language, text)
 
     def needed(tokens: int) -> int:
-        positions = prompt_length(tokens, language=language_tag, speaker=True, mode="icl" if voice.icl else
-                                  "xvector", non_streaming=not request.streaming_text, ref_text_tokens=ref_text,
-                                  ref_frames=ref_frames)
+        positions = prompt_length(tokens, language=language_tag, speaker=voice is not None,
+                                  mode="icl" if icl else "xvector", non_streaming=not request.streaming_text,
+                                  ref_text_tokens=ref_text, ref_frames=ref_frames, instruct_tokens=instruct_tokens)
         return positions + min(math.ceil(rate * tokens), max_frames) - 1
 
     def count(piece: str) -> int:

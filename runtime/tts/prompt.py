@@ -5,10 +5,12 @@ numpy only. Notation: T(ids) projected text embedding,
 C(ids) talker codec embedding, ``input_ids`` the assistant template ids
 ``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``.
 
+    instruct T(instruct_ids)  (``<|im_start|>user\n{instruct}<|im_end|>\n``, only with an instruction)
     role     T(ids[:3])                                                  3 positions
     prefix   (tts_pad x (n-2), tts_bos) + C(codec_prefix[:-1])           n-1 positions
              codec_prefix = [think, think_bos, lang, think_eos] | [nothink, think_bos, think_eos],
                             then the speaker vector (if any), then [pad, bos]
+             a dialect speaker (CustomVoice) replaces lang by its dialect's id for Chinese or auto
     text     x-vector streaming:      T(ids[3]) + C(bos);   trailing [T(ids[4:-5]), tts_eos]
              x-vector non-streaming:  [T(ids[3:-5]), tts_eos] + C(pad), tts_pad + C(bos);
                                       trailing [tts_pad]
@@ -59,12 +61,20 @@ def language_id(languages: dict, language: str | None) -> int | None:
     return int(languages[name])
 
 
+def speaker_language_id(languages: dict, language: str | None, dialect: str | None) -> int | None:
+    """``language_id``, as qwen-tts remaps it for a dialect speaker: Chinese or auto become the dialect's id."""
+    lid = language_id(languages, language)
+    if dialect and (language is None or str(language).lower() in ("auto", "chinese")):
+        return int(languages[dialect])
+    return lid
+
+
 def prompt_length(text_tokens: int, *, language: bool, speaker: bool, mode: str, non_streaming: bool,
-                  ref_text_tokens: int = 0, ref_frames: int = 0) -> int:
+                  ref_text_tokens: int = 0, ref_frames: int = 0, instruct_tokens: int = 0) -> int:
     """Positions of ``build_prompt``'s prefill for ``text_tokens`` text tokens (``ids[3:-5]``), without
     building it: the layout in the module docstring (``tests/tts/test_long_text.py`` checks the two agree)."""
     n = (4 if language else 3) + (1 if speaker else 0) + 2  # codec prefix: tags, speaker, pad/bos
-    head = 3 + n - 1  # role + prefix
+    head = instruct_tokens + 3 + n - 1  # instruction + role + prefix
     if mode == "icl":
         text, codec = ref_text_tokens + text_tokens + 1, 1 + ref_frames
         return head + (text + codec if non_streaming else codec)
@@ -139,13 +149,14 @@ def _xvector_text(tables: EmbeddingTables, sid: dict, ids: np.ndarray, c_bos: np
 
 def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, language_id: int | None,
                  speaker: np.ndarray | None, mode: str, non_streaming: bool,
-                 ref_text_ids=None, ref_codes=None) -> Prompt:
+                 ref_text_ids=None, ref_codes=None, instruct_ids=None) -> Prompt:
     """The talker prompt for one utterance.
 
     ``input_ids``: assistant template ids (``TextTokenizer.assistant_ids``); ``special_ids``:
     the manifest's; ``language_id``: a codec id or None (auto); ``speaker``: the x-vector
-    [H] (None leaves the speaker position out); ``mode``: "xvector" or "icl" (then
-    ``ref_text_ids`` = ``TextTokenizer.ref_ids(ref_text)`` and ``ref_codes`` [F, 16] are needed).
+    [H] or a preset speaker's codec row (None leaves the speaker position out); ``mode``: "xvector" or "icl"
+    (then ``ref_text_ids`` = ``TextTokenizer.ref_ids(ref_text)`` and ``ref_codes`` [F, 16] are needed);
+    ``instruct_ids``: ``TextTokenizer.instruct_ids(instruct)``, or None for no instruction.
     """
     if mode not in MODES:
         raise KzttsError(f"unknown prompt mode {mode!r}; expected one of {MODES}")
@@ -159,6 +170,8 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
     n = codec_prefix.shape[0]
     text_side = np.concatenate([np.broadcast_to(tables.tts_pad, (n - 2, H)), tables.tts_bos[None]], axis=0)
     embeds = [tables.text(ids[:3]), text_side + codec_prefix[:-1]]  # role, then the prefix
+    if instruct_ids is not None:
+        embeds.insert(0, tables.text(_ids_1d(instruct_ids, "instruct_ids")))
     if mode == "icl":
         text, trailing = _icl_text(tables, sid, ids, ref_text_ids, ref_codes, non_streaming)
     else:

@@ -18,11 +18,14 @@ from kztts.generation.settings import GenerationSettings
 
 @dataclass(frozen=True)
 class Voice:
-    """Who speaks: an x-vector, plus reference codes and transcript for ICL voice cloning."""
+    """Who speaks: an x-vector, plus reference codes and transcript for ICL voice cloning (a Base bundle's
+    voice: ``TTS.voice_from_wav``, ``voice_from_reference``, ``voice_from_file``), or a CustomVoice bundle's
+    preset speaker (``TTS.voice_from_speaker``: its codec-embedding row and its name)."""
 
-    speaker: np.ndarray  # x-vector f32[enc_dim]
+    speaker: np.ndarray  # x-vector f32[enc_dim], or the preset speaker's codec-embedding row f32[hidden]
     ref_codes: np.ndarray | None = None  # [F_ref, 16] int64 (ICL)
     ref_text: str | None = None  # transcript of the reference audio (ICL)
+    preset: str | None = None  # the preset speaker's name (its dialect remaps the language)
 
     @property
     def icl(self) -> bool:
@@ -31,16 +34,23 @@ class Voice:
 
 @dataclass(frozen=True)
 class SynthesisRequest:
-    """What to say, in which voice, and how to choose the codes."""
+    """What to say, in which voice, and how to choose the codes.
+
+    Who speaks depends on the bundle's kind (``kztts.tts.model_kind``): a Base bundle takes a ``voice``; a
+    CustomVoice bundle a preset ``speaker`` name (or the ``voice`` of ``TTS.voice_from_speaker``); a
+    VoiceDesign bundle neither. ``instruct``: the style or voice description put in front of the prompt,
+    for the bundles that take one (VoiceDesign, 1.7B CustomVoice); "" is the same as None."""
 
     text: str
-    voice: Voice
+    voice: Voice | None = None
     language: str | None = None  # a language name (``english``...) or None / "auto"
     seed: int = 0  # the random seed of the sampler's stream (kztts.generation.sampling.XorShift32)
     greedy: bool = False  # argmax for the Talker and the Code Predictor
     settings: GenerationSettings | None = None  # None: the checkpoint's settings, then $KZTTS_* overrides
     max_frames: int | None = None  # None: the settings' cap (12.5 frames per second of audio)
     streaming_text: bool = False  # feed the text alongside the frames (qwen-tts's streaming mode)
+    speaker: str | None = None  # a CustomVoice bundle's preset speaker (case-insensitive)
+    instruct: str | None = None  # an instruction (VoiceDesign, 1.7B CustomVoice)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -76,8 +76,15 @@ class Run:
     audio: list = field(default_factory=list)  # decoded chunks (stream)
 
     @property
-    def voice(self) -> Voice:
+    def voice(self) -> Voice | None:
+        """Who speaks (None for a VoiceDesign request: the instruction makes the voice)."""
         return self.request.voice
+
+    @property
+    def reference_codes(self) -> np.ndarray | None:
+        """An ICL voice's reference codes (decoded in front of the new ones, their samples dropped), else None."""
+        voice = self.request.voice
+        return voice.ref_codes if voice is not None and voice.icl else None
 
     @property
     def text(self) -> str:

@@ -27,9 +27,10 @@ def _in_loop(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.
     """Each chunk decoded in the frame loop's thread, between frames."""
     times = run.loop.times
     skip = 0  # samples of the ICL reference, which qwen-tts decodes in front and cuts
-    if run.voice.icl:
+    ref = run.reference_codes
+    if ref is not None:
         t = time.perf_counter()
-        skip = run.voice.ref_codes.shape[0] * SAMPLES_PER_FRAME - dec.push(run.voice.ref_codes).shape[0]
+        skip = ref.shape[0] * SAMPLES_PER_FRAME - dec.push(ref).shape[0]
         times.decoder += time.perf_counter() - t
     pending: list[np.ndarray] = []
 
@@ -76,8 +77,8 @@ def _pipelined(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[n
     worker = BackgroundDecoder(dec)
     skip = 0
     try:
-        if run.voice.icl:  # qwen-tts decodes [ref codes ++ codes]; their samples are dropped
-            worker.submit(run.voice.ref_codes)
+        if run.reference_codes is not None:  # qwen-tts decodes [ref codes ++ codes]; their samples are dropped
+            worker.submit(run.reference_codes)
             skip = 1
 
         def finished(block: bool) -> Iterator[np.ndarray]:

@@ -21,6 +21,11 @@ def assistant_text(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def instruct_template(instruct: str) -> str:
+    """qwen-tts ``_build_instruct_text``: the instruction as a user turn in front of the prompt."""
+    return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+
+
 def ref_text_template(text: str) -> str:
     """qwen-tts ``_build_ref_text``."""
     return f"<|im_start|>assistant\n{text}<|im_end|>\n"
@@ -65,6 +70,12 @@ class TextTokenizer:
         if len(ids) < 9:
             raise KzttsError(f"text {text!r} gives no tokens to speak")
         return ids
+
+    def instruct_ids(self, instruct: str) -> np.ndarray:
+        """Ids of the instruction template (qwen-tts ``instruct_ids``), int64 [n]."""
+        if not isinstance(instruct, str):
+            raise KzttsError(f"the instruction must be a string, got {type(instruct).__name__}")
+        return self.encode(instruct_template(instruct))
 
     def ref_ids(self, ref_text: str) -> np.ndarray:
         """Ids of the reference-transcript template (qwen-tts ``ref_ids``), int64 [n]."""

@@ -30,11 +30,13 @@ from kztts.tts.batch_loop import stream_many, synthesize_many
 from kztts.tts.duration import runaway_frames
 from kztts.tts.frame_loop import FrameLoop
 from kztts.tts.long_text import split_for_context, stream_pieces, synthesize_pieces
-from kztts.tts.prompt import Prompt, build_prompt, language_id
+from kztts.tts.model_kind import ModelKind
+from kztts.tts.prompt import Prompt, build_prompt, speaker_language_id
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import Run, SynthesisResult
 from kztts.tts.streaming import stream_audio
 from kztts.tts.text import TextTokenizer
+from kztts.tts.voice_file import load_voice, save_voice
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class TTS:
         m = self.bundle.manifest
         if m.kind != "tts":  # an LM bundle (kztts.lm.lm)
             raise BundleError(f"{m.path}: a causal-LM bundle, not a TTS one; use `kztts generate` / `kztts chat`")
+        self.kind = ModelKind.of(m)  # what its requests may hold: a voice, a preset speaker, an instruction
         self.tables = EmbeddingTables.from_bundle(self.bundle)
         self.tokenizer = TextTokenizer(self.bundle.path)
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,
@@ -99,6 +102,19 @@ class TTS:
         self._calls = CallLock("TTS")
 
     # ------------------------------------------------------------ voices
+    def voice_from_speaker(self, name: str) -> Voice:
+        """A CustomVoice bundle's preset speaker (case-insensitive; ``kztts inspect`` lists them)."""
+        speaker = self.kind.speaker(name)
+        return Voice(np.array(self.tables.codec([speaker.id])[0], dtype=np.float32), preset=speaker.name)
+
+    def voice_from_file(self, path: str | Path) -> Voice:
+        """A saved voice (``kztts voice create``, ``save_voice``), checked against this bundle; no encoder runs."""
+        return load_voice(path, self.bundle.manifest)
+
+    def save_voice(self, voice: Voice, path: str | Path) -> Path:
+        """Write ``voice`` (from ``voice_from_wav`` or ``voice_from_reference``) to ``path`` (``kztts.tts.voice_file``)."""
+        return save_voice(path, voice, self.bundle.manifest)
+
     def voice_from_xvector(self, path: str | Path) -> Voice:
         """A voice from a precomputed x-vector file (.npy, or raw little-endian float32)."""
         return Voice(load_xvector(path, self.speaker_size))
@@ -129,14 +145,27 @@ class TTS:
         qwen-tts builds it; benchmarks and validation teacher-force from it."""
         return self._prompt(SynthesisRequest.make(text, voice, options))
 
+    def _voice(self, r: SynthesisRequest) -> Voice | None:
+        """Who speaks ``r`` (checked against the bundle's kind): its voice, its preset speaker's, or None."""
+        self.kind.check(r)
+        return self.voice_from_speaker(r.speaker) if r.speaker is not None else r.voice
+
+    def _language_id(self, r: SynthesisRequest, voice: Voice | None) -> int | None:
+        """The codec language id of the prompt (a dialect speaker's for Chinese or auto, as qwen-tts)."""
+        dialect = self.kind.speaker(voice.preset).dialect if voice is not None and voice.preset else None
+        return speaker_language_id(self.bundle.manifest.languages, r.language, dialect)
+
     def _prompt(self, r: SynthesisRequest) -> Prompt:
+        voice = self._voice(r)
         ids = self.tokenizer.assistant_ids(r.text)
-        voice = r.voice
-        ref_ids = self.tokenizer.ref_ids(voice.ref_text) if voice.icl else None
+        icl = voice is not None and voice.icl
+        ref_ids = self.tokenizer.ref_ids(voice.ref_text) if icl else None
+        instruct_ids = self.tokenizer.instruct_ids(r.instruct) if r.instruct else None
         return build_prompt(self.tables, ids, special_ids=self.bundle.manifest.special_ids,
-                            language_id=language_id(self.bundle.manifest.languages, r.language),
-                            speaker=voice.speaker, mode="icl" if voice.icl else "xvector",
-                            non_streaming=not r.streaming_text, ref_text_ids=ref_ids, ref_codes=voice.ref_codes)
+                            language_id=self._language_id(r, voice), speaker=None if voice is None else voice.speaker,
+                            mode="icl" if icl else "xvector", non_streaming=not r.streaming_text,
+                            ref_text_ids=ref_ids, ref_codes=voice.ref_codes if icl else None,
+                            instruct_ids=instruct_ids)
 
     def _settings(self, r: SynthesisRequest) -> GenerationSettings:
         """The request's settings: its own or the checkpoint's, greedy and ``max_frames`` applied."""
@@ -150,9 +179,7 @@ class TTS:
     def _start(self, r: SynthesisRequest, label: str = "the text") -> Run:
         """One utterance ready to run: its prompt, its settings with the frame cap that fits, its frame loop."""
         started = time.perf_counter()
-        if not isinstance(r.voice, Voice):
-            raise KzttsError("a voice is required: the Base model clones one (use voice_from_xvector, "
-                             "voice_from_wav or voice_from_reference)")
+        self.kind.check(r)
         s = self._settings(r)
         prompt = self._prompt(r)
         needed = prompt.embeds.shape[0] + s.max_frames - 1
@@ -184,13 +211,15 @@ class TTS:
         times the text tokens, at most the utterance's ``max_frames``; the bound is
         ``prompt + frames - 1 <= context``."""
         r = SynthesisRequest.make(text, voice, options)
-        if not isinstance(r.voice, Voice) or not isinstance(r.text, str) or not r.text.strip():
+        who = self._voice(r)
+        if not isinstance(r.text, str) or not r.text.strip():
             return [r.text]  # _start rejects it with its usual message
         s = r.settings or self.default_settings()
         max_frames = int(r.max_frames) if r.max_frames is not None else s.max_frames
-        language_tag = language_id(self.bundle.manifest.languages, r.language) is not None
-        return split_for_context(r, max_frames, tokenizer=self.tokenizer, language_tag=language_tag,
-                                 context=self.talker.context)
+        language_tag = self._language_id(r, who) is not None
+        instruct_tokens = len(self.tokenizer.instruct_ids(r.instruct)) if r.instruct else 0
+        return split_for_context(r, who, max_frames, tokenizer=self.tokenizer, language_tag=language_tag,
+                                 context=self.talker.context, instruct_tokens=instruct_tokens)
 
     # ------------------------------------------------------------ decoders, opened on first use
     def _streaming_decoder(self):
@@ -250,8 +279,8 @@ class TTS:
         decoder = self._full_decoder()
         t = time.perf_counter()
         codes = run.code_array()
-        if run.voice.icl:
-            ref = run.voice.ref_codes
+        ref = run.reference_codes
+        if ref is not None:
             samples = decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
         else:
             samples = decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)

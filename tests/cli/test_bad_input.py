@@ -81,6 +81,7 @@ SUBCOMMANDS = {
     "make-tiny": ["make-tiny", "{loc}/model"],
     "export": ["export", "{tmp}/no-model", "-o", "{loc}/bundle"],
     "synth": ["synth", "hello", "-o", "{loc}/a.wav"],
+    "voice": ["voice", "create", "{tmp}/no-recording.wav", "-o", "{loc}/a.voice"],
     "bench": ["bench", "--out", "{loc}/results"],
     "calibrate": ["calibrate", "{tmp}/no-bundle", "-o", "{loc}/p.json"],
     "validate": ["validate", "{loc}/bundle", "--reference", "{tmp}/no-model"],

@@ -141,7 +141,8 @@ def test_make_tiny_hands_its_flags_to_the_builder(monkeypatch, tmp_path, capsys)
     args = parse("make-tiny", tmp_path / "m", "--size", "narrow", "--variant", "equal", "--seed", 7,
                  "--massive-layer", 1)
     assert cli_make_tiny.cmd_make_tiny(args) == 0
-    assert built == [(tmp_path / "m", {"size": "narrow", "variant": "equal", "seed": 7, "massive_layer": 1})]
+    assert built == [(tmp_path / "m", {"size": "narrow", "variant": "equal", "seed": 7, "massive_layer": 1,
+                                        "kind": "base"})]
     assert capsys.readouterr().out == f"{tmp_path / 'm'}\n"
     (tmp_path / "file").write_text("x")
     with pytest.raises(KzttsError, match="file"):

@@ -77,6 +77,8 @@ def test_speech_keys_of_kztts_and_the_sampling_overrides():
     assert body.overrides == {"KZTTS_TEMP": 0.7, "KZTTS_CP_TOPK": 5}
     assert body.override_names == {"KZTTS_TEMP": "'temperature'", "KZTTS_CP_TOPK": "'cp_top_k'"}
     assert speech(speed=1.0, instructions="").input == "Hello."  # OpenAI keys at their defaults
+    # instructions pass through (the bundle's kind takes or refuses them: tests/server/test_serve_kinds.py)
+    assert speech(instructions="Very happy.").instructions == "Very happy." and speech().instructions is None
 
 
 @pytest.mark.parametrize("body, status, code, param", [
@@ -88,7 +90,7 @@ def test_speech_keys_of_kztts_and_the_sampling_overrides():
     ({"response_format": "aac"}, 400, "invalid_value", "response_format"),
     ({"speed": 1.5}, 400, "unsupported_parameter", "speed"),
     ({"speed": "fast"}, 400, "invalid_type", "speed"),
-    ({"instructions": "cheerful"}, 400, "unsupported_parameter", "instructions"),
+    ({"instructions": 5}, 400, "invalid_type", "instructions"),
     ({"max_frames": 0}, 400, "invalid_value", "max_frames"),
     ({"max_frames": 101}, 400, "above_limit", "max_frames"),
     ({"max_frames": 2.5}, 400, "invalid_type", "max_frames"),

@@ -10,91 +10,26 @@ import http.client
 import io
 import json
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import KEY, Server, int16_of_wav, raw, start_server, stop
+
 openai = pytest.importorskip("openai")
 sf = pytest.importorskip("soundfile")
 
-KEY = "test-key-0123"
 CONTEXT = 128  # Talker positions per request (the ``tts`` fixture's): the long text below is spoken in pieces
-START_TIMEOUT = 180  # seconds for a server to open its graphs (a loaded 2-core machine)
 SHORT = "Hello from the server."
 LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
         "some more words so that the whole text needs more than one context. A third sentence ends it all!")
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    log: Path
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, port = self.url.removeprefix("http://").split(":")
-        return host, int(port)
-
-    def tail(self) -> str:
-        return self.log.read_text()[-3000:]
-
-
-def start_server(folder: Path, log: Path, *args: str, env: dict | None = None) -> Server:
-    """``kztts serve BUNDLE --port 0 ARGS`` as a process; its URL from the line it prints when listening."""
-    env = {**os.environ, "KZTTS_THREADS": "1", **(env or {})}
-    env.pop(API_KEY_VARIABLE, None)
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kztts.cli.main", "serve", str(folder), "--port", "0", *args],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    deadline = time.monotonic() + START_TIMEOUT
-    line = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            break
-    match = re.search(r"http://[0-9.]+:\d+", line)
-    if not match:
-        proc.kill()
-        raise AssertionError(f"the server did not start: {line!r}\n{log.read_text()[-3000:]}")
-    return Server(proc, match.group(0), log)
-
-
-def stop(server: Server) -> int:
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-    try:
-        return server.proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        raise
-
-
-API_KEY_VARIABLE = "KZTTS_API_KEY"
-
-
-def raw(server: Server, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
-        headers: dict | None = None) -> tuple[int, dict, bytes]:
-    """(status, headers, body) of one plain HTTP request."""
-    conn = http.client.HTTPConnection(*server.host_port, timeout=60)
-    h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    conn.request(method, path, body=data, headers=h)
-    r = conn.getresponse()
-    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
-    conn.close()
-    return out
 
 
 def metric(server: Server, name: str) -> float:
@@ -109,12 +44,6 @@ def metric(server: Server, name: str) -> float:
 def healthy(server: Server) -> None:
     status, _, body = raw(server, "GET", "/health", key=None)
     assert status == 200 and json.loads(body)["status"] == "ready", (status, body, server.tail())
-
-
-def int16_of_wav(data: bytes) -> np.ndarray:
-    x, sr = sf.read(io.BytesIO(data), dtype="int16")
-    assert sr == 24000
-    return x
 
 
 def int16_of(samples: np.ndarray) -> np.ndarray:
