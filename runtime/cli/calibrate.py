@@ -17,10 +17,16 @@ from kztts.eval.calibrate import (
     load_prompts,
 )
 from kztts.eval.sqnr import DEFAULT_FEEDS, DEFAULT_ROWS
+from kztts.cli.graph_precision import add_graph_arguments, cmd_calibrate_graph, is_graph
 from kztts.htp.placement import write_placement
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if is_graph(args.bundle):
+        return cmd_calibrate_graph(args)
+    if args.inputs or args.target_db is not None:
+        raise KzttsError(f"{args.bundle}: --inputs and --target-db are for one graph (GRAPH.onnx); a bundle is "
+                         "calibrated on its prompts (--prompts)")
     out = Path(args.output)
     stem = out.with_suffix("")
     report_path = Path(args.report) if args.report else stem.parent / (stem.name + ".report.json")
@@ -88,7 +94,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def add_command(sub) -> None:
     s = sub.add_parser("calibrate", help="measure per-layer fp16 headroom and weight-quantization SQNR of the Talker; "
                                          "write a guarded placement (and a precision plan)")
-    s.add_argument("bundle", help="a bundle exported with --target TARGET --segments")
+    s.add_argument("bundle", help="a bundle exported with --target TARGET --segments, or one ONNX graph (GRAPH.onnx, "
+                                  "e.g. a bundle's decoder.onnx) with --inputs: per-node precision analysis and plan")
     s.add_argument("--prompts", help="prompts file: JSON list of {text, language, streaming_text} or one text "
                                      "per line (default: the shipped multilingual set)")
     s.add_argument("-o", "--output", default="placement.json", help="placement file to write (default %(default)s)")
@@ -109,4 +116,5 @@ def add_command(sub) -> None:
     s.add_argument("--sqnr-rows", type=int, default=DEFAULT_ROWS,
                    help="MatMul input rows kept per layer graph for the MatMul SQNR (default %(default)s)")
     s.add_argument("--frames", type=int, default=DEFAULT_FRAMES, help="frames generated per prompt")
+    add_graph_arguments(s, "calibrate")
     s.set_defaults(func=cmd_calibrate)
