@@ -5,7 +5,7 @@ On the graph's own samples, every node's float output is compared with the fp32 
 - **fp16 headroom**: the largest magnitude the node's output reaches in fp32, and the bits left below fp16's
   largest value (``log2(65504 / max|x|)``). A node at or above ``threshold`` (default 65504 / 8, as for the
   Talker's layers: ``kztts.eval.calibrate``) is flagged: fp16 saturates silently on the HTP.
-- **SQNR under each whole-graph recipe** (``w8a16``, ``a8w8``, ``a16w16``: ``kztts.export.htp.graph_qdq``):
+- **SQNR under each whole-graph recipe** (``w8a16``, ``a8w8``, ``a16w16``: ``kztts.export.common.graph_qdq``):
   each node's output in the QDQ graph (run on the CPU EP, which predicts the HTP's QDQ arithmetic) against
   fp32, 10 log10(|y|^2 / |y_q - y|^2) over all samples: where the error enters and how it grows.
 - **Each Conv/ConvTranspose/MatMul quantized alone** (its weights, inputs and output in QDQ, the rest fp32) at
@@ -32,7 +32,7 @@ import numpy as np
 from kztts.bundle.segments import DEFAULT_THRESHOLD, FP16_MAX
 from kztts.core.cache import portable_path
 from kztts.core.errors import KzttsError
-from kztts.export.htp import graph_qdq as Q
+from kztts.export.common import graph_qdq as Q
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 
 The HTP side runs in a child process (fp16 mode leaks across the sessions of one process: QNN.md's
 observation, docs/PRECISION.md). :func:`plan_graph` writes the graph a plan describes
-(``kztts.export.htp.graph_qdq.quantize_plan``); a plan with ``cpu`` nodes cannot run strict on the HTP (those
+(``kztts.export.common.graph_qdq.quantize_plan``); a plan with ``cpu`` nodes cannot run strict on the HTP (those
 nodes would need a graph split) and is refused with that reason.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from kztts.core.errors import KzttsError
 from kztts.core.metrics import snr_db
 from kztts.core.worker_process import run_worker, worker_main
-from kztts.export.htp import graph_qdq as Q
+from kztts.export.common import graph_qdq as Q
 
 
 def _run_worker(spec: dict) -> dict:

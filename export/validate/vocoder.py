@@ -29,7 +29,7 @@ import numpy as np
 
 from kztts.core.metrics import snr_db
 from kztts.eval import piper_voice as P
-from kztts.export.htp import graph_qdq as Q
+from kztts.export.common import graph_qdq as Q
 from kztts.export.htp.graph_analysis import DEFAULT_TARGET_DB, analyse, load_samples, save_samples
 from kztts.export.validate.graph_plan import run_on_cpu, run_on_target
 

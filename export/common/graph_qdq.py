@@ -17,7 +17,7 @@ HTP runs it in fp16), ``w8a16`` or ``a8w8``: the quantized nodes share the 8-bit
 a8w8 ones get 8-bit activation tensors through the QNN configuration's tensor overrides (ONNX Runtime inserts
 the conversions between 8- and 16-bit tensors).
 
-Ranges are computed once per prepared graph (:func:`graph_ranges`, ``kztts.export.htp.qdq.minmax_ranges`` over
+Ranges are computed once per prepared graph (:func:`graph_ranges`, ``kztts.export.common.qdq_ranges.minmax_ranges`` over
 every node's float tensors) and handed to each quantization as its calibration cache, so the per-node sweeps of
 ``kztts.export.htp.graph_analysis`` calibrate once.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from kztts.export.htp.qdq import QDQ_OPSET, _quiet_root_warnings, minmax_ranges
+from kztts.export.common.qdq_ranges import QDQ_OPSET, minmax_ranges, quiet_root_warnings
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Pa
                       activation_type=_qtype(r.activation), weight_type=_qtype(r.weight),
                       nodes_to_quantize=list(nodes) if nodes is not None else None,
                       extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
-    with _quiet_root_warnings():
+    with quiet_root_warnings():
         quantize_static(str(prepared), str(dst), None, calibration_cache_path=str(cache), **kwargs)
     return Path(dst)
 
@@ -157,7 +157,7 @@ def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
     """``dynamic_int8``: ``quantize_dynamic`` of the Conv and MatMul nodes (per-tensor uint8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_root_warnings():
+    with quiet_root_warnings():
         quantize_dynamic(str(src), str(dst), op_types_to_quantize=["Conv", "MatMul"], weight_type=QuantType.QUInt8)
     return Path(dst)
 
