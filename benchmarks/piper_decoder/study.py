@@ -27,6 +27,16 @@ def _isa() -> str:
     return "+".join(have) or platform.machine()
 
 
+def _table(rows: dict) -> None:
+    print("| recipe | runs on | SNR dB vs fp32 | WER | DNSMOS SIG/BAK/OVRL | CPU ms per audio s (1 thread) | keeps speech | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r, row in rows.items():
+        d = row["dnsmos"]
+        cpu = f"{row['cpu_ms_per_s']:.1f}" if row["cpu_ms_per_s"] is not None else "-"
+        print(f"| {r} | {row['device']} | {row['snr_db']:.1f} | {row['wer'] * 100:.1f}% | {d['sig']:.2f}/{d['bak']:.2f}/"
+              f"{d['ovrl']:.2f} | {cpu} | {'yes' if row['keeps_speech'] else 'no'} | {row['note']} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(cache_dir() / "studies" / "piper_decoder"))
@@ -40,13 +50,13 @@ def main() -> int:
     load1 = os.getloadavg()
     print(f"CPU ISA {_isa()}, load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; "
           f"{res['audio_seconds']:.1f} s of audio, {res['macs_per_audio_second'] / 1e9:.2f} GMAC per audio second")
-    print("| recipe | runs on | SNR dB vs fp32 | WER | DNSMOS SIG/BAK/OVRL | CPU ms per audio s (1 thread) | keeps speech |")
-    print("|---|---|---|---|---|---|---|")
-    for r, row in res["rows"].items():
-        d = row["dnsmos"]
-        cpu = f"{row['cpu_ms_per_s']:.1f}" if row["cpu_ms_per_s"] is not None else "-"
-        print(f"| {r} | {row['device']} | {row['snr_db']:.1f} | {row['wer'] * 100:.1f}% | {d['sig']:.2f}/{d['bak']:.2f}/"
-              f"{d['ovrl']:.2f} | {cpu} | {'yes' if row['keeps_speech'] else 'no'} |")
+    paper = res["paper_ms_per_audio_second"]
+    print(f"HTP paper ms per audio second ({res['paper_target']}, compute term x the conv-decoder factor): "
+          + (f"{paper:.1f}" if paper is not None else "-"))
+    print(f"all {len(res['texts'])} sentences, every graph on the CPU EP (a QDQ graph there predicts the HTP):")
+    _table(res["rows"])
+    print(f"the first {res['htp_sentences']} sentences, HTP recipes on the simulated HTP (strict):")
+    _table(res["htp_rows"])
     if res["analysis"]:
         print("plan:", json.dumps(res["analysis"]["plan"]["counts"]),
               f"node threshold {res['analysis']['plan']['node_threshold_db']} dB")
