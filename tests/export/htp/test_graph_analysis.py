@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kztts.export.htp import graph_qdq as Q
+from kztts.export.common import graph_qdq as Q
 from kztts.export.htp.graph_analysis import analyse, load_samples, read_plan, save_samples
 
 onnx = pytest.importorskip("onnx")
