@@ -3,7 +3,8 @@
 
     python benchmarks/decoder/bench_int8_static.py BUNDLE [--threads 1] [--chunk 4] [--frames 48] [--rounds 5]
 
-BUNDLE is an fp32-decoder bundle; its ``int8-static`` decoder variant is built once next to it
+BUNDLE is an fp32-decoder bundle; its ``int8-static`` decoder is ``--int8-static VARIANT``'s (any variant with
+that decoder, e.g. ``w-int4.kv-fp32.dec-int8-static``), else a variant built once next to BUNDLE
 (``cached_variant(decoder="int8-static")``). Both ``decoder_stream`` graphs decode the same seeded codes in
 ``--chunk``-frame pushes, round-robin over ``--rounds`` rounds (who goes first rotates); per round the process CPU
 time and the wall time per frame; medians, the per-round CPU ratio, and the int8 audio's SNR against fp32.
@@ -11,7 +12,7 @@ time and the wall time per frame; medians, the per-round CPU ratio, and the int8
 from __future__ import annotations
 
 import argparse
-import os
+import psutil
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--frames", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--int8-static", help="a bundle whose decoder is int8-static (default: built from BUNDLE)")
     args = ap.parse_args()
 
     from kztts.bundle.bundle import Bundle
@@ -34,7 +36,8 @@ def main() -> int:
     from kztts.runners.codec import StreamingDecoder, decoder_kwargs
 
     base = Path(args.bundle)
-    paths = {"fp32": base, "int8-static": cached_variant(base, weights="fp32", decoder="int8-static")}
+    paths = {"fp32": base, "int8-static": Path(args.int8_static) if args.int8_static
+             else cached_variant(base, weights="fp32", decoder="int8-static")}
     cfg = SessionConfig(threads=args.threads, decoder_threads=args.threads, spinning=False)
     decs = {}
     for name, p in paths.items():
@@ -55,7 +58,7 @@ def main() -> int:
     cpu: dict[str, list[float]] = {k: [] for k in decs}
     wall: dict[str, list[float]] = {k: [] for k in decs}
     ratios = []
-    load0 = os.getloadavg()[0]
+    load0 = psutil.getloadavg()[0]
     names = list(decs)
     for r in range(args.rounds):
         order = names[r % 2:] + names[:r % 2]
@@ -66,7 +69,7 @@ def main() -> int:
             wall[k].append(w)
             got[k] = c
         ratios.append(got["int8-static"] / got["fp32"])
-    load1 = os.getloadavg()[0]
+    load1 = psutil.getloadavg()[0]
     print(f"{base.name}: {args.frames} frames in {args.chunk}-frame pushes, {args.threads} thread(s), "
           f"{args.rounds} rounds; load average {load0:.1f} -> {load1:.1f}")
     print("| decoder | CPU ms/frame | wall ms/frame | CPU ratio (per-round median) | SNR dB vs fp32 |")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 from pathlib import Path
+
+import psutil
 
 from kztts.core.cache import cache_dir
 from kztts.eval.piper_voice import fetch_voice
@@ -45,9 +46,9 @@ def main() -> int:
     ap.add_argument("--plot", help="write the plan's per-node picture here (PNG)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    load0 = os.getloadavg()
+    load0 = psutil.getloadavg()
     res = run_study(fetch_voice(), args.work, rounds=args.rounds)
-    load1 = os.getloadavg()
+    load1 = psutil.getloadavg()
     print(f"CPU ISA {_isa()}, load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; "
           f"{res['audio_seconds']:.1f} s of audio, {res['macs_per_audio_second'] / 1e9:.2f} GMAC per audio second")
     paper = res["paper_ms_per_audio_second"]

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bundle.bundle import Bundle
 from kztts.export.common import graph_qdq as Q
+from kztts.runners.codec import Decoder, StreamingDecoder, decoder_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,6 @@ class _Recorder:
 
 def decoder_feeds(bundle_dir: str | Path, name: str, frames: int = CALIBRATION_FRAMES, seed: int = SEED) -> list[dict]:
     """The feeds of graph ``name`` (``decoder`` or ``decoder_stream``) while it decodes seeded random codes."""
-    from kztts.bundle.bundle import Bundle
-    from kztts.runners.codec import Decoder, StreamingDecoder, decoder_kwargs
-
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     kw = decoder_kwargs(bundle, name, {})
     rec = _Recorder(bundle.session(name))

@@ -17,12 +17,11 @@ from kztts.core.errors import KzttsError
 from kztts.core.metrics import snr_db
 from kztts.core.worker_process import run_worker, worker_main
 from kztts.export.common import graph_qdq as Q
+from kztts.htp.qnn import create_session
+from kztts.htp.targets import load_target
 
 
 def _run_worker(spec: dict) -> dict:
-    from kztts.htp.qnn import create_session
-    from kztts.htp.targets import load_target
-
     target = load_target(spec["target"])
     out = {}
     for i in range(spec["count"]):

@@ -28,10 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from kztts.core.metrics import snr_db
+from kztts.eval import dnsmos
 from kztts.eval import piper_voice as P
+from kztts.eval.asr import load_judge
 from kztts.export.common import graph_qdq as Q
 from kztts.export.htp.graph_analysis import DEFAULT_TARGET_DB, analyse, load_samples, save_samples
 from kztts.export.validate.graph_plan import run_on_cpu, run_on_target
+from kztts.htp.cost import CONV_DECODER_FACTOR, node_macs
+from kztts.htp.targets import load_target
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +67,18 @@ def cut_decoder(voice_dir: str | Path, dst: str | Path) -> Path:
     return Path(dst)
 
 
-def record_latents(voice_dir: str | Path, texts, dst: str | Path) -> list[dict]:
-    """The decoder feeds of ``texts`` (recorded once into ``dst``, read back afterwards)."""
+def record_latents(voice_dir: str | Path, texts, dst: str | Path, noise: bool = True) -> list[dict]:
+    """The decoder feeds of ``texts`` (recorded once into ``dst``, read back afterwards; ``noise``: the voice's
+    sampled noise, else none and the same latents on every run)."""
     dst = Path(dst)
     if not dst.is_file():
-        save_samples(dst, [{P.DECODER_INPUT: lat} for lat in P.voice_latents(voice_dir, list(texts))])
+        save_samples(dst, [{P.DECODER_INPUT: lat} for lat in P.voice_latents(voice_dir, list(texts), noise)])
     return load_samples(dst, [P.DECODER_INPUT])
 
 
 def conv_macs(graph: str | Path, feed: dict) -> int:
     """Multiply-accumulates of the Conv/ConvTranspose/MatMul nodes of ``graph`` on ``feed`` (shapes inferred)."""
     import onnx
-
-    from kztts.htp.cost import node_macs
 
     model = onnx.load(str(graph))
     for i in model.graph.input:
@@ -152,9 +155,6 @@ def time_cpu(graphs: dict[str, Path], feeds: list[dict], rounds: int = 3, thread
 
 def judge(wavs: dict[str, list[np.ndarray]], sample_rate: int, texts, judge_asr=None) -> dict[str, RecipeRow]:
     """SNR against fp32, WER and DNSMOS per recipe (``wavs[recipe]``: one waveform per text)."""
-    from kztts.eval import dnsmos
-    from kztts.eval.asr import load_judge
-
     asr = judge_asr or load_judge([LANGUAGE])
     ref = np.concatenate([w.reshape(-1) for w in wavs["fp32"]])
     rows = {}
@@ -179,9 +179,6 @@ def judge(wavs: dict[str, list[np.ndarray]], sample_rate: int, texts, judge_asr=
 def paper_ms_per_s(macs_per_s: float, target: str) -> float | None:
     """HTP ms per audio second on paper (``kztts.htp.cost``'s compute term, corrected by its
     ``CONV_DECODER_FACTOR``) for ``target``, None without an INT8 TOPS figure."""
-    from kztts.htp.cost import CONV_DECODER_FACTOR
-    from kztts.htp.targets import load_target
-
     tops = (load_target(target).cost or {}).get("htp_int8_tops")
     return macs_per_s / (tops * 1e12 / 2) * 1e3 * CONV_DECODER_FACTOR if tops else None
 

@@ -11,7 +11,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
-from kztts.cli.graph_precision import add_graph_arguments, cmd_validate_graph, is_graph
+from kztts.cli.calibrate import add_graph_arguments, cmd_validate_graph, is_graph
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 from kztts.plan.resolve import resolve_placement
 

