@@ -71,11 +71,15 @@ def save_samples(path: str | Path, feeds: list[dict[str, np.ndarray]]) -> Path:
 
 
 def _sqnr(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) within +-SQNR_CAP (an infinite or NaN noise: -SQNR_CAP)."""
+    if not math.isfinite(noise) or not math.isfinite(signal):
+        return -SQNR_CAP
     if noise <= 0:
         return SQNR_CAP
     if signal <= 0:
         return -SQNR_CAP
-    return float(np.clip(10 * math.log10(signal / noise), -SQNR_CAP, SQNR_CAP))
+    with np.errstate(divide="ignore"):
+        return float(np.clip(10 * np.log10(signal / noise), -SQNR_CAP, SQNR_CAP))
 
 
 @dataclass

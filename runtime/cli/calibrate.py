@@ -27,9 +27,9 @@ from kztts.htp.placement import write_placement
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if is_graph(args.bundle):
         return cmd_calibrate_graph(args)
-    if args.inputs or args.target_db is not None:
-        raise KzttsError(f"{args.bundle}: --inputs and --target-db are for one graph (GRAPH.onnx); a bundle is "
-                         "calibrated on its prompts (--prompts)")
+    if args.inputs or args.target_db is not None or args.no_alone:
+        raise KzttsError(f"{args.bundle}: --inputs, --target-db and --no-alone are for one graph (GRAPH.onnx); a "
+                         "bundle is calibrated on its prompts (--prompts)")
     out = Path(args.output)
     stem = out.with_suffix("")
     report_path = Path(args.report) if args.report else stem.parent / (stem.name + ".report.json")
@@ -134,7 +134,7 @@ def cmd_calibrate_graph(args: argparse.Namespace) -> int:
         check_writable(path, what)
     feeds = _samples(args, graph)
     a = analyse(graph, feeds, threshold=args.threshold or DEFAULT_THRESHOLD,
-                target_db=DEFAULT_TARGET_DB if args.target_db is None else args.target_db)
+                target_db=DEFAULT_TARGET_DB if args.target_db is None else args.target_db, alone=not args.no_alone)
     with atomic_outputs([out, report_path, plot_path]) as tmps:
         tmps[0].write_text(json.dumps(a.plan(), indent=1) + "\n")
         tmps[1].write_text(json.dumps(a.to_json(), indent=1) + "\n")
@@ -192,6 +192,9 @@ def add_graph_arguments(s, verb: str) -> None:
     if verb == "calibrate":
         s.add_argument("--target-db", type=float, default=None,
                        help="a graph: the output SQNR (dB) its per-node plan keeps (default 25; docs/PRECISION.md)")
+        s.add_argument("--no-alone", action="store_true",
+                       help="a graph: skip quantizing each Conv/ConvTranspose/MatMul alone (one quantization per node: "
+                            "long on a large decoder); the plan then keeps every node float (fp16, or cpu if flagged)")
     else:
         s.add_argument("--plan", help="a graph: the per-node plan to run (kztts calibrate GRAPH.onnx --plan P)")
         s.add_argument("--strict", action="store_true", help="a graph: no CPU fallback on the target")
