@@ -167,3 +167,26 @@ def test_cli_graph_errors(tmp_path, capsys):
     assert "no such ONNX graph" in capsys.readouterr().err
     assert main(["validate", str(g), "--target", "simulator"]) == 2
     assert "needs --plan" in capsys.readouterr().err
+
+
+def test_sqnr_floor_for_broken_error():
+    from kztts.export.htp.graph_analysis import SQNR_CAP, _sqnr
+
+    assert _sqnr(1.0, float("inf")) == -SQNR_CAP and _sqnr(float("nan"), 1.0) == -SQNR_CAP
+    assert _sqnr(1.0, 0.0) == SQNR_CAP and _sqnr(100.0, 1.0) == pytest.approx(20.0)
+
+
+# 87 s measured at load average 20 (prepare, ranges and three whole-graph QDQ runs of a 397-node decoder): slow stage
+@pytest.mark.slow
+def test_a_bundle_s_decoder_graph_takes_the_same_path(equal_bundle, tmp_path, capsys):
+    from kztts.cli.main import main
+
+    rng = np.random.default_rng(0)
+    save_samples(tmp_path / "codes.npz", [{"codes": rng.integers(0, 2048, (1, 12, 16)).astype(np.int64)}
+                                          for _ in range(2)])
+    plan = tmp_path / "decoder.plan.json"
+    assert main(["calibrate", str(equal_bundle / "graphs" / "decoder.onnx"), "--inputs", str(tmp_path / "codes.npz"),
+                 "--plan", str(plan), "--no-alone"]) == 0
+    report = json.loads((tmp_path / "decoder.plan.report.json").read_text())
+    assert set(report["output_sqnr_db"]) == {"w8a16", "a8w8", "a16w16"} and len(report["nodes"]) > 100
+    assert set(read_plan(plan).values()) <= {"fp16", "cpu"}  # no alone sweep: nothing is quantized
