@@ -20,6 +20,9 @@ of its own.
 - decoder ``int8``: ``decoder`` and ``decoder_stream`` with their MatMuls (transformer,
   projections) as 8-bit MatMulNBits; its convolutions stay fp32 (ONNX Runtime's int8
   ``ConvInteger`` is slower than its fp32 convolution on x86).
+- decoder ``int8-static``: ``decoder`` and ``decoder_stream`` with every Conv and MatMul in static int8 QDQ
+  (per-channel int8 weights, uint8 activations calibrated on the graph's own calls), which ONNX Runtime runs
+  with its int8 convolution kernels (``kztts.export.common.decoder_qdq``).
 
 Changed graphs get the export id ``<base id>-<tag>`` so a graph copied from another variant
 is refused at open; unchanged graphs keep the base's entries. The manifest gains
@@ -38,6 +41,7 @@ from kztts.bundle.graphs import DYNAMIC_KV, FUSED_KV
 from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
+from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
 from kztts.export.common.graph_parts import graph_spec
 from kztts.export.common.bundle_output import check_output, link_tree
 
@@ -266,18 +270,27 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
         link_tree(base, work, rewritten | {f for r in rewritten for f in _external_data_files(base, r)})
         for name, what in changes.items():
             spec = manifest.graphs[name]
-            model = onnx.load(str(base / spec.file))
-            del model.metadata_props[:]  # re-stamped below with this variant's export id
             precision = spec.precision
-            bits = {"int8": 8, "int4": 4}.get(what[0])
-            if bits is not None:
-                log.info("%s: %d-bit MatMulNBits", name, bits)
-                model = quantize_matmuls(model, bits, block_size=block_size, accuracy_level=accuracy_level)
-                precision = what[0]
-            if "kv-fp16" in what:
-                model = fp16_gqa(model) if name in FUSED_KV_GRAPHS else fp16_kv_io(model)
-            _save(model, work / spec.file)
-            del model
+            if what == ["int8-static"]:
+                log.info("%s: static int8 QDQ", name)
+                quantize_decoder_graph(base / spec.file, work / spec.file, decoder_feeds(base, name))
+                model = onnx.load(str(work / spec.file))
+                del model.metadata_props[:]
+                _save(model, work / spec.file)
+                del model
+                precision = "int8-static"
+            else:
+                model = onnx.load(str(base / spec.file))
+                del model.metadata_props[:]  # re-stamped below with this variant's export id
+                bits = {"int8": 8, "int4": 4}.get(what[0])
+                if bits is not None:
+                    log.info("%s: %d-bit MatMulNBits", name, bits)
+                    model = quantize_matmuls(model, bits, block_size=block_size, accuracy_level=accuracy_level)
+                    precision = what[0]
+                if "kv-fp16" in what:
+                    model = fp16_gqa(model) if name in FUSED_KV_GRAPHS else fp16_kv_io(model)
+                _save(model, work / spec.file)
+                del model
             export_id = f"{spec.extra.get('export_id', 'unbundled')}-{tag}"
             new = graph_spec(work, name, spec.file, spec.variant, precision, export_id).to_json()
             keep = {k: v for k, v in spec.extra.items() if k not in ("bytes", "export_id")}

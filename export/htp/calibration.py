@@ -17,6 +17,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from kztts.bundle.segments import segment_graph_name
+from kztts.export.common.qdq_ranges import calibration_session_options
 from kztts.htp.placement import builtin
 from kztts.htp.targets import Target
 from kztts.runners.protocol import TalkerRunner
@@ -54,18 +55,6 @@ class RecordingSession:
 
     def __getattr__(self, name):
         return getattr(self.session, name)
-
-
-def calibration_session_options():
-    """Session options of the float graphs run for calibration: weights not pre-packed, so the sessions
-    over a graph with external data map its ``.data`` file (one shared, reclaimable copy in the page
-    cache) instead of each holding a packed copy (6.2 GB per session for a 1.5B LM in fp32)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.disable_prepacking", "1")
-    return so
 
 
 def _cpu_session(path: Path):

@@ -27,44 +27,23 @@ Calibration data are the graphs' own inputs while the float graphs run real data
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from kztts.bundle import graphs as G
 from kztts.bundle.onnx_wire import tensor_arrays
 from kztts.export.common.onnx_export import data_file, has_external_data, share_external_data
+from kztts.export.common.qdq_ranges import QDQ_OPSET, minmax_ranges, quiet_root_warnings, scratch
 from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
-from kztts.export.htp.calibration import CalibrationSource, calibration_session_options
+from kztts.export.htp.calibration import CalibrationSource
 from kztts.htp.targets import Target
 from kztts.htp.weights import QuantizedWeight, matmul_weights, quantize_weight
 
 log = logging.getLogger(__name__)
 
-QDQ_OPSET = 21  # 16-bit and 4-bit Q/DQ, blocked DequantizeLinear (quantize_static moves models to it)
 QDQ_WEIGHT_BITS = (8, 4)  # the MatMul weights a QDQ graph is written with: ORT's int8, rewritten int4
-
-
-@contextlib.contextmanager
-def _quiet_root_warnings():
-    root = logging.getLogger()
-
-    def drop(record: logging.LogRecord) -> bool:
-        return record.name != "root" or record.levelno > logging.WARNING
-
-    root.addFilter(drop)
-    try:
-        yield
-    finally:
-        root.removeFilter(drop)
-
-
-def _scratch(graph: Path, tag: str) -> Path:
-    """A temporary file beside ``graph``: the external data a lazily loaded graph refers to resolve there."""
-    return graph.with_name(f".{graph.stem}.{tag}.onnx")
 
 
 # What qnn_preprocess_model rewrites (ORT 1.32): Erf sequences -> Gelu, ReduceL2 -> LpNormalization,
@@ -124,7 +103,7 @@ def _qdq_input(src: Path, dst: Path):
     if has_external_data(model):
         _check_preprocessing_not_needed(model, src)
     else:
-        pre = _scratch(src, "pre")
+        pre = scratch(src, "pre")
         try:  # (a copy: it saves its input with external data, which rewrites the input's tensors)
             if qnn_preprocess_model(copy.deepcopy(model), str(pre)):
                 model = onnx.load(str(pre))
@@ -133,78 +112,6 @@ def _qdq_input(src: Path, dst: Path):
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     onnx.save_model(version_converter.convert_version(model, QDQ_OPSET) if opset < QDQ_OPSET else model, str(dst))
     return model
-
-
-def _tensors_to_calibrate(model, op_types) -> list[str]:
-    """The tensors ORT's calibrators range (``CalibraterBase.select_tensors_to_calibrate``): float inputs
-    and outputs of the nodes of ``op_types``, initializers excepted, typed by shape inference."""
-    from onnx import TensorProto
-
-    infos = {vi.name: vi for vi in model.graph.value_info}
-    infos.update({o.name: o for o in model.graph.output})
-    infos.update({i.name: i for i in model.graph.input})
-    inits = {t.name for t in model.graph.initializer}
-    ops = set(op_types or ())
-    out = set()
-    for node in model.graph.node:
-        if ops and node.op_type not in ops:
-            continue
-        for name in (*node.input, *node.output):
-            vi = infos.get(name)
-            if vi is not None and vi.type.HasField("tensor_type") and name not in inits \
-                    and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
-                out.add(name)
-    return sorted(out)
-
-
-def minmax_ranges(model_path: Path, op_types, feeds: Iterator[dict]):
-    """ORT's MinMax calibration of ``model_path`` over ``feeds`` (``onnxruntime.quantization.TensorsData``,
-    the ranges ``quantize_static`` reads from a calibration cache) and the number of feeds, without
-    ORT's calibrator: it loads the model with its weights twice (ModelProto, then a copy to augment)
-    and runs a session that packs them, beside the float sessions making the feeds. Here the graph
-    is augmented lazily (ReduceMin/ReduceMax outputs of each tensor, written beside ``model_path``,
-    weights left in its ``.data``), its session maps the weights (``calibration_session_options``),
-    and each feed's minima and maxima are folded in at once (ORT keeps all of them until the end)."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-    from onnxruntime.quantization import CalibrationMethod, TensorsData
-
-    inferred, augmented = _scratch(model_path, "inferred"), _scratch(model_path, "calib")
-    try:
-        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))  # as ORT's calibrator does
-        model = onnx.load(str(inferred), load_external_data=False)
-        tensors = _tensors_to_calibrate(model, op_types)
-        infos = {vi.name: vi for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
-        names = []
-        for t in tensors:
-            for op in ("ReduceMin", "ReduceMax"):
-                out = f"{t}_{op}"
-                model.graph.node.append(helper.make_node(op, [t], [out], keepdims=1, name=f"kztts_calib_{out}"))
-                model.graph.output.append(helper.make_tensor_value_info(
-                    out, infos[t].type.tensor_type.elem_type, None))
-                names.append(out)
-        onnx.save_model(model, str(augmented))
-        del model
-        so = calibration_session_options()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrator
-        sess = ort.InferenceSession(str(augmented), so, providers=["CPUExecutionProvider"])
-        lo: list = [None] * len(tensors)
-        hi: list = [None] * len(tensors)
-        count = 0
-        for feed in feeds:
-            res = sess.run(names, feed)
-            for i in range(len(tensors)):
-                a, b = res[2 * i].reshape(-1), res[2 * i + 1].reshape(-1)
-                lo[i] = a if lo[i] is None else np.fmin(lo[i], a)  # fmin/fmax: NaN-ignoring, as ORT's nanmin
-                hi[i] = b if hi[i] is None else np.fmax(hi[i], b)
-            count += 1
-        del sess
-    finally:
-        inferred.unlink(missing_ok=True)
-        augmented.unlink(missing_ok=True)
-    data = {t: (lo[i], hi[i]) for i, t in enumerate(tensors)} if count else {}
-    return TensorsData(CalibrationMethod.MinMax, data), count
 
 
 class _Node:
@@ -381,7 +288,7 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], calibration: Ca
     for name, rel in float_files.items():
         path = work_dir / rel
         rel_q = rel.replace(".onnx", f".{tag or precision}.onnx")
-        model_in, cache = _scratch(path, "qdq-in"), path.with_name(f".{path.stem}.ranges.json")
+        model_in, cache = scratch(path, "qdq-in"), path.with_name(f".{path.stem}.ranges.json")
         data_file(work_dir / rel_q).unlink(missing_ok=True)  # ORT appends to an existing one
         try:
             lazy = _qdq_input(path, model_in)
@@ -427,7 +334,7 @@ def quantize_graphs(work_dir: Path, float_files: dict[str, str], calibration: Ca
                                    "context")
             save_tensors_data(ranges, cache)
             log.info("%s: quantizing (%d ranges from %d feeds)", name, len(ranges.keys()), count)
-            with _quiet_root_warnings():  # "consider pre-processing" notes: handled here
+            with quiet_root_warnings():  # "consider pre-processing" notes: handled here
                 quantize_static(str(model_in), str(work_dir / rel_q), None, quant_format=qcfg.quant_format,
                                 op_types_to_quantize=qcfg.op_types_to_quantize, per_channel=qcfg.per_channel,
                                 reduce_range=qcfg.reduce_range, activation_type=qcfg.activation_type,

@@ -13,7 +13,9 @@ from kztts.core.errors import BundleError
 # ------------------------------------------------------------------ precisions
 CPU_WEIGHT_PRECISIONS = ("fp32", "int8", "int4")  # MatMul weights of the CPU graphs (variants)
 KV_PRECISIONS = ("fp32", "fp16")  # the host KV cache of the CPU graphs
-DECODER_PRECISIONS = ("fp32", "int8")  # the speech decoder's MatMuls
+# the speech decoder: fp32; int8 = its MatMuls as 8-bit MatMulNBits (convolutions fp32); int8-static = every Conv
+# and MatMul in static int8 QDQ (per-channel weights, calibrated activations: kztts.export.common.decoder_qdq)
+DECODER_PRECISIONS = ("fp32", "int8", "int8-static")
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,8 @@ def add_command(sub) -> None:
     s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],
                    help="KV-cache inputs/outputs of the Talker and cp_step (fp16 halves their bytes)")
     s.add_argument("--decoder", choices=G.DECODER_PRECISIONS, default=G.DECODER_PRECISIONS[0],
-                   help="speech decoder MatMul weights")
+                   help="speech decoder: int8 = its MatMuls 8-bit (convs fp32); int8-static = convs and MatMuls in "
+                        "static int8 QDQ, per-channel weights, calibrated activations (benchmarks/piper_decoder)")
     # a bad value is one line (no usage block), like the command's other errors
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)

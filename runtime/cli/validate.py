@@ -11,6 +11,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
+from kztts.cli.calibrate import add_graph_arguments, cmd_validate_graph, is_graph
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 from kztts.plan.resolve import resolve_placement
 
@@ -167,6 +168,12 @@ def cmd_validate_asr(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if is_graph(args.bundle):
+        return cmd_validate_graph(args)
+    if args.plan or args.inputs or args.strict or args.min_snr is not None:
+        raise KzttsError(f"{args.bundle}: --plan, --inputs, --strict and --min-snr are for one graph (GRAPH.onnx)")
+    if not args.reference:
+        raise KzttsError(f"{args.bundle}: give --reference, the checkpoint the bundle came from")
     if args.frames < 1:
         raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
     need_export_extra()
@@ -190,7 +197,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def add_command(sub) -> None:
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
     s.add_argument("bundle")
-    s.add_argument("--reference", required=True, help="the checkpoint directory the bundle came from "
+    s.add_argument("--reference", help="the checkpoint directory the bundle came from (required for a bundle) "
                                                       "(an LM bundle: its directory or GGUF file)")
     s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode "
                                                           "(an LM bundle: greedy tokens per prompt)")
@@ -205,4 +212,5 @@ def add_command(sub) -> None:
                                    "(comma-separated: code, english, french, chinese; default all)")
     s.add_argument("--asr", action="store_true", help="a TTS bundle: Whisper's WER/CER of its sampled speech and of "
                                                       "qwen-tts's, side by side (the quality extra; a report, exit 0)")
+    add_graph_arguments(s, "validate")
     s.set_defaults(func=cmd_validate)

