@@ -49,11 +49,16 @@ def test_bench_smoke(tmp_path):
     assert fp32["code_agreement"] == 1.0 and ref["code_agreement"] == 1.0 and plain["code_agreement"] == 1.0
     assert fp32["talker_cos_min"] > 0.99999 and ref["talker_cos_min"] > 0.99999 and ref["cp_cos_min"] > 0.99999
     assert 0.99 < int8["talker_cos_min"] < 1.0
-    # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 4 + 2 frames
-    assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 2}  # fused attention
-    assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 2}
+    # 6 frames: prefill (voice prefix, then text) + 5 decodes, 6 cp_frame runs, decoder pushes of 1 + 2 + 3
+    # frames (the first chunk grows to --chunk 4); the voice prefix was kept by the warm-up pass
+    assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 3}  # fused attention
+    assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 3}
     assert "frame_wall_ms" not in ref and fp32["frame_wall_ms"] > 0 and fp32["pipeline"] is False
-    assert fp32["runs_per_frame"] == pytest.approx(14 / 6, abs=1e-3)
+    assert fp32["runs_per_frame"] == pytest.approx(15 / 6, abs=1e-3)
+    # time to first audio over the ten texts of kztts.eval.ttfa, from the call
+    for r in (fp32, int8, plain):
+        assert r["ttfa_texts"] == 10 and 0 < r["ttfa_p50_ms"] <= r["ttfa_p95_ms"], r["name"]
+    assert "first audio p50 ms" in res.stdout
     assert fp32["speedup"] > 0
     # the speed reference is what a user runs (qwen-tts's default attention), eager only for the accuracy columns
     assert ref["attention"] == "sdpa" and ref["accuracy_attention"] == "eager"
