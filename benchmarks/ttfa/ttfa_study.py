@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Where the time to first audio goes, before and after the short-first-audio changes, in one process.
 
-Two ``TTS`` on the same bundle:
+Three ``TTS`` on the same bundle:
 
-* ``before``: as kztts streamed before: every prompt prefilled whole (``voice_prefix=False``), decoder
-  chunks of ``--chunk`` frames from the first (``first_chunk=chunk``), no warm-up;
-* ``after``: the voice's prompt prefix kept (``kztts.tts.voice_prefix``), a first chunk of one frame
-  growing to ``--chunk``, ``TTS.warm_up`` with the voice before the first request.
+* ``before``: as kztts streamed before: decoder chunks of ``--chunk`` frames from the first
+  (``first_chunk=chunk``), no warm-up;
+* ``after``: the default now: a first chunk of one frame growing to ``--chunk``, ``TTS.warm_up`` with the
+  voice before the first request (same codes as ``before``);
+* ``after+prefix``: also the voice's prompt prefix kept (``voice_prefix=True``, ``kztts.tts.voice_prefix``;
+  codes equal to ``before`` only up to the float rounding of a prefill split in two).
 
-First each one's first request (``before`` cold, ``after`` right after its warm-up), then ``--rounds``
-rounds over the ten texts of ``kztts.eval.ttfa``, the two interleaved per text (order alternating). Per
+First each one's first request (``before`` cold, the others right after their warm-up), then ``--rounds``
+rounds over the ten texts of ``kztts.eval.ttfa``, the three interleaved per text (order rotating). Per
 request, from the ``TTS.stream`` call to its first audio chunk, split into: tokenize, prompt (embeddings),
 prefill (Talker, a kept prefix restored), first frame (its CB0 sampled and its Code Predictor), further
 frames (the rest of the first chunk), first decoder run, other. Then ``--rtf-runs`` streams of
@@ -129,64 +131,63 @@ def main(argv=None) -> int:
 
     load_start = psutil.getloadavg()
     cfg = SessionConfig(threads=args.threads, spinning=False)
-    before = TTS(Bundle.open(args.bundle, cfg, load_graphs=False), voice_prefix=False)
-    after = TTS(Bundle.open(args.bundle, cfg, load_graphs=False))
+    names = ("before", "after", "after+prefix")
+    tts_of = {n: TTS(Bundle.open(args.bundle, cfg, load_graphs=False), voice_prefix=n == "after+prefix")
+              for n in names}
     voice = (Voice(np.load(args.xvector).astype(np.float32).reshape(-1)) if args.xvector
-             else after.voice_from_wav(synthetic_voice(), 24000))
-    configs = {"before": (before, dict(chunk_frames=args.chunk, first_chunk=args.chunk)),
-               "after": (after, dict(chunk_frames=args.chunk, first_chunk=1))}
+             else tts_of["after"].voice_from_wav(synthetic_voice(), 24000))
+    configs = {n: (tts_of[n], dict(chunk_frames=args.chunk, first_chunk=args.chunk if n == "before" else 1))
+               for n in names}
     recs = {name: instrument(tts) for name, (tts, _) in configs.items()}
 
     results = {name: {"first_request": None, "requests": [], "rtf": []} for name in configs}
-    results["before"]["first_request"] = first_audio(before, recs["before"], TEXTS[0], voice, LANGUAGE,
-                                                     **configs["before"][1])
-    warm = after.warm_up(voice, language=LANGUAGE)
-    results["after"]["warm_up_ms"] = warm * 1e3
-    results["after"]["first_request"] = first_audio(after, recs["after"], TEXTS[0], voice, LANGUAGE,
-                                                    **configs["after"][1])
-    mismatched = 0
+    for n in names:
+        tts, kw = configs[n]
+        if n != "before":
+            results[n]["warm_up_ms"] = tts.warm_up(voice, language=LANGUAGE) * 1e3
+        results[n]["first_request"] = first_audio(tts, recs[n], TEXTS[0], voice, LANGUAGE, **kw)
     for rnd in range(args.rounds):
         for i, text in enumerate(TEXTS):
-            order = ("before", "after") if (i + rnd) % 2 == 0 else ("after", "before")
-            for name in order:
+            k = (i + rnd) % len(names)
+            for name in names[k:] + names[:k]:
                 tts, kw = configs[name]
                 results[name]["requests"].append(first_audio(tts, recs[name], text, voice, LANGUAGE, **kw))
     rtf_codes = {}
     for run in range(args.rtf_runs):
-        for name in (("before", "after") if run % 2 == 0 else ("after", "before")):
+        k = run % len(names)
+        for name in names[k:] + names[:k]:
             tts, kw = configs[name]
             rtf, codes, audio = rtf_run(tts, TEXTS[run % len(TEXTS)], voice, LANGUAGE, args.frames, **kw)
             results[name]["rtf"].append(rtf)
             rtf_codes.setdefault(run, {})[name] = (codes, audio)
-    max_diff = 0.0
-    for pair in rtf_codes.values():
-        mismatched += int(not np.array_equal(pair["before"][0], pair["after"][0]))
-        max_diff = max(max_diff, float(np.abs(pair["before"][1] - pair["after"][1]).max()))
+    equal = {n: sum(np.array_equal(p["before"][0], p[n][0]) for p in rtf_codes.values()) for n in names[1:]}
+    max_diff = {n: max(float(np.abs(p["before"][1] - p[n][1]).max()) for p in rtf_codes.values()) for n in names[1:]}
     load_end = psutil.getloadavg()
 
     print(f"time to first audio, {Path(args.bundle).name}, {args.threads} threads, {cpu_name()} ({cpu_isa()}), "
           f"{os.cpu_count()} CPUs, load average {load_start[0]:.2f} -> {load_end[0]:.2f}")
-    print(f"{len(TEXTS)} texts x {args.rounds} rounds, before/after interleaved; medians in ms")
-    print("| stage | before | after |")
-    print("|---|---|---|")
+    print(f"{len(TEXTS)} texts x {args.rounds} rounds, the three interleaved; medians in ms")
+    print("| stage | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
     med = {n: {s: statistics.median(r["ms"][s] for r in results[n]["requests"]) for s in STAGES} for n in configs}
     for s in STAGES:
-        print(f"| {s.replace('_', ' ')} | {med['before'][s]:.1f} | {med['after'][s]:.1f} |")
+        print(f"| {s.replace('_', ' ')} | " + " | ".join(f"{med[n][s]:.1f}" for n in names) + " |")
     summary = {}
     for n in configs:
         ttfa = [r["ttfa_ms"] for r in results[n]["requests"]]
         summary[n] = {"p50": float(np.percentile(ttfa, 50)), "p95": float(np.percentile(ttfa, 95)),
                       "first": results[n]["first_request"]["ttfa_ms"], "rtf": statistics.median(results[n]["rtf"])}
-    print(f"| **TTFA p50** | **{summary['before']['p50']:.1f}** | **{summary['after']['p50']:.1f}** |")
-    print(f"| TTFA p95 | {summary['before']['p95']:.1f} | {summary['after']['p95']:.1f} |")
-    print(f"| first request (before: cold; after: warmed, {results['after']['warm_up_ms']:.0f} ms at load) "
-          f"| {summary['before']['first']:.1f} | {summary['after']['first']:.1f} |")
-    print(f"| RTF, {args.frames} frames (median of {args.rtf_runs}) | {summary['before']['rtf']:.3f} | "
-          f"{summary['after']['rtf']:.3f} |")
-    ratios = [b["ttfa_ms"] / a["ttfa_ms"] for b, a in zip(results["before"]["requests"], results["after"]["requests"])]
-    print(f"per-text ratio before/after: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
-          f"max {max(ratios):.2f}); RTF runs: codes equal in {len(rtf_codes) - mismatched}/{len(rtf_codes)}, "
-          f"max |sample difference| {max_diff:.2e}")
+    row = lambda label, key, fmt: print(f"| {label} | " + " | ".join(fmt.format(summary[n][key]) for n in names) + " |")  # noqa: E731
+    row("**TTFA p50**", "p50", "**{:.1f}**")
+    row("TTFA p95", "p95", "{:.1f}")
+    row("first request (before: cold; others after their warm-up)", "first", "{:.1f}")
+    row(f"RTF, {args.frames} frames (median of {args.rtf_runs})", "rtf", "{:.3f}")
+    print("warm-up ms: " + ", ".join(f"{n} {results[n]['warm_up_ms']:.0f}" for n in names[1:]))
+    for n in names[1:]:
+        ratios = [b["ttfa_ms"] / a["ttfa_ms"] for b, a in zip(results["before"]["requests"], results[n]["requests"])]
+        print(f"before/{n} per text: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max "
+              f"{max(ratios):.2f}); RTF runs: codes equal to before in {equal[n]}/{len(rtf_codes)}, max |sample "
+              f"difference| {max_diff[n]:.2e}")
     if args.out:
         Path(args.out).write_text(json.dumps({"results": results, "summary": summary, "load": [load_start, load_end],
                                               "cpu": cpu_name(), "isa": cpu_isa(), "threads": args.threads}, indent=1))

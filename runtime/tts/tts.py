@@ -57,7 +57,7 @@ class TTS:
                  session_config: SessionConfig | None = None, target: "str | Path | Target | None" = None,
                  strict: bool = False, placement: "str | LayerPlacement | None" = None,
                  talker: TalkerRunner | None = None, pipeline: bool = False, attention: str | None = None,
-                 voice_prefix: bool = True):
+                 voice_prefix: bool = False):
         """Where each graph runs is decided once, by ``kztts.plan.resolve.resolve_plan`` (``self.plan``;
         ``print(tts.plan.table())`` shows it):
         ``target``: a qnn_configs target (name, file or ``kztts.htp.targets.Target``); the graphs its
@@ -76,7 +76,9 @@ class TTS:
         ``pipeline``: ``stream`` decodes on a background thread while the next frames are generated
         (same samples; give the decoder its own thread count, ``SessionConfig.decoder_threads``).
         ``voice_prefix``: keep each voice's prompt prefix in the Talker's cache between runs
-        (``kztts.tts.voice_prefix``; the dynamic CPU Talker only; same codes either way).
+        (``kztts.tts.voice_prefix``; the dynamic CPU Talker only). Off by default: the prompt is then
+        prefilled in two runs, which int4/int8 kernels round differently from one (greedy codes of the
+        random-weight 0.6B int4 bundle diverged; benchmarks/ttfa), while fp32 gave identical logits.
         Only the graphs used are opened: the Talker, the Code Predictor of ``cp_mode`` and one
         decoder graph (``decoder_stream``, which also serves ``synthesize``); the encoders on use."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config, load_graphs=False)

@@ -5,7 +5,11 @@ codec prefix with the speaker vector (``Prompt.voice_positions``; 9 with a langu
 x-vector). ``VoicePrefixes.prefill`` always runs a prompt as two Talker calls, that prefix then the
 text, and keeps the prefix's keys/values per prefix (keyed by the bytes of its embeddings); a later
 prompt with the same prefix restores them instead of recomputing. Because the split is the same
-whether the prefix was cached or not, a cached run gives the very codes an uncached one gives.
+whether the prefix was cached or not, a cached run gives the very codes an uncached one gives; against
+one whole prefill they agree up to float rounding: equal on fp32 graphs (measured), not on MatMulNBits
+int4/int8 ones, whose kernels round a 9-row and a 23-row call differently (the random-weight 0.6B int4
+bundle's greedy codes diverged; benchmarks/ttfa). So ``TTS`` keeps prefixes only when asked
+(``voice_prefix=True``).
 
 Only the dynamic CPU Talker (``kztts.runners.talker.Talker``: its cache is host memory) supports it;
 static HTP graphs, segmented and batched runners prefill whole prompts as before."""

@@ -49,8 +49,8 @@ def test_bench_smoke(tmp_path):
     assert fp32["code_agreement"] == 1.0 and ref["code_agreement"] == 1.0 and plain["code_agreement"] == 1.0
     assert fp32["talker_cos_min"] > 0.99999 and ref["talker_cos_min"] > 0.99999 and ref["cp_cos_min"] > 0.99999
     assert 0.99 < int8["talker_cos_min"] < 1.0
-    # 6 frames: prefill (voice prefix, then text) + 5 decodes, 6 cp_frame runs, decoder pushes of 1 + 2 + 3
-    # frames (the first chunk grows to --chunk 4); the voice prefix was kept by the warm-up pass
+    # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 1 + 2 + 3 frames (the first chunk
+    # grows to --chunk 4)
     assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 3}  # fused attention
     assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 3}
     assert "frame_wall_ms" not in ref and fp32["frame_wall_ms"] > 0 and fp32["pipeline"] is False
