@@ -24,6 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kztts.assistant.spoken_reply import SpeakSettings, speak_text
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.server.audio_out import pcm16
+from kztts.tts.tts import TTS
+
 openai = pytest.importorskip("openai")
 sf = pytest.importorskip("soundfile")
 
@@ -513,3 +519,80 @@ def test_command_line_refusals_are_one_line(equal_bundle, tmp_path):
             assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r)
     finally:
         busy.close()
+
+
+# ---------------------------------------------------------------- spoken chat (kztts serve LM --tts TTS)
+SPOKEN_MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def spoken_server(chat_bundle, equal_bundle, tmp_path_factory):
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "spoken.log", "--tts", str(equal_bundle))
+    yield s
+    assert stop(s) == 0, s.tail()
+
+
+@pytest.fixture(scope="module")
+def solo_tts(equal_bundle):
+    """The server's TTS as it runs there (one ONNX Runtime thread: KZTTS_THREADS=1)."""
+    return TTS(Bundle.open(equal_bundle, SessionConfig(threads=1), load_graphs=False))
+
+
+def _solo(tts: TTS, transcript: str, seed: int) -> np.ndarray:
+    """The reply's samples as ``kztts synth --sentences`` speaks its transcript alone."""
+    from kztts.core.audio import synthetic_voice
+
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)  # the server's "default" voice
+    samples, _ = speak_text(tts, transcript, SpeakSettings(voice, seed=seed, settings=tts.default_settings()))
+    return samples
+
+
+def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundle):
+    client = openai.OpenAI(base_url=spoken_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3,
+                                           modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    audio = reply.choices[0].message.audio
+    print(f"\nspoken chat, openai client: transcript {audio.transcript!r}, {len(audio.data)} base64 chars, "
+          f"id {audio.id}, expires_at {audio.expires_at}")
+    assert audio.id.startswith("audio_") and audio.expires_at > reply.created and reply.choices[0].message.content is None
+    wav, sr = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")
+    want = _solo(solo_tts, audio.transcript, seed=3)
+    assert sr == 24000
+    np.testing.assert_array_equal(wav, int16_of(want))  # kztts synth's WAV of the same samples
+    # the same request streamed: transcript pieces and pcm16 data in delta.audio
+    pieces, data, ends = [], b"", []
+    for chunk in client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3,
+                                                modalities=["text", "audio"], stream=True,
+                                                audio={"voice": "default", "format": "pcm16"}):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.audio is not None:
+            pieces.append(delta.audio.transcript or "")
+            data += base64.b64decode(delta.audio.data or "")
+            if delta.audio.expires_at:
+                ends.append(delta.audio.expires_at)
+    assert "".join(pieces) == audio.transcript and len(ends) == 1
+    np.testing.assert_array_equal(data, pcm16(want))
+    # text only on the same server, and the metrics of both modalities
+    text = client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3)
+    assert text.choices[0].message.content == audio.transcript
+    assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") >= 2
+    voices = raw(spoken_server, "GET", "/v1/audio/voices")
+    assert voices[0] == 200 and b'"default"' in voices[2]
+
+
+@pytest.mark.parametrize("extra, status, code", [
+    ({"modalities": ["text", "audio"]}, 400, "missing_required_parameter"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "mp3"}}, 400, None),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "wav"}, "stream": True}, 400, None),
+    ({"modalities": ["audio"], "audio": {"voice": "default", "format": "wav"}}, 400, None),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}}, 404, "voice_not_found"),
+])
+def test_bad_spoken_requests(spoken_server, chat_bundle, extra, status, code):
+    got, _, body = raw(spoken_server, "POST", "/v1/chat/completions",
+                       {"model": Path(chat_bundle).name, "messages": SPOKEN_MESSAGES, "max_tokens": 4, **extra})
+    assert got == status, body
+    if code:
+        assert f'"{code}"'.encode() in body
