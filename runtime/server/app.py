@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -40,6 +41,7 @@ from kztts.tts.request import SynthesisRequest
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("kztts.server.access")
 
+PAGE = Path(__file__).with_name("page") / "index.html"
 AUDIO_KEPT_SECONDS = 3600  # a spoken reply's expires_at: kztts keeps no audio, the id only names it
 ENDPOINTS = ("/v1/audio/speech", "/v1/audio/voices", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -416,6 +418,10 @@ class Api:
                 request.state.left = True
 
     # ------------------------------------------------------------ listings and operations
+    async def page(self, request: Request) -> Response:
+        """The try-it page (``kztts/server/page/index.html``: plain HTML and JS, nothing fetched elsewhere)."""
+        return Response(PAGE.read_bytes(), media_type="text/html; charset=utf-8")
+
     async def voices(self, request: Request) -> Response:
         s = self.service
         if s.voices is None:
@@ -509,6 +515,7 @@ def build_app(service: Service) -> Starlette:
 
     routes = [
         Route("/v1/audio/speech", api.route(api.speech, work=True), methods=["POST"]),
+        Route("/", api.route(api.page, auth=False), methods=["GET"]),
         Route("/v1/audio/voices", api.route(api.voices), methods=["GET"]),
         Route("/v1/chat/completions", api.route(api.chat, work=True), methods=["POST"]),
         Route("/v1/models", api.route(api.models), methods=["GET"]),

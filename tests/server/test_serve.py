@@ -596,3 +596,73 @@ def test_bad_spoken_requests(spoken_server, chat_bundle, extra, status, code):
     assert got == status, body
     if code:
         assert f'"{code}"'.encode() in body
+
+
+# ---------------------------------------------------------------- the page at / (a real headless Chromium)
+def _chromium() -> str:
+    """The system Chromium (Debian's package) driven by Playwright, or a skip saying what is missing."""
+    import shutil
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    reason = None
+    if path is None:
+        reason = "no chromium on PATH (apt-get install -y chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "the playwright package is not installed (pip install playwright; it drives the system chromium)"
+    if reason:
+        print(f"skipping the page test: {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.mark.slow  # ~60 s on 2 loaded cores: two servers start and a browser drives each
+def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
+        try:
+            page = browser.new_page()
+            offline = []  # every request the page makes must go to this server
+            page.on("request", lambda r: offline.append(r.url))
+            # a speech server: type text, hear it streamed
+            page.goto(server.url + "/")
+            page.fill("#key", KEY)
+            page.dispatch_event("#key", "change")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            assert page.is_visible("#speech") and not page.is_visible("#chat")
+            assert page.locator("#voice option").count() >= 2  # the folder's voices and the default
+            page.fill("#text", "Hello from the page.")
+            page.click("#speak")
+            page.wait_for_function("window.kztts.stats.bytes > 0 && window.kztts.stats.played > 0", timeout=120_000)
+            stats = page.evaluate("window.kztts.stats")
+            assert stats["bytes"] > 0 and stats["played"] >= 1 and stats["firstAudioMs"] > 0
+            page.fill("#text", " ")  # a bad input: the server's own message is shown
+            page.click("#speak")
+            page.wait_for_function("document.getElementById('error').textContent.length > 0", timeout=60_000)
+            assert "'input' is empty" in page.inner_text("#error")
+            page.screenshot(path=str(tmp_path / "page-speech.png"))
+            # a spoken-chat server: the transcript shows while the reply is spoken
+            page.goto(spoken_server.url + "/")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            assert page.is_visible("#chat")
+            page.fill("#message", "Say something.")
+            page.click("#send")
+            page.wait_for_function("window.kztts.stats.transcript.length > 0 && window.kztts.stats.played > 0",
+                                   timeout=180_000)
+            shown = page.inner_text(".assistant")
+            assert shown and shown.strip() == page.evaluate("window.kztts.stats.transcript").strip()
+            page.fill("#message", "")
+            page.click("#send")
+            assert "type a message first" in page.inner_text("#error")
+            page.screenshot(path=str(tmp_path / "page-chat.png"), full_page=True)
+            print(f"\npage screenshots: {tmp_path / 'page-speech.png'}, {tmp_path / 'page-chat.png'}")
+            hosts = {u.split("/")[2] for u in offline}
+            assert hosts <= {server.url.split("/")[2], spoken_server.url.split("/")[2]}, hosts
+        finally:
+            browser.close()
