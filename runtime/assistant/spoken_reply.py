@@ -60,30 +60,36 @@ def spoken_reply(text: Iterable[str], tts, speak: SpeakSettings, playback: Playb
         playback.add(samples.shape[0] / tts.sample_rate)
         return "audio", samples
 
-    while True:
-        if speaking is None and queue:
-            speaking = tts.stream(speak.request(queue.popleft()), chunk_frames=speak.chunk_frames,
-                                  first_chunk=speak.first_chunk)
-        if speaking is not None and (written or playback.ahead() < lead):
-            chunk = next(speaking, None)
-            if chunk is None:
-                speaking = None
-                joiner.end_piece()
-                continue
-            samples = joiner.push(chunk)
-            if samples.shape[0]:
-                yield audio(samples)
-        elif not written:
-            piece = next(source, None)
-            if piece is None:
-                written = True
-                queue.extend(cutter.end())
+    try:
+        while True:
+            if speaking is None and queue:
+                speaking = tts.stream(speak.request(queue.popleft()), chunk_frames=speak.chunk_frames,
+                                      first_chunk=speak.first_chunk)
+            if speaking is not None and (written or playback.ahead() < lead):
+                chunk = next(speaking, None)
+                if chunk is None:
+                    speaking = None
+                    joiner.end_piece()
+                    continue
+                samples = joiner.push(chunk)
+                if samples.shape[0]:
+                    yield audio(samples)
+            elif not written:
+                piece = next(source, None)
+                if piece is None:
+                    written = True
+                    queue.extend(cutter.end())
+                else:
+                    if piece:
+                        yield "text", piece
+                    queue.extend(cutter.feed(piece))
             else:
-                if piece:
-                    yield "text", piece
-                queue.extend(cutter.feed(piece))
-        else:
-            break
+                break
+    finally:  # closed early (a client left): the TTS call and the LM's generation end here
+        if speaking is not None:
+            speaking.close()
+        if hasattr(source, "close"):
+            source.close()
     tail = joiner.finish()
     if tail.shape[0]:
         yield audio(tail)
