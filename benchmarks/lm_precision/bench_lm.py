@@ -4,7 +4,7 @@ metrics and the report are ``kztts.bench.lm``'s (see its docstring).
 
     python benchmarks/lm_precision/bench_lm.py \\
         --gguf ~/.cache/kztts/checkpoints/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-        --bundle BUNDLE --weights fp32,int8,int4 --threads 2 --out /tmp/lm_bench
+        --bundle BUNDLE --weights fp32,int8,int4 --threads 2 --out lm_bench
 """
 from __future__ import annotations
 

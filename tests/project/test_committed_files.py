@@ -1,6 +1,7 @@
 """Committed files name no folder of the machine that wrote them: a report, a command or a doc read on
-another machine must not point at the home or work folders of the one that made it (a merge that
-opened such a path passed only on that machine)."""
+another machine must not point at the home, work or scratch folders of the one that made it (a merge
+that opened such a path passed only on that machine; a report that names its scratch folder sends its
+reader to a file that is not there)."""
 from __future__ import annotations
 
 import re
@@ -11,9 +12,10 @@ import pytest
 
 from support import ROOT
 
-# Home and work folders of a machine (Linux, macOS, Windows). Spelt in pieces so this file does not match.
+# Home, work and scratch folders of a machine (Linux, macOS, Windows). Spelt in pieces so this file does
+# not match.
 MACHINE_PATH = re.compile("(?<![\\w.$~-])(/" + "root/|/" + "home/[\\w.-]+/|/" + "Users/[\\w.-]+/|/" + "work/|/"
-                          + "mnt/[\\w.-]+/|[A-Za-z]:\\\\" + "Users\\\\)")
+                          + "mnt/[\\w.-]+/|/" + "tmp/|/" + "var/|/" + "private/|[A-Za-z]:\\\\" + "Users\\\\)")
 
 
 def machine_paths(text: str) -> list[str]:
@@ -23,8 +25,10 @@ def machine_paths(text: str) -> list[str]:
 
 def test_the_scanner_finds_machine_paths():
     text = ('"bundle": "/' + 'work/runs/q15/B",\n--gguf /' + 'root/.cache/x.gguf\nC:\\' + 'Users\\me\\b\n'
-            "$KZTTS_CACHE/checkpoints/x.gguf ~/.cache/kztts runtime/bench/lm.py /tmp/out https://a.b/c/")
-    assert machine_paths(text) == ["1: /" + "work/", "2: /" + "root/", "3: C:\\" + "Users\\"]
+            '"placement": "/' + 'tmp/hy/guarded.json"\n--out /' + 'var/folders/x --cache /' + 'home/me/.cache\n'
+            "$KZTTS_CACHE/checkpoints/x.gguf ~/.cache/kztts runtime/bench/lm.py out/tmp/x https://a.b/var/c/")
+    assert machine_paths(text) == ["1: /" + "work/", "2: /" + "root/", "3: C:\\" + "Users\\", "4: /" + "tmp/",
+                                   "5: /" + "var/", "5: /" + "home/me/"]
 
 
 def test_no_committed_file_names_a_machine_path():
