@@ -71,9 +71,7 @@ def main(argv=None) -> int:
     voice = (Voice(np.load(args.xvector).astype(np.float32).reshape(-1)) if args.xvector
              else tts.voice_from_wav(synthetic_voice(), 24000))
     chat = SpokenChat(lm, tts, SpeakSettings(voice, language=args.language), system="Answer briefly.")
-    warm = chat.warm_up()
-    list(lm.generate("Hello", 2, greedy=True))  # the LM's graphs warm too (the chat session starts afresh)
-    chat.session = lm.chat_session(system="Answer briefly.")
+    warm = chat.warm_up()  # both models' graphs, before the first message
     busy = {"lm": [0.0], "talker_cp": [0.0], "decoder": [0.0]}
     timed(lm, "feed", busy["lm"])
     for name in ("prefill", "decode"):

@@ -40,7 +40,7 @@ def open_speaker(args: argparse.Namespace, lm, system: str | None) -> SpokenChat
     voice = tts.voice_from_xvector(args.xvector) if args.xvector else tts.voice_from_wav(*recording)
     chat = SpokenChat(lm, tts, SpeakSettings(voice, language=args.language, seed=args.seed), system=system)
     took = chat.warm_up()
-    print(f"kztts chat: replies spoken by {args.speak} (warmed up in {took * 1000:.0f} ms)", file=sys.stderr)
+    print(f"kztts chat: replies spoken by {args.speak} (both models warmed up in {took * 1000:.0f} ms)", file=sys.stderr)
     return chat
 
 
