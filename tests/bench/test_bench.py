@@ -139,7 +139,8 @@ def test_report_leaves_untimed_rows_untimed(tmp_path):
            "talker_cos_min": 0.99999, "code_agreement": 0.5, "cp_codes_match": 0.75, "peak_rss_mb": 100.0}
     lines = markdown([cpu, htp], "h").splitlines()
     cells = [c.strip() for c in lines[-1].strip("|").split("|")]
-    assert cells[1:10] == ["sim"] * 9 and cells[10] == "100" and cells[11:13] == ["sim", "sim"]  # peak RSS is kept
+    # ten timed columns (first audio p50 and p95 among them), then peak RSS, which is kept
+    assert cells[1:11] == ["sim"] * 10 and cells[11] == "100" and cells[12:14] == ["sim", "sim"]
     assert "0.750 codes" in cells
     paths = write_all([cpu, htp], {"header": "h\n" + HTP_NOTE}, tmp_path)
     assert paths["png"].stat().st_size > 0  # the untimed row is left out of the plot, not an error
