@@ -104,6 +104,19 @@ def small_target(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def prefill_only_target(small_target, tmp_path_factory):
+    """``small_target`` with one Talker graph, as the shipped simulator target: decode steps run the
+    padded prefill graph (``kztts.runners.talker_prefill_only``)."""
+    import json
+
+    data = json.loads(small_target.read_text())
+    data["talker_graphs"] = "prefill-only"
+    p = tmp_path_factory.mktemp("targets") / "simulator_small_prefill_only.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+@pytest.fixture(scope="session")
 def tiny_dir():
     """The tiny "proj" checkpoint (not parametrized): the HTP tests' model."""
     from kztts.export.tts.tiny import cached_tiny

@@ -1,6 +1,6 @@
 """The Code Predictor as ONNX graphs: a per-step graph with KV I/O and a whole-frame graph.
 
-The Code Predictor (REFERENCE.md, "Code predictor") turns the talker's final-norm hidden
+The Code Predictor (docs/QWEN3_TTS.md, "Code Predictor") turns the talker's final-norm hidden
 ``h`` and the frame's first code ``c0`` into codes ``c1..c15``: a fresh KV cache per frame,
 prefill ``[h, C(c0)]`` at positions 0-1 -> head 0 -> c1, then for g = 1..14 embed ``c_g``
 with ``cp.codec_embedding[g-1]`` -> head g -> ``c_{g+1}``. Every input goes through

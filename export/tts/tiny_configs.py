@@ -39,7 +39,7 @@ loads the real tokenizer weights); they all agree:
   hidden 512, head_dim 64, latent 1024, 16/16 heads, intermediate 1024, 8 layers,
   sliding window 72, rope theta 1e4, rms eps 1e-5, layer scale 0.01, upsample_rates
   [8, 5, 4, 3], upsampling_ratios [2, 2], decoder_dim 1536. This gives 114.3 M
-  decoder parameters, matching the 114 M that REFERENCE.md quotes.
+  decoder parameters.
 * speech tokenizer ``encoder_config`` (Mimi): 64 filters, kernel 7, ratios [8, 6, 5, 4],
   1 residual layer, dilation growth 2, hidden 512, 8 layers, 8/8 heads, head_dim 64,
   intermediate 2048, gelu, sliding window 250, 32 quantizers (16 valid), codebook 2048

@@ -62,7 +62,7 @@ def reference_wav(seconds: float = 1.3, sr: int = 24000) -> np.ndarray:
 
 
 def _calibration_prompt(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill embeddings of a fixed x-vector, non-streaming prompt (REFERENCE.md, talker
+    """Prefill embeddings of a fixed x-vector, non-streaming prompt (docs/QWEN3_TTS.md, talker
     prompt), the x-vector taken from ``reference_wav()``."""
     tk = model.talker
     tc = model.config.talker_config
@@ -91,7 +91,7 @@ def _calibration_prompt(model) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def _greedy_talker_trace(model, prefill: torch.Tensor, tts_pad: torch.Tensor, frames: int,
                          repetition_penalty: float = 1.05):
-    """Greedy talker + code predictor (the decode loop of REFERENCE.md), EOS disabled.
+    """Greedy talker + code predictor (the decode loop of docs/QWEN3_TTS.md), EOS disabled.
     Returns the final-norm hiddens [frames, H] and the best allowed non-EOS logit per frame."""
     from transformers.cache_utils import DynamicCache
 

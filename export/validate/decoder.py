@@ -1,7 +1,7 @@
 """The speech decoder of an HTP target against the fp32 CPU decoder: the SNR of its audio
 (``kztts validate --target``, ``tests/export/validate/test_decoder.py``).
 
-The HTP side runs in a child process (QNN.md: fp16 mode leaks across the sessions of one
+The HTP side runs in a child process (docs/QNN_EP.md: fp16 mode leaks across the sessions of one
 process): the execution plan's decoder, i.e. the static ``decoder_chunk`` when the target puts
 the decoder on the HTP (the last partial chunk padded). The CPU side is the bundle's fp32
 ``decoder_stream`` with the same segmentation. Codes are seeded random codes: the check is of

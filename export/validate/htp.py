@@ -2,7 +2,7 @@
 
 The HTP side always runs in a child process (``kztts.core.worker_process`` runs this module's
 ``main``): once a process has opened a QNN session with ``soc_model`` (fp16), later QNN
-sessions in it are fp16 too (QNN.md), so fp32 and fp16 results must never come from one
+sessions in it are fp16 too (docs/QNN_EP.md), so fp32 and fp16 results must never come from one
 process. The parent builds the inputs, runs the CPU fp32
 side, and compares.
 
@@ -157,7 +157,7 @@ def activation_peaks(graph_path: str | Path, feeds: list[dict]) -> dict[str, flo
     """max |x| of every float tensor of an ONNX graph over ``feeds``, on the CPU in fp32.
 
     fp16 overflow on the HTP saturates silently (no inf/NaN, and cosine checks can miss
-    it, QNN.md); an fp32 reference of per-tensor magnitudes is what detects it."""
+    it, docs/QNN_EP.md); an fp32 reference of per-tensor magnitudes is what detects it."""
     import onnx
     import onnxruntime as ort
 

@@ -4,7 +4,7 @@ The target's static graphs run on the HTP simulator of onnxruntime-qnn (strict: 
 fall back to the CPU, and a missing QNN EP is an error). The simulator computes the HTP's real
 fp16 / quantized numerics but is 50-200x slower than the CPU, so nothing here is timed: the
 row has accuracy columns and peak RSS only. An own process also keeps the simulator's fp16
-mode away from fp32 sessions (it leaks across sessions of one process, QNN.md).
+mode away from fp32 sessions (it leaks across sessions of one process, docs/QNN_EP.md).
 
 Against the fp32 baseline (``kztts.bench.worker``'s ``baseline.npz``, codes G):
 - teacher-forced Talker logits on G (cosine, argmax agreement);

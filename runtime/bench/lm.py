@@ -44,6 +44,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import psutil
 
@@ -378,14 +379,30 @@ def run_ray_units(b: LmBench, specs: list[RowSpec], samples, steps: int) -> tupl
 UNKNOWN = "unknown"  # a fact a rebuilt report could not recover (its run directory was lost)
 
 
-def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
-    """The one known value of ``part(run[key])`` over the runs (``"unknown"`` values say nothing);
-    runs that know different values are refused, naming them."""
+# the facts that say which model and bundles a run measured: a run that does not know one could have measured
+# anything, so a merge takes it only when --allow-unknown names the fact
+IDENTITY_FACTS = ("model", "bundle", "quantized_bundles")
+
+
+def _has_unknown(v) -> bool:
+    if isinstance(v, dict):
+        return any(_has_unknown(x) for x in v.values())
+    return v == UNKNOWN
+
+
+def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v, allow_unknown: Iterable[str] = ()):
+    """The one known value of ``part(run[key])`` over the runs; runs that know different values are refused,
+    naming them. ``"unknown"`` values say nothing, and are refused for the :data:`IDENTITY_FACTS` unless
+    ``allow_unknown`` names the fact."""
     known = {}
     for d, r in zip(dirs, runs):
         v = r.get(key, UNKNOWN)
         if v != UNKNOWN and v is not None:
             v = part(v)
+        if key in IDENTITY_FACTS and key not in allow_unknown and _has_unknown(v):
+            raise KzttsError(f"--merge: {d}: its report does not know its {key} (\"unknown\"), so nothing shows it "
+                             f"measured what the other runs did; rerun it, or pass --allow-unknown {key} to merge "
+                             "it on your word")
         if v != UNKNOWN:
             known.setdefault(json.dumps(v, sort_keys=True), []).append(str(d))
     if len(known) > 1:
@@ -394,13 +411,17 @@ def _agreed(runs: list[dict], dirs: list[Path], key: str, part=lambda v: v):
     return json.loads(next(iter(known))) if known else UNKNOWN
 
 
-def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
+def merge(dirs: list[Path], out: Path, command: str, allow_unknown: Iterable[str] = ()) -> list[dict]:
     """The table of runs over disjoint ``--texts`` (their ``lm_accuracy.json``), as one run over all their
     texts would give it (``kztts.eval.lm_accuracy.merge_rows``), written to ``out`` like a run's. A long row,
     such as the simulator's quantized all-htp at 1.5B (about a minute per decode step), can so be run one
     text at a time. Only the reports are read: runs of different models, bundles (by digest) or code
-    (``code_version``: the rows' modules and packages) are refused. ms/token is a median and is not merged
-    (each shard's report keeps its own)."""
+    (``code_version``: the rows' modules and packages) are refused, and so are runs that do not know their model
+    or bundle digests unless ``allow_unknown`` names those facts (:data:`IDENTITY_FACTS`). ms/token is a median
+    and is not merged (each shard's report keeps its own)."""
+    bad = sorted(set(allow_unknown) - set(IDENTITY_FACTS))
+    if bad:
+        raise KzttsError(f"--allow-unknown {','.join(bad)}: expected some of {','.join(IDENTITY_FACTS)}")
     runs = []
     for d in dirs:
         f = Path(d) / "lm_accuracy.json"
@@ -413,10 +434,10 @@ def merge(dirs: list[Path], out: Path, command: str) -> list[dict]:
         raise KzttsError(f"--merge: {', '.join(missing)}: a report without `model` (written before reports "
                          "carried their model and bundle digests); rerun it")
     steps = _agreed(runs, dirs, "greedy_steps")
-    model = _agreed(runs, dirs, "model")
-    digests = {"bundle": _agreed(runs, dirs, "bundle", lambda v: v["digest"]),
+    model = _agreed(runs, dirs, "model", allow_unknown=allow_unknown)
+    digests = {"bundle": _agreed(runs, dirs, "bundle", lambda v: v["digest"], allow_unknown),
                "quantized_bundles": _agreed(runs, dirs, "quantized_bundles",
-                                            lambda v: {p: q["digest"] for p, q in v.items()})}
+                                            lambda v: {p: q["digest"] for p, q in v.items()}, allow_unknown)}
     code = _agreed(runs, dirs, "code_version")
     threads = _agreed(runs, dirs, "threads")
     qdq_on_cpu = _agreed(runs, dirs, "qdq_on_cpu") is True
@@ -530,13 +551,16 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--model", type=Path, help="a Qwen2/Qwen3 Hugging Face directory")
     src.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
                      help="instead of running: merge the --out DIRs of runs over disjoint --texts into one table")
+    ap.add_argument("--allow-unknown", default="", metavar="FACTS",
+                    help=f"with --merge: take runs whose report does not know these facts (some of "
+                         f"{','.join(IDENTITY_FACTS)}); refused otherwise")
     add_arguments(ap, standalone=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/lm_precision/bench_lm.py", *(argv or sys.argv[1:])])
     try:
         if args.merge:
-            merge(args.merge, args.out, command)
+            merge(args.merge, args.out, command, allow_unknown=_names(args.allow_unknown))
             return 0
         run(from_args(args, args.gguf or args.model, target=args.target, threads=args.threads, out=args.out,
                       command=command))

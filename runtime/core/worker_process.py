@@ -1,7 +1,7 @@
 """A piece of work in a fresh Python process: ``python -m MODULE SPEC.json``, result back as JSON.
 
 Validation and benchmarks run work in a child process because the QNN HTP's fp16 mode is
-per process (once a process opened an fp16 QNN session, later ones are fp16 too, QNN.md)
+per process (once a process opened an fp16 QNN session, later ones are fp16 too, docs/QNN_EP.md)
 and because a process of its own gives clean peak-RSS and timing figures.
 
 The protocol (numpy + the standard library only):

@@ -15,7 +15,7 @@
   ``KZTTS_DISABLE_QNN=1`` forces that path. A graph the HTP backend cannot
   prepare also runs on the CPU EP (with a warning naming it) unless strict.
 
-Caveat (QNN.md): once a session used ``soc_model`` (fp16), later QNN sessions in
+Caveat (docs/QNN_EP.md, "Precision"): once a session used ``soc_model`` (fp16), later QNN sessions in
 the same process also compute in fp16. Compare fp32 and fp16 in separate processes.
 """
 from __future__ import annotations

@@ -83,6 +83,33 @@ def test_merged_shards_equal_one_run(qwen3_dir, qwen3_bundle, tmp_path, capsys):
     assert "did not finish" in capsys.readouterr().err
 
 
+def test_merge_refuses_unknown_digests_unless_allowed(qwen3_dir, qwen3_bundle, tmp_path, capsys):
+    """A run whose report does not know its bundle digest ("unknown") could have measured any bundle: ``--merge``
+    refuses it in one line naming the run and the fact, and takes it when ``--allow-unknown`` names that fact
+    (and only that one)."""
+    from kztts.bench.lm import main
+
+    for out, texts in (("a", "code,english"), ("b", "french,chinese")):
+        assert main(["--model", str(qwen3_dir), "--bundle", str(qwen3_bundle), "--weights", "fp32", "--threads", "1",
+                     "--context", "64", "--greedy-steps", "4", "--texts", texts, "--out", str(tmp_path / out)]) == 0
+    report = tmp_path / "b" / "lm_accuracy.json"
+    data = json.loads(report.read_text())
+    report.write_text(json.dumps({**data, "bundle": {**data["bundle"], "digest": "unknown"}, "model": "unknown"}))
+    merge = ["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]
+    capsys.readouterr()
+    for allowed, fact in (([], "model"), (["--allow-unknown", "model"], "bundle")):  # naming one is not enough
+        with pytest.raises(SystemExit):
+            main(merge + allowed)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"{tmp_path / 'b'}: its report does not know its {fact}" in err and f"--allow-unknown {fact}" in err
+    with pytest.raises(SystemExit):
+        main(merge + ["--allow-unknown", "digest"])
+    assert "--allow-unknown digest: expected some of model,bundle,quantized_bundles" in capsys.readouterr().err
+    assert main(merge + ["--allow-unknown", "model,bundle"]) == 0
+    merged = json.loads((tmp_path / "m" / "lm_accuracy.json").read_text())
+    assert merged["bundle"]["digest"] == data["bundle"]["digest"]  # the one known digest
+
+
 def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys):
     """benchmarks/lm_precision/README.md's full-set w8a16 all-htp row of the real 1.5B is what ``--merge``
     makes of the shard reports kept in benchmarks/lm_precision/w8a16_fullset (the simulator row takes 6 h, so
@@ -92,7 +119,10 @@ def test_published_w8a16_fullset_row_is_the_merge_of_its_shards(tmp_path, capsys
 
     root = ROOT / "benchmarks" / "lm_precision"
     shards = [root / "w8a16_fullset" / t for t in ("code", "english", "french", "chinese")]
-    assert main(["--merge", *map(str, shards), "--out", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit):  # rebuilt shards that do not know their model or bundles: refused unless named
+        main(["--merge", *map(str, shards), "--out", str(tmp_path)])
+    assert main(["--merge", *map(str, shards), "--allow-unknown", "model,bundle,quantized_bundles",
+                 "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
     row = rows["htp-sim w8a16 all-htp"]

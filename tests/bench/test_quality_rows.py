@@ -143,10 +143,36 @@ def test_bench_quality_cli(tmp_path):
     assert data["meta"]["random_weights"] and data["meta"]["reference_row"] == names[0]
     if dnsmos.available():
         assert all(1.0 <= r["dnsmos"]["ovrl"] <= 5.0 for r in data["rows"])
-    if asr.available() and not (data["meta"]["asr"]["note"] or "").startswith("not fetched"):  # offline: a note
-        assert all(r["asr"]["wer_mean"] >= 0.0 and r["asr"]["cer_mean"] >= 0.0 for r in data["rows"])
-        assert data["meta"]["asr"]["judge_seconds_per_utterance"] > 0
+    _check_asr_columns(data, res.stdout)
     assert "random weights" in res.stdout and "| int8/kv-fp32/cp-frame/dec-fp32 |" in res.stdout
     assert "WER / CER on random weights mean nothing" in res.stdout and "| WER % |" in res.stdout
     index = (out / "quality" / "index.md").read_text()
     assert index.count(".wav](") == sum(r["utterances"] for r in data["rows"]) and "transcript (ASR)" in index
+
+
+def _check_asr_columns(data: dict, table: str) -> None:
+    """The ASR columns of a ``--quality`` run say what they are: without the extra, or offline (the judge not
+    fetched), every row and utterance holds the one note and the table its cell; with the judge, each utterance's
+    rate is its edits over the prompt's units (recomputed here from the normalised texts it kept), and each row's
+    mean and worst are those of its utterances."""
+    note = data["meta"]["asr"]["note"]
+    if note is not None:
+        assert note == asr.NOT_INSTALLED if not asr.available() else note.startswith("not fetched: "), note
+        assert all(r["asr"] == note and all(u["asr"] == note for u in r["utterances_detail"]) for r in data["rows"])
+        assert f"| {asr.cell_note(note)} | {asr.cell_note(note)} |" in table
+        return
+    texts = {p["language"]: p["text"] for p in data["meta"]["prompts"]}
+    assert data["meta"]["asr"]["judge_seconds_per_utterance"] > 0
+    for r in data["rows"]:
+        rates = {"wer": [], "cer": []}
+        for u in r["utterances_detail"]:
+            heard = u["asr"]
+            rate, edits, units, ref, hyp = asr.error_rate(texts[u["language"]], heard["transcript"], u["language"])
+            assert (edits, units, ref, hyp) == (heard["edits"], heard["units"], heard["reference_normalized"],
+                                                heard["transcript_normalized"]), heard
+            assert heard["error_rate"] == pytest.approx(rate, abs=1e-4) and heard["metric"] == asr.METRIC[u["language"]]
+            rates[heard["metric"]].append(rate)
+        for metric, got in rates.items():
+            want = (np.mean(got), max(got)) if got else (None, None)
+            assert (r["asr"][f"{metric}_mean"], r["asr"][f"{metric}_max"]) == (
+                pytest.approx(want[0], abs=1e-3) if got else None, pytest.approx(want[1], abs=1e-3) if got else None)

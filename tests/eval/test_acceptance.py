@@ -1,9 +1,8 @@
-"""kztts.eval.acceptance: the bounds of ``kztts validate`` and the metric lines it prints."""
+"""kztts.eval.acceptance: the bounds of ``kztts validate`` and the metric lines it prints (the bounds against real
+good and bad builds, through the CLI: tests/cli/test_validate_bounds.py)."""
 from __future__ import annotations
 
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
-
-from support import ROOT
 
 
 def test_metric_lines_mark_each_bounded_value_ok_or_fail():
@@ -69,53 +68,3 @@ def test_a_mixed_plan_is_bounded_as_its_least_precise_member(tmp_path):
     assert got == {"mixed": BOUNDS["htp-w4a16"], "eight": BOUNDS["htp-w8a16"], "float": None}
     measured = {"talker_logits_cos_min": 0.9700263, "talker_argmax_match": 0.7352941}  # docs/PRECISION.md, w4a16
     assert judge(dict(measured), BOUNDS["htp-w4a16"]) and not judge(dict(measured), BOUNDS["htp-w8a16"])
-
-
-def _published_lm_rows() -> dict[str, dict]:
-    """The 1.5B's HTP-simulator rows as benchmarks/lm_precision/README.md publishes them."""
-
-    readme = (ROOT / "benchmarks" / "lm_precision" / "README.md").read_text()
-    # the full-set table: the one holding the QNN-defaults row
-    table = next(t for t in readme.split("\n\n") if "QNN defaults (#4) |" in t)
-    rows = {}
-    for line in table.splitlines():
-        if line.startswith("| htp-sim"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            rows[cells[0]] = {"logits_cos_min": float(cells[3]), "top1_agree": float(cells[4]),
-                              "ppl_ratio": float(cells[5]) / 4.648}  # fp32 perplexity of the same text set
-    return rows
-
-
-def test_w8a16_lm_bounds_pass_the_good_rows_and_fail_the_qnn_defaults_build():
-    """The published w8a16 rows of the real 1.5B pass ``lm-w8a16``; the QNN-defaults build (perplexity 67)
-    fails it on every bounded metric."""
-    rows = _published_lm_rows()
-    good = [name for name in rows if name.startswith("htp-sim w8a16 prefill") and "QNN defaults" not in name]
-    good += [name for name in rows if "w8a16 all-htp" in name]
-    bad = next(name for name in rows if "QNN defaults" in name)
-    assert len(good) == 2, list(rows)
-    for name in good:
-        assert judge(dict(rows[name]), BOUNDS["lm-w8a16"]), (name, rows[name])
-    failing = [k for k, bound in BOUNDS["lm-w8a16"].items()
-               if not judge({k: rows[bad][k]}, {k: bound})]
-    assert failing == ["logits_cos_min", "top1_agree", "ppl_ratio"], rows[bad]
-
-
-def test_w4a16_lm_bounds_pass_the_measured_rows_and_fail_the_qnn_defaults_build():
-    """The real 1.5B's measured w4a16 rows (its QDQ graphs on the CPU EP, kept in benchmarks/precision_plan) pass
-    ``lm-w4a16``; the QNN-defaults w8a16 build fails it on every bounded metric."""
-    import json
-
-    root = ROOT / "benchmarks" / "precision_plan" / "qwen25_coder_15b"
-    measured = []
-    for report in sorted(root.glob("*_qdq_cpu/lm_accuracy.json")):
-        data = json.loads(report.read_text())
-        fp32 = data["rows"][0]["ppl"]
-        measured += [{"logits_cos_min": r["logits_cos_min"], "top1_agree": r["top1_agree"],
-                      "ppl_ratio": r["ppl"] / fp32} for r in data["rows"][1:] if r.get("ppl")]
-    assert measured
-    for row in measured:
-        assert judge(dict(row), BOUNDS["lm-w4a16"]), row
-    bad = next(r for name, r in _published_lm_rows().items() if "QNN defaults" in name)
-    assert [k for k, bound in BOUNDS["lm-w4a16"].items() if not judge({k: bad[k]}, {k: bound})] == [
-        "logits_cos_min", "top1_agree", "ppl_ratio"]

@@ -200,10 +200,25 @@ def test_invalid_params_name_the_parameter_and_range(kwargs, message):
         SamplingParams(**base).validate("cp_")
 
 
-def test_valid_params_pass():
-    params = SamplingParams(0.0, 0, 1.0)
-    assert params.validate() is params  # checked in place, so calls chain
-    SamplingParams(0.9, 50, 1e-6, 1.05).validate("x")
+@pytest.mark.parametrize("edge, beyond", [
+    (dict(temperature=0.0), dict(temperature=-1e-9)),
+    (dict(top_k=0), dict(top_k=-1)),
+    (dict(top_p=1.0), dict(top_p=1.0 + 1e-9)),
+    (dict(top_p=1e-9), dict(top_p=0.0)),
+    (dict(repetition_penalty=1e-9), dict(repetition_penalty=0.0)),
+])
+def test_each_range_edge_passes_and_its_neighbour_fails(edge, beyond):
+    """Each accepted range holds its edge and ends there: the edge validates (returning the same, unchanged
+    params, so calls chain) and the value just past it is refused naming the parameter."""
+    import dataclasses
+
+    base = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+    params = SamplingParams(**{**base, **edge})
+    before = dataclasses.astuple(params)
+    assert params.validate("x") is params and dataclasses.astuple(params) == before
+    (name,) = beyond
+    with pytest.raises(KzttsError, match=f"^x{name} "):
+        SamplingParams(**{**base, **beyond}).validate("x")
 
 
 def test_bad_seed():

@@ -1,6 +1,6 @@
 """The NPU path on the HTP simulator of onnxruntime-qnn (tiny model, context 64, prefill chunk 16).
 
-Numeric comparisons with the HTP run its side in a child process (QNN.md: fp16 mode
+Numeric comparisons with the HTP run its side in a child process (docs/QNN_EP.md: fp16 mode
 leaks across sessions of one process); placement checks run here.
 """
 from __future__ import annotations
@@ -290,17 +290,6 @@ def test_w8a16_calibrated_on_real_prompts_runs_on_htp(qnn, htp_bundle, small_tar
     assert cos.min() >= 0.995 and cos.mean() >= 0.9995  # measured: min 0.9991, mean 0.99988 (per-tensor weights: 0.997, 0.9998)
 
 
-@pytest.fixture(scope="module")
-def prefill_only_target(small_target, tmp_path_factory):
-    """``small_target`` with one Talker graph, as the shipped simulator target: decode steps run the
-    padded prefill graph (``kztts.runners.talker_prefill_only``)."""
-    data = json.loads(Path(small_target).read_text())
-    data["talker_graphs"] = "prefill-only"
-    p = tmp_path_factory.mktemp("targets") / "simulator_small_prefill_only.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
 @pytest.mark.slow  # ~5 min: a narrow checkpoint, two calibrated exports, four prompt modes on the simulator
 @pytest.mark.parametrize("precision", ["w8a16", "w4a16"])
 def test_prefill_only_quantized_graphs_meet_their_bounds_on_narrow_widths(qnn, prefill_only_target, precision):
@@ -385,7 +374,8 @@ def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
     assert rows["talker"]["qnn_nodes"] == 0 and rows["talker"]["precision"] == "fp32 (cpu)"
 
 
-@pytest.mark.slow  # ~70 s: the validate CLI on a simulator target is run by test_placement's all-htp/guarded check
+@pytest.mark.slow  # the only run of the plain `validate --target` path (cmd_validate_target, its HTP decoder SNR):
+# test_placement's validate goes through --placement, which cmd_validate_placement takes first
 def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, tiny_dir):
     """`kztts validate --target --json`: the HTP side in its own process, keys as documented."""
     res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "validate", str(htp_bundle), "--reference", str(tiny_dir),
@@ -403,7 +393,7 @@ def test_validate_target_reports_htp_agreement(qnn, htp_bundle, small_target, ti
 
 
 def test_fp16_headroom_flags_activations_near_saturation(tmp_path):
-    """HTP fp16 saturates silently at 65504 (QNN.md): the fp32 magnitude check must catch it."""
+    """HTP fp16 saturates silently at 65504 (docs/QNN_EP.md): the fp32 magnitude check must catch it."""
     from kztts.export.validate.htp import FP16_RISK, activation_peaks
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -416,11 +406,12 @@ def test_fp16_headroom_flags_activations_near_saturation(tmp_path):
     assert peaks["big"] == pytest.approx(2.4e5) and peaks["big"] > FP16_RISK and peaks["y"] <= 1.0
 
 
-@pytest.mark.slow  # ~40 s: synth --target on the simulator is run by test_placement's guarded-placement synth
+@pytest.mark.slow  # plain synth --target with the Code Predictor frame on the HTP (test_placement's synth runs a
+# placement on a Talker-only target)
 def test_synth_runs_on_the_simulator_and_agrees_with_the_cpu(qnn, htp_bundle, small_target, tmp_path):
     """`kztts synth --target` puts the static Talker and the Code Predictor frame graph on the
     HTP (strict: nothing falls back); its greedy codes are compared with the CPU run's and the
-    agreement is reported, since fp16 ties may flip a code (QNN.md)."""
+    agreement is reported, since fp16 ties may flip a code (docs/QNN_EP.md)."""
     from kztts.core.audio import synthetic_voice, write_wav
 
     voice = tmp_path / "voice.wav"

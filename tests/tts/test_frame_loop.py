@@ -68,7 +68,7 @@ def logits_with(values: dict[int, float], rest: float = -1e9) -> np.ndarray:
 
 
 def test_frame_loop_cb0_greedy_penalises_blocks_eos_then_stops_on_it():
-    """The Talker's order (REFERENCE.md) through ``FrameLoop.frames`` / ``choose_cb0``: repetition
+    """The Talker's order (docs/QWEN3_TTS.md) through ``FrameLoop.frames`` / ``choose_cb0``: repetition
     penalty on the CB0 history -> EOS blocked for ``min_new_tokens`` steps -> control ids other than
     EOS suppressed -> argmax; EOS ends the loop. One uniform is taken per CB0, greedy or not."""
     control = {2500: 60.0, 3000: 55.0}  # suppressed control ids, always the largest logits
