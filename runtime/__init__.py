@@ -14,7 +14,8 @@ first use, so ``import kztts`` itself loads neither numpy nor ONNX Runtime.
 The folders, by layer (docs/DESIGN.md): ``core`` (errors, environment, audio, metrics, cache), ``bundle``
 (manifest, graph registry, sessions), ``generation`` (sampling settings and steps), ``htp`` (QNN execution
 provider, targets, placements, costs), ``runners`` (one graph kind each: Talker, Code Predictor, codec,
-speaker), ``plan`` (which runner runs where), ``tts`` (the TTS front door), ``lm`` (causal LMs), ``eval``
+speaker), ``plan`` (which runner runs where), ``tts`` (the TTS front door), ``lm`` (causal LMs), ``assistant`` (an LM
+whose replies are spoken while written), ``eval``
 (accuracy and quality measures), ``bench`` (``kztts bench``), ``server`` (``kztts serve``) and ``cli``
 (the commands).
 """

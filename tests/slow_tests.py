@@ -36,6 +36,10 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     "tests/cli/test_validate_bounds.py::test_lm_bounds_pass_the_good_build_and_fail_the_bad_one":
         ("a QNN-defaults LM export, four validates of four texts each on the simulator (both parameters)", 434,
          "here, load 12"),
+    # -------------------------------------------------------------- the server
+    "tests/server/test_serve.py::test_page_speaks_chats_and_shows_errors":
+        ("two servers start (speech; LM + TTS) and Debian's chromium, driven by Playwright, speaks, chats and "
+         "shows an error on each", 128, "here, load 20"),
     # -------------------------------------------------------------- files and processes
     "tests/core/test_output_lock.py::test_two_exports_to_one_destination_one_succeeds_the_other_fails_in_one_line":
         ("two real kztts export processes of the tiny checkpoint started together", 504, "here, load 15-17"),

@@ -29,6 +29,7 @@ from kztts.bundle.sessions import SessionConfig
 from kztts.core import metrics
 from kztts.core.worker_process import worker_main
 from kztts.eval.replay import decode_inputs, teacher_forced_talker
+from kztts.eval.ttfa import percentiles_ms
 from kztts.plan.resolve import ExecutionPlan, resolve_plan
 from kztts.runners.codec import Decoder
 from kztts.runners.talker import DEFAULT_CONTEXT
@@ -119,6 +120,7 @@ def speed_row(spec: dict, times: dict, results: dict, wall: float, peak: float, 
         "fps_talker_cp": round(batch * 1e3 / (talker_ms + cp_ms), 2),
         "fps_wall": round(batch * frames / wall, 2),
         "ttfa_ms": round(1e3 * statistics.mean(r.times.first_audio for r in results.values()), 1),
+        **percentiles_ms([r.times.first_audio for r in results.values()]),  # over the batch's streams
         "wall_s": round(wall, 3),
         "rtf": round(wall / (batch * results[0].audio_seconds), 4),
         "frame_rtf": round(frame_ms / 80.0 / batch, 4),  # 12.5 frames per second of audio, per stream

@@ -24,6 +24,25 @@ def cpu_name() -> str:
         pass
     return platform.processor() or "unknown"
 
+# /proc/cpuinfo flags -> the names a reader compares hosts by (ONNX Runtime's int4/int8 kernels use them)
+_ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("avx_vnni", "AVX-VNNI"),
+              ("amx_tile", "AMX"))
+
+
+def cpu_isa(flags: str | None = None) -> str:
+    """The vector extensions of this CPU that decide kernel speed, e.g. ``AVX2 AVX-512 VNNI AMX``
+    (``flags``: a /proc/cpuinfo flags line, else this machine's)."""
+    if flags is None:
+        try:
+            flags = next((ln.split(":", 1)[1] for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                          if ln.startswith("flags")), "")
+        except OSError:
+            flags = ""
+    have = set(flags.split())
+    names = [name for flag, name in _ISA_FLAGS if flag in have]
+    return " ".join(names) if names else "unknown ISA"
+
+
 # (key, header, format) of the table columns, speed first, then accuracy
 COLUMNS = [
     ("name", "configuration", "{}"),
@@ -35,7 +54,8 @@ COLUMNS = [
     ("frame_wall_ms", "frame wall ms", "{:.1f}"),
     ("frame_rtf", "RTF (frame)", "{:.3f}"),
     ("rtf", "RTF (run)", "{:.3f}"),
-    ("ttfa_ms", "first audio ms", "{:.0f}"),
+    ("ttfa_p50_ms", "first audio p50 ms", "{:.0f}"),
+    ("ttfa_p95_ms", "first audio p95 ms", "{:.0f}"),
     ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
     ("runs_per_frame", "runs/frame", "{:.2f}"),
     ("speedup", "speed-up vs ref", "{:.2f}x"),
@@ -64,7 +84,7 @@ QUALITY_KEYS = frozenset({"natural_eos_rate", "silence_pct", "dnsmos_ovrl", "asr
 
 # columns that are speed measurements: an untimed row (HTP simulator) shows "sim" there
 TIMING_KEYS = frozenset({"prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_wall_ms", "frame_rtf", "rtf",
-                         "ttfa_ms", "runs_per_frame", "speedup", "fps", "fps_talker_cp"})
+                         "ttfa_ms", "ttfa_p50_ms", "ttfa_p95_ms", "runs_per_frame", "speedup", "fps", "fps_talker_cp"})
 HTP_NOTE = ("HTP rows (htp-sim/...): the target's static graphs on onnxruntime-qnn's x86 HTP simulator, for "
             "accuracy only and NEVER timed (the simulator is 50-200x slower than a device): timing columns show "
             "'sim'; CP argmax of an HTP row = greedy cp_frame codes on the HTP from the fp32 hidden states and "

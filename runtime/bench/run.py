@@ -58,7 +58,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TEXT = "Bonjour je m'appelle Kazeia"  # the earlier C++ port's sentence: 19 prompt positions
 DEFAULT_LANGUAGE = "french"
-_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "wall_s",
+_TIMED = ("prefill_ms", "talker_ms", "cp_ms", "decoder_ms", "frame_ms", "frame_rtf", "rtf", "ttfa_ms", "ttfa_p50_ms",
+          "ttfa_p95_ms", "wall_s",
           "fps", "fps_talker_cp", "fps_wall")
 
 
@@ -516,7 +517,7 @@ def header(o: BenchOptions, p: Prepared, rows: list[dict], probes: list, random_
     size = o.size if not o.model_dir else Path(o.model_dir).name
     text = (f"kztts bench, model {size} ({Path(p.model_dir).name}), {o.frames} frames (EOS blocked), "
             f"medians after {o.warmup} warm-up frames, decoder chunk {o.chunk} frames, "
-            f"{report.cpu_name()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+            f"{report.cpu_name()} ({report.cpu_isa()}), {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
             f"accuracy against the fp32 CPU bundle (greedy codes, teacher-forced logits, audio of its codes); "
             f"speed-up = qwen-tts PyTorch frame ms / row frame ms at the same threads")
     if random_weights:
@@ -558,7 +559,7 @@ def run_bench(o: BenchOptions) -> dict:
                  f"{ray_facts['units']} kept from an earlier run); a timed row had its node to itself, its % of "
                  "limit against the bandwidth that node measured just before it")
     meta = {"header": head, "command": o.command(), "model_dir": str(p.model_dir), "base_bundle": str(p.base),
-            "load_average_end": psutil.getloadavg(), "cpu": report.cpu_name(), "cpu_count": os.cpu_count(),
+            "load_average_end": psutil.getloadavg(), "cpu": report.cpu_name(), "cpu_isa": report.cpu_isa(), "cpu_count": os.cpu_count(),
             "versions": {"onnxruntime": ort.__version__, "numpy": np.__version__, "python": platform.python_version()},
             "text": o.text, "language": o.language, "frames": o.frames, "warmup": o.warmup, "chunk": o.chunk,
             "bandwidth_probes": probes, "e2e": e2e}

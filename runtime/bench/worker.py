@@ -9,6 +9,7 @@ another configuration in memory. numpy + ONNX Runtime only.
    (``min_new_tokens`` = frames), so every configuration produces the same number of frames;
    per-call times of prefill, Talker decode, Code Predictor and decoder pushes. Peak RSS
    is read here, before the accuracy pass opens anything else.
+   Then the time to first audio of ten 10-word English texts (``kztts.eval.ttfa``): p50 and p95.
 3. Accuracy on the baseline's codes G (the fp32 bundle, or this run's own codes when this
    is the baseline): teacher-forced Talker logits, teacher-forced ``cp_step`` logits from
    the baseline's hidden states, and the decoder's audio for G.
@@ -27,6 +28,7 @@ from kztts.bundle.sessions import SessionConfig
 from kztts.core import metrics
 from kztts.core.worker_process import worker_main
 from kztts.eval.replay import decode_inputs, teacher_forced_talker
+from kztts.eval.ttfa import percentiles_ms, ttfa_over_texts
 from kztts.plan.resolve import resolve_plan
 from kztts.runners.codec import Decoder
 from kztts.tts.request import Voice
@@ -201,12 +203,16 @@ def run(spec: dict) -> dict:
     audio, result, wall = stream(inst, spec, voice, frames)
     runs = {n: c.runs - runs_before[n] for n, c in inst.counters.items()}
     prompt = tts.prompt(spec["text"], voice, language=spec.get("language"))
+    inst.times["prefill"].clear()  # whole prompts only (a stream prefills a kept voice prefix's text part)
     for _ in range(int(spec.get("prefill_repeats", 3))):  # more prefill samples (the cache is reset by it)
         tts.talker.prefill(prompt.embeds)
     peak = metrics.peak_rss_mb()  # before the accuracy pass opens anything else
     if result.frames != frames:
         raise RuntimeError(f"expected {frames} frames, got {result.frames}")
     row = speed_row(inst, spec, result, wall, runs, prompt, peak)
+    # time to first audio over ten texts, from the call, every graph warm from the runs above
+    ttfa = ttfa_over_texts(tts, voice, chunk_frames=int(spec["chunk"]), first_chunk=int(spec.get("first_chunk", 1)))
+    row.update(percentiles_ms(ttfa), ttfa_texts=len(ttfa))
     row.update(accuracy(tts, spec, prompt, result.codes, audio))
     if spec.get("save_codes"):
         np.save(spec["save_codes"], result.codes)

@@ -13,7 +13,7 @@ from kztts.bundle.graphs import CP_MODES
 from kztts.bundle.manifest import random_weights_label
 from kztts.bundle.sessions import _session_options
 from kztts.core.errors import KzttsError
-from kztts.htp.cost import bundle_cost, format_cost
+from kztts.htp.cost import bundle_cost, format_cost, format_spoken, spoken_estimate
 from kztts.htp.qnn import (
     EP_NAME,
     Placement,
@@ -28,6 +28,7 @@ from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_placement, resolve_plan
 from kztts.tts.model_kind import ModelKind
+from kztts.tts.text_split import DEFAULT_FRAMES_PER_TOKEN
 
 
 def _graph_bytes(path: Path) -> int:
@@ -123,6 +124,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.plan:
         return cmd_plan(args)
+    if args.speak and not args.target:
+        raise KzttsError("--speak counts an LM token plus a TTS frame on paper at a target: give --target T")
+    if args.speak and not Path(args.speak).is_dir():
+        raise KzttsError(f"--speak {args.speak}: no such bundle directory; give a TTS bundle")
     if (args.precision or args.placement) and not args.target:
         raise KzttsError("--precision and --placement count the cost on paper of a target: give --target T "
                          "(or --plan for the execution plan)")
@@ -154,6 +159,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     print()
     print(format_cost(report["cost"]))
+    if args.speak:
+        speech = inspect_bundle(Path(args.speak), args.target, args.strict, args.precision, None)
+        print()
+        print(format_cost(speech["cost"]))
+        print()
+        print(format_spoken(spoken_estimate(report["cost"], speech["cost"], DEFAULT_FRAMES_PER_TOKEN)))
     return 0
 
 
@@ -171,6 +182,9 @@ def add_command(sub) -> None:
     s.add_argument("--precision", choices=G.HTP_PRECISIONS,
                    help="with --target: count the HTP graphs' weights at this precision on paper (default: the "
                         "target's; a QDQ graph counts as stored)")
+    s.add_argument("--speak", metavar="TTS_BUNDLE",
+                   help="with --target and an LM bundle: also this TTS bundle's frame, and whether an LM token plus "
+                        "the frames of speech it makes keep real time on the target (kztts chat --speak)")
     s.add_argument("--cp-mode", choices=CP_MODES, default="frame", help="with --plan: Code Predictor mode")
     s.set_defaults(func=cmd_inspect)
 

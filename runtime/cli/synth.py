@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from kztts.assistant.reply_pieces import reply_pieces
+from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import random_weights_label
 from kztts.bundle.sessions import SessionConfig
@@ -66,6 +69,9 @@ def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
         raise KzttsError("the text is empty; give the words to speak")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
+    if args.sentences and (args.file or args.codes_out or args.pipeline):
+        flag = "--file" if args.file else "--codes-out" if args.codes_out else "--pipeline"
+        raise KzttsError(f"--sentences cannot be combined with {flag}: it speaks one text, piece by piece, streamed")
     if args.pipeline and not args.stream:
         raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
     return out, lines
@@ -134,6 +140,20 @@ def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: Generation
         bar.close()
 
 
+def speak_sentences(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings, out: Path) -> int:
+    """``--sentences``: the text spoken as ``kztts chat --speak`` speaks a reply (each piece of
+    ``kztts.assistant.reply_pieces`` its own utterance, streamed, joined): the same samples."""
+    speak = SpeakSettings(voice, language=args.language, seed=args.seed, greedy=args.greedy, settings=settings)
+    samples, playback = speak_text(tts, args.text, speak)
+    write_wav(out, samples, tts.sample_rate)
+    wall = time.perf_counter() - playback.started
+    pieces = len(reply_pieces(args.text))
+    print(f"{out}: {samples.shape[0] / tts.sample_rate:.2f} s of audio in {pieces} pieces")
+    print(f"real-time factor {wall / max(playback.audio, 1e-9):.3f}, time to first audio "
+          f"{(playback.first_audio or float('nan')) * 1000:.0f} ms, total {wall * 1000:.0f} ms")
+    return 0
+
+
 def print_summary(out: Path, result: SynthesisResult) -> None:
     summary = result.summary()
     ms = summary["ms"]
@@ -161,8 +181,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
     settings = with_overrides(with_environment(preset(args.preset, tts.bundle.manifest.generation)),
                               *sampling_flags(args))
     voice = choose_voice(args, tts, recording, demo)
+    if args.warm_up and not args.file:
+        took = tts.warm_up(voice, language=args.language)
+        print(f"warmed up in {took * 1000:.0f} ms (before the call: not in the time to first audio)")
     if args.file:
         return synth_many.run(args, tts, settings, voice, lines)
+    if args.sentences:
+        return speak_sentences(args, tts, voice, settings, out)
     result = speak(args, tts, voice, settings)
     write_wav(out, result.samples, result.sample_rate)
     if tts.bundle.manifest.random_weights and not demo:  # said once the WAV exists: errors stay one line
@@ -212,9 +237,15 @@ def add_command(sub) -> None:
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
     s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
+    s.add_argument("--sentences", action="store_true",
+                   help="speak the text as kztts chat --speak speaks a reply: each sentence its own utterance, "
+                        "streamed, joined (the same samples)")
     s.add_argument("--pipeline", action="store_true",
                    help="with --stream: decode on a background thread while the next frames are generated "
                         "(same audio; pair with --decoder-threads 1 on 2 cores)")
+    s.add_argument("--warm-up", action="store_true",
+                   help="run every graph once with the voice before the call (what kztts serve does at start): "
+                        "the time to first audio then excludes ONNX Runtime's first-run costs")
     s.add_argument("--decoder-threads", type=int, default=None,
                    help="ONNX Runtime threads of the speech decoder (default: $KZTTS_DECODER_THREADS, "
                         "else $KZTTS_THREADS)")

@@ -509,6 +509,42 @@ def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precis
     }
 
 
+def spoken_estimate(lm_report: dict, tts_report: dict, frames_per_token: float) -> dict:
+    """An LM that speaks, on paper (``kztts inspect LM --target T --speak TTS``): each text token of the reply
+    costs one LM token and ``frames_per_token`` TTS frames, and is ``frames_per_token`` frames of audio long;
+    the reply is spoken in real time when the first fits in the second. Both reports' paper estimates, their
+    graphs' placements, and the ratio (``realtime_factor`` > 1: faster than real time)."""
+    lm, tts = lm_report["paper_estimate"], tts_report["paper_estimate"]
+    out: dict = {"label": LABEL, "target": lm_report["target"], "frames_per_token": frames_per_token,
+                 "placements": {name: [(g["role"], g["graph"], g["device"]) for g in rep["graphs"]
+                                       if g["calls_per_frame"]] for name, rep in (("lm", lm_report),
+                                                                                  ("tts", tts_report))},
+                 "available": bool(lm.get("available") and tts.get("available"))}
+    if not out["available"]:
+        out["reason"] = lm.get("reason") or tts.get("reason")
+        return out
+    work = lm["ms_per_token"] + frames_per_token * tts["ms_per_frame"]
+    audio = frames_per_token * tts["frame_period_ms"]
+    out.update(ms_per_lm_token=lm["ms_per_token"], ms_per_tts_frame=tts["ms_per_frame"], ms_per_text_token=work,
+               audio_ms_per_text_token=audio, realtime_factor=audio / work)
+    return out
+
+
+def format_spoken(est: dict) -> str:
+    """``spoken_estimate`` as text."""
+    lines = [f"an LM that speaks at {est['target']}, on paper ({est['label']}):"]
+    for name, graphs in est["placements"].items():
+        lines.append(f"  {name}: " + ", ".join(f"{role} {graph} on {device}" for role, graph, device in graphs))
+    if not est["available"]:
+        lines.append(f"  no estimate: {est['reason']}")
+        return "\n".join(lines)
+    lines.append(f"  per text token: 1 LM token {est['ms_per_lm_token']:.2f} ms + {est['frames_per_token']:g} TTS "
+                 f"frames x {est['ms_per_tts_frame']:.2f} ms = {est['ms_per_text_token']:.1f} ms of work for "
+                 f"{est['audio_ms_per_text_token']:.0f} ms of audio: {est['realtime_factor']:.2f}x real time "
+                 f"({'keeps up' if est['realtime_factor'] >= 1 else 'falls behind'})")
+    return "\n".join(lines)
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:.4g}"
 

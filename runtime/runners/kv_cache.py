@@ -94,6 +94,23 @@ class KVCache:
         if end > self.capacity:
             self._grow(min(self.context, max(end, 2 * self.capacity)))
 
+    def snapshot(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copies of the filled keys and values of every layer (``restore`` puts them back)."""
+        n = self.length
+        return [k[:, :, :n].copy() for k in self.keys], [v[:, :, :n].copy() for v in self.values]
+
+    def restore(self, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """Make the cache hold exactly ``snapshot``'s positions (written into the current buffers, so an
+        IO binding to them stays valid unless they must grow)."""
+        n = keys[0].shape[2]
+        self.length = 0
+        self.reserve(n)
+        for buf, k in zip(self.keys, keys):
+            buf[:, :, :n] = k
+        for buf, v in zip(self.values, values):
+            buf[:, :, :n] = v
+        self.length = n
+
     def advance(self, n: int) -> None:
         """Count ``n`` positions a graph wrote into the buffers in place (after ``reserve(n)``)."""
         if self.length + n > self.capacity:

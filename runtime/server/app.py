@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from kztts.assistant.spoken_reply import SpeakSettings
 from kztts.core.errors import KzttsError
 from kztts.generation.settings import with_overrides
 from kztts.server.audio_out import encode, media_type, pcm16, wav_stream_header
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("kztts.server.access")
 
 _KIND_PARAMS = {"speaker": "voice", "voice": "voice", "instruct": "instructions"}  # a request field -> its body key
+PAGE = Path(__file__).with_name("page") / "index.html"
+AUDIO_KEPT_SECONDS = 3600  # a spoken reply's expires_at: kztts keeps no audio, the id only names it
 ENDPOINTS = ("/v1/audio/speech", "/v1/audio/voices", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
 
@@ -270,12 +274,21 @@ class Api:
             params = params_of(lm, body.temperature, body.top_p, body.top_k, body.repetition_penalty, body.greedy)
         except KzttsError as exc:
             raise bad(str(exc)) from None
-        job = Job("chat", ChatSpec(prompt, ids, max_tokens, params, body.seed), loop)
+        speak = None
+        if body.audio is not None:
+            if s.tts is None:
+                raise bad("this server speaks no replies: start it with --tts TTS_BUNDLE to answer modalities "
+                          "[\"text\", \"audio\"]", param="modalities", code="unsupported_parameter")
+            speak = SpeakSettings(s.voices.get(body.audio["voice"]), seed=body.seed, greedy=body.greedy,
+                                  settings=s.settings)
+        job = Job("chat", ChatSpec(prompt, ids, max_tokens, params, body.seed, speak), loop)
         self._submit(request, job, s.scheduler)
         ident = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         first = await next_event(job, request)
         _raise(*first)
+        if body.audio is not None:
+            return await self._spoken_chat(job, first, ident, created, body, request)
         if body.stream:
             return StreamingResponse(self._chat_stream(job, first, ident, created, body.include_usage, request),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -294,6 +307,82 @@ class Api:
                                                            "refusal": None},
                                    "logprobs": None, "finish_reason": done["finish_reason"]}],
                       "usage": _usage(done)})
+
+    async def _spoken_chat(self, job: Job, first, ident: str, created: int, body, request: Request) -> Response:
+        """A spoken reply in OpenAI's form: ``message.audio`` (base64 data, transcript, id, expires_at) whole,
+        or chunks whose ``delta.audio`` carries transcript pieces and base64 pcm16 data as they are made."""
+        s = self.service
+        sr = s.tts.sample_rate
+        audio_id = f"audio_{uuid.uuid4().hex[:24]}"
+        expires_at = created + AUDIO_KEPT_SECONDS
+        if body.stream:
+            return StreamingResponse(self._spoken_stream(job, first, ident, created, audio_id, expires_at,
+                                                         body.include_usage, request),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        chunks, event = [], first
+        while event[0] in ("text", "audio"):
+            if event[0] == "audio":
+                if not chunks:
+                    s.metrics.chat_first_audio.observe(time.perf_counter() - job.received)
+                chunks.append(event[1])
+            event = await next_event(job, request)
+        _raise(*event)
+        done = event[1]
+        samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        s.metrics.audio_seconds.inc(samples.shape[0] / sr)
+        fmt = "pcm" if body.audio["format"] == "pcm16" else body.audio["format"]
+        data = await asyncio.get_running_loop().run_in_executor(None, encode, samples, sr, fmt)
+        audio = {"id": audio_id, "data": base64.b64encode(data).decode(), "expires_at": expires_at,
+                 "transcript": done["text"]}
+        return _json({"id": ident, "object": "chat.completion", "created": created, "model": s.model_id,
+                      "system_fingerprint": None,
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None,
+                                                           "audio": audio},
+                                   "logprobs": None, "finish_reason": done["finish_reason"]}],
+                      "usage": _usage(done)})
+
+    async def _spoken_stream(self, job: Job, first, ident: str, created: int, audio_id: str, expires_at: int,
+                             include_usage: bool, request: Request) -> AsyncIterator[bytes]:
+        s = self.service
+        model = s.model_id
+
+        def chunk(delta: dict, finish: str | None = None, **extra) -> bytes:
+            return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                         "system_fingerprint": None,
+                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+
+        complete = False
+        event = first
+        sent = 0
+        try:
+            yield chunk({"role": "assistant", "content": None, "audio": {"id": audio_id, "transcript": ""}})
+            while True:
+                kind, value = event
+                if kind == "text":
+                    yield chunk({"audio": {"id": audio_id, "transcript": value}})
+                elif kind == "audio":
+                    if sent == 0:
+                        s.metrics.chat_first_audio.observe(time.perf_counter() - job.received)
+                    sent += value.shape[0]
+                    yield chunk({"audio": {"id": audio_id, "data": base64.b64encode(pcm16(value)).decode()}})
+                elif kind == "done":
+                    complete = True
+                    s.metrics.audio_seconds.inc(sent / s.tts.sample_rate)
+                    yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, value["finish_reason"])
+                    if include_usage:
+                        yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                                    "system_fingerprint": None, "choices": [], "usage": _usage(value)})
+                    yield b"data: [DONE]\n\n"
+                    return
+                else:
+                    complete = True
+                    yield _sse(value.body())
+                    return
+                event = await job.events.get()
+        finally:
+            if not complete:
+                job.cancel()
+                request.state.left = True
 
     async def _chat_stream(self, job: Job, first, ident: str, created: int, include_usage: bool,
                            request: Request) -> AsyncIterator[bytes]:
@@ -335,9 +424,13 @@ class Api:
                 request.state.left = True
 
     # ------------------------------------------------------------ listings and operations
+    async def page(self, request: Request) -> Response:
+        """The try-it page (``kztts/server/page/index.html``: plain HTML and JS, nothing fetched elsewhere)."""
+        return Response(PAGE.read_bytes(), media_type="text/html; charset=utf-8")
+
     async def voices(self, request: Request) -> Response:
         s = self.service
-        if s.kind != "tts":
+        if s.voices is None:
             raise ApiError(404, f"this server serves a chat model ({s.model_id!r}): it has no voices",
                            code="not_found")
         return _json({"object": "list", "data": s.voices.listing()})
@@ -428,6 +521,7 @@ def build_app(service: Service) -> Starlette:
 
     routes = [
         Route("/v1/audio/speech", api.route(api.speech, work=True), methods=["POST"]),
+        Route("/", api.route(api.page, auth=False), methods=["GET"]),
         Route("/v1/audio/voices", api.route(api.voices), methods=["GET"]),
         Route("/v1/chat/completions", api.route(api.chat, work=True), methods=["POST"]),
         Route("/v1/models", api.route(api.models), methods=["GET"]),

@@ -215,10 +215,47 @@ class ChatBody:
     greedy: bool
     stream: bool
     include_usage: bool
+    audio: dict | None = None  # {"voice": name, "format": f} when "audio" is among the modalities
 
 
 _CHAT_KEYS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stream",
-              "stream_options", "greedy", "top_k", "repetition_penalty"}
+              "stream_options", "greedy", "top_k", "repetition_penalty", "modalities", "audio"}
+CHAT_AUDIO_FORMATS = ("wav", "pcm16", "flac")  # OpenAI's names; streamed replies take pcm16 only, as OpenAI's
+
+
+def _chat_audio(body: dict, stream: bool) -> dict | None:
+    """The reply's audio (``modalities: ["text", "audio"]`` with ``audio: {voice, format}``), or None."""
+    modalities = body.get("modalities", ["text"])
+    if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities):
+        raise _wrong("modalities", 'an array such as ["text"] or ["text", "audio"]', modalities)
+    if set(modalities) - {"text", "audio"} or "text" not in modalities:
+        raise bad(f"'modalities' {json.dumps(modalities)}: expected [\"text\"] or [\"text\", \"audio\"]",
+                  param="modalities")
+    audio = body.get("audio")
+    if "audio" not in modalities:
+        if audio is not None:
+            raise bad("'audio' is given but 'modalities' does not ask for audio; add \"audio\" to it",
+                      param="modalities")
+        return None
+    if not isinstance(audio, dict):
+        raise bad("'modalities' asks for audio: give 'audio': {\"voice\": NAME, \"format\": \"wav\"}",
+                  param="audio", code="missing_required_parameter")
+    extra = set(audio) - {"voice", "format"}
+    if extra:
+        raise bad(f"'audio.{sorted(extra)[0]}' is not supported; give voice and format", param="audio")
+    voice = audio.get("voice")
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if not isinstance(voice, str) or not voice:
+        raise _wrong("audio.voice", "a voice name (GET /v1/audio/voices)", audio.get("voice"))
+    fmt = audio.get("format")
+    if fmt not in CHAT_AUDIO_FORMATS:
+        raise bad(f"'audio.format' {json.dumps(fmt)} is not available; use one of {', '.join(CHAT_AUDIO_FORMATS)}",
+                  param="audio.format")
+    if stream and fmt != "pcm16":
+        raise bad(f"'audio.format' {fmt!r} cannot be streamed; a streamed spoken reply is pcm16 (24 kHz, 16-bit, "
+                  "mono)", param="audio.format")
+    return {"voice": voice, "format": fmt}
 # OpenAI keys accepted at their default value only (kztts does not implement the others)
 _CHAT_IGNORED: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v == 1, "presence_penalty": lambda v: v == 0, "frequency_penalty": lambda v: v == 0,
@@ -226,8 +263,8 @@ _CHAT_IGNORED: dict[str, Callable[[Any], bool]] = {
     "tools": _empty, "tool_choice": lambda v: v == "none", "functions": _empty, "function_call": lambda v: v == "none",
     "parallel_tool_calls": lambda v: True, "response_format": lambda v: v == {"type": "text"},
     "user": lambda v: True, "metadata": lambda v: True, "store": lambda v: True, "service_tier": lambda v: True,
-    "prompt_cache_key": lambda v: True, "safety_identifier": lambda v: True, "modalities": lambda v: v == ["text"],
-    "reasoning_effort": _empty, "verbosity": _empty, "audio": _empty, "prediction": _empty,
+    "prompt_cache_key": lambda v: True, "safety_identifier": lambda v: True,
+    "reasoning_effort": _empty, "verbosity": _empty, "prediction": _empty,
     "web_search_options": _empty,
 }
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -285,7 +322,8 @@ def chat_body(body: dict) -> ChatBody:
     if options is not None and not isinstance(options, dict):
         raise _wrong("stream_options", "an object", options)
     include_usage = _bool(options or {}, "include_usage", False)
+    stream = _bool(body, "stream", False)
     return ChatBody(model=model, messages=out, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                     top_k=_int(body, "top_k", lo=0), repetition_penalty=_num(body, "repetition_penalty"),
                     seed=_int(body, "seed", 0), greedy=_bool(body, "greedy", False),
-                    stream=_bool(body, "stream", False), include_usage=include_usage)
+                    stream=stream, include_usage=include_usage, audio=_chat_audio(body, stream))

@@ -20,6 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
+from kztts.assistant.spoken_reply import SpeakSettings
 from kztts.core.errors import KzttsError
 from kztts.generation.sampling import ChainInputs, SamplingParams, XorShift32, choose
 from kztts.lm import chatml
@@ -42,6 +43,7 @@ class ChatSpec:
     max_tokens: int
     params: SamplingParams
     seed: int
+    speak: "SpeakSettings | None" = None  # a spoken reply (kztts.server.spoken_chat)
 
 
 @dataclass

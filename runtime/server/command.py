@@ -34,7 +34,8 @@ def options_of(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(bundle=Path(args.bundle), host=args.host, port=args.port,
                         voices=Path(args.voices) if args.voices else None, batch=args.batch, queue=args.queue,
                         api_key=key, target=args.target, placement=args.placement, limits=limits,
-                        model_name=args.model_name, context=args.context).check()
+                        model_name=args.model_name, context=args.context,
+                        tts=Path(args.tts) if args.tts else None).check()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -59,6 +60,8 @@ def add_command(sub) -> None:
     s.add_argument("bundle", help="a TTS bundle (speech) or an LM bundle (chat)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed)")
+    s.add_argument("--tts", metavar="TTS_BUNDLE", help="with an LM bundle: speak replies with this TTS bundle "
+                                                       "(chat completions with modalities [\"text\", \"audio\"])")
     s.add_argument("--voices", help="Base bundles: folder of voices, NAME.wav recordings, NAME.npy x-vectors and "
                                     "NAME.voice saved voices (kztts voice create), named by stem; a CustomVoice "
                                     "bundle's voices are its preset speakers")

@@ -28,6 +28,9 @@ class Metrics:
         self.fps = Gauge("kztts_frames_per_second", "frames (or tokens) generated per second, recent", registry=r)
         self.first_audio = Histogram("kztts_time_to_first_audio_seconds", "request received to first audio byte",
                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.chat_first_audio = Histogram("kztts_chat_time_to_first_audio_seconds",
+                                          "spoken chat request received to its first audio", buckets=_LATENCY_BUCKETS,
+                                          registry=r)
         self.first_token = Histogram("kztts_time_to_first_token_seconds", "request received to first chat token",
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("kztts_request_seconds", "request received to response end", ["endpoint"],

@@ -58,6 +58,33 @@ class PieceJoiner:
         return np.concatenate([tail, np.zeros(self.gap, np.float32)])
 
 
+class OpenJoiner:
+    """``PieceJoiner`` for a text whose number of pieces is unknown while it is spoken (a reply still being
+    written): a piece's faded end and the silence after it are given out when the next piece's first
+    audio comes, and ``finish`` gives the last piece's held end as it is. Concatenated, the same samples
+    as ``join_pieces`` of the same pieces."""
+
+    def __init__(self, sample_rate: int):
+        self._joiner = PieceJoiner(sample_rate, pieces=1 << 62)
+        self._ended = False  # a piece ended, its faded end not given out yet
+
+    def push(self, audio: np.ndarray) -> np.ndarray:
+        out = []
+        if self._ended and np.shape(audio)[0]:
+            out.append(self._joiner.end_piece())
+            self._ended = False
+        out.append(self._joiner.push(audio))
+        return np.concatenate(out)
+
+    def end_piece(self) -> None:
+        self._ended = True
+
+    def finish(self) -> np.ndarray:
+        """The last piece's held end (the text is complete)."""
+        tail, self._joiner._tail = self._joiner._tail, np.zeros(0, np.float32)
+        return tail
+
+
 def join_pieces(pieces: list[np.ndarray], sample_rate: int) -> np.ndarray:
     """The pieces' audio joined as ``PieceJoiner`` streams it: ``sum(len) + (n - 1) * gap`` samples."""
     joiner = PieceJoiner(sample_rate, len(pieces))

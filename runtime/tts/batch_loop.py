@@ -31,6 +31,7 @@ from kztts.tts.audio_join import PieceJoiner, join_pieces
 from kztts.tts.long_text import piece_label
 from kztts.tts.request import SynthesisRequest
 from kztts.tts.result import Run, SynthesisResult, joined
+from kztts.tts.streaming import chunk_sizes
 
 # kztts.tts.tts imports this module: the TTS is named, not imported
 
@@ -202,10 +203,13 @@ def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisRes
 
 class _RowStream:
     """One request's audio as ``TTS.stream`` makes it: its own ``StreamingDecoder``, chunks of
-    ``chunk_frames`` frames, an ICL reference decoded in front and its samples dropped."""
+    ``chunk_sizes(first_chunk, chunk_frames)`` frames, an ICL reference decoded in front and its samples
+    dropped."""
 
-    def __init__(self, tts: "TTS", run: Run, chunk_frames: int):
-        self.run, self.chunk_frames = run, chunk_frames
+    def __init__(self, tts: "TTS", run: Run, chunk_frames: int, first_chunk: int = 1):
+        self.run = run
+        self._sizes = chunk_sizes(first_chunk, chunk_frames)
+        self._size = next(self._sizes)  # frames of the chunk being gathered
         self.dec = tts.plan.open_streaming_decoder()  # a fresh state over the shared session
         self.pending: list[np.ndarray] = []
         self.chunks: list[np.ndarray] = []
@@ -236,7 +240,8 @@ class _RowStream:
         """The audio a frame (or the end, None) completes; empty when none."""
         if frame is not None:
             self.pending.append(frame)
-        if self.pending and (frame is None or len(self.pending) == self.chunk_frames):
+        if self.pending and (frame is None or len(self.pending) == self._size):
+            self._size = next(self._sizes)
             return self._flush()
         return np.zeros(0, np.float32)
 
@@ -245,7 +250,7 @@ class _RowStream:
 
 
 def stream_many(tts: "TTS", requests: list, batch: int, chunk_frames: int = 4,
-                results: dict | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                results: dict | None = None, first_chunk: int = 1) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(index, audio chunk)`` as the rows' chunks are decoded (``chunk_frames`` frames each);
     ``results`` (a dict) receives each request's ``SynthesisResult`` under its index when it ends."""
     if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
@@ -254,7 +259,7 @@ def stream_many(tts: "TTS", requests: list, batch: int, chunk_frames: int = 4,
     streams: dict[int, _RowStream] = {}
     for index, frame in batch_frames(tts, runs, batch):
         if index not in streams:
-            streams[index] = _RowStream(tts, runs[index], chunk_frames)
+            streams[index] = _RowStream(tts, runs[index], chunk_frames, first_chunk)
         audio = streams[index].frame(frame)
         if audio.shape[0]:
             yield index, audio
@@ -275,10 +280,11 @@ class BatchedRequest:
     ``result`` (the audio side), fed each piece's frames then its end, in order. The audio side reads
     a piece's codes only at its end, when the frame loop has finished with them."""
 
-    def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4):
-        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
-            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+    def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4,
+                 first_chunk: int = 1):
+        chunk_sizes(first_chunk, chunk_frames)  # checks both
         self.tts, self.request, self.stream, self.chunk_frames = tts, request, bool(stream), chunk_frames
+        self.first_chunk = first_chunk
         self.started = time.perf_counter()
         self.texts = tts.pieces(request)
         self.index = -1  # the last piece handed to the frame loop
@@ -303,7 +309,8 @@ class BatchedRequest:
                                   piece_label(self.index, len(self.texts)))
         else:
             run = self.tts._start(self.request)
-        self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames) if self.stream else None))
+        self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames, self.first_chunk)
+                                                   if self.stream else None))
         return run
 
     def _emit(self, audio: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from kztts.generation.settings import GenerationSettings
 from kztts.runners.code_predictor import CodePredictor
 from kztts.runners.talker import Talker
 from kztts.tts.prompt import Prompt
+from kztts.tts.voice_prefix import VoicePrefixes
 
 
 @dataclass
@@ -48,6 +49,7 @@ class FrameLoop:
     rng: XorShift32
     times: StageTimes = field(default_factory=StageTimes)
     stopped_by_eos: bool = False
+    prefixes: "VoicePrefixes | None" = None  # the voice's prompt prefix kept between runs (kztts.tts.voice_prefix)
 
     def _suppressed(self) -> np.ndarray:
         return sampling.control_ids(self.talker.vocab, keep=self.eos_id)
@@ -65,7 +67,8 @@ class FrameLoop:
         """Yield int64 [16] frames until EOS or ``settings.max_frames``."""
         self._suppress = self._suppressed()
         t = time.perf_counter()
-        logits, hidden = self.talker.prefill(prompt.embeds)
+        logits, hidden = (self.prefixes.prefill(prompt) if self.prefixes is not None
+                          else self.talker.prefill(prompt.embeds))
         self.times.talker += time.perf_counter() - t
         history: list[int] = []
         for step in range(self.settings.max_frames):

@@ -90,7 +90,7 @@ def synthesize_pieces(tts: "TTS", texts: list[str], request: SynthesisRequest,
 
 
 def stream_pieces(tts: "TTS", texts: list[str], request: SynthesisRequest, chunk_frames: int,
-                  result: dict | None, pipeline: bool | None) -> Iterator[np.ndarray]:
+                  result: dict | None, pipeline: bool | None, first_chunk: int = 1) -> Iterator[np.ndarray]:
     """``stream`` of each piece in turn (same voice, settings and seed), joined as it goes."""
     started = time.perf_counter()
     joiner = PieceJoiner(tts.sample_rate, len(texts))
@@ -101,7 +101,7 @@ def stream_pieces(tts: "TTS", texts: list[str], request: SynthesisRequest, chunk
         run = tts._start(replace(request, text=text), piece_label(i, len(texts)))
         holder: dict = {}
         # None after the piece's chunks: its faded end and the silence
-        for chunk in itertools.chain(tts._stream_run(run, chunk_frames, holder, pipeline), [None]):
+        for chunk in itertools.chain(tts._stream_run(run, chunk_frames, holder, pipeline, first_chunk), [None]):
             audio = joiner.end_piece() if chunk is None else joiner.push(chunk)
             if audio.shape[0]:
                 if first_audio is None:

@@ -40,6 +40,7 @@ class Prompt:
     embeds: np.ndarray  # f32 [T, H] prefill
     trailing: np.ndarray  # f32 [K, H] added to decode inputs 0..K-1
     tts_pad: np.ndarray  # f32 [H] added to decode inputs from K on
+    voice_positions: int = 0  # leading positions that depend on the voice and language only (role + prefix)
 
     def text_after(self, step: int) -> np.ndarray:
         """The text row added to the decode input that follows frame ``step``."""
@@ -179,4 +180,4 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
     embeds += text
     return Prompt(embeds=np.ascontiguousarray(np.concatenate(embeds, axis=0), dtype=np.float32),
                   trailing=np.ascontiguousarray(trailing, dtype=np.float32),
-                  tts_pad=np.array(tables.tts_pad, dtype=np.float32))
+                  tts_pad=np.array(tables.tts_pad, dtype=np.float32), voice_positions=3 + n - 1)

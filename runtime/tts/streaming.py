@@ -1,5 +1,6 @@
-"""Audio while frames are produced (``TTS.stream``): a run's frames go to the streaming decoder
-``chunk_frames`` at a time, either in the frame loop's thread or pipelined, each chunk decoded on a
+"""Audio while frames are produced (``TTS.stream``): a run's frames go to the streaming decoder in
+chunks of ``chunk_sizes(first_chunk, chunk_frames)`` frames (a short first chunk, doubling up to
+``chunk_frames``: the first audio waits for one frame, not four), either in the frame loop's thread or pipelined, each chunk decoded on a
 background thread (``BackgroundDecoder``) while the next frames are generated. The samples are the
 same either way; a pipelined chunk is yielded once decoded.
 
@@ -13,17 +14,38 @@ from typing import Iterator
 import numpy as np
 
 from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, StaticChunkDecoder, StreamingDecoder
+from kztts.core.errors import KzttsError
 from kztts.tts.result import Run
 
 
-def stream_audio(run: Run, decoder: StreamingDecoder, chunk_frames: int, *, pipelined: bool) -> Iterator[np.ndarray]:
+def chunk_sizes(first_chunk: int, chunk_frames: int) -> Iterator[int]:
+    """Frames per decoder chunk: ``first_chunk``, then doubling, capped at ``chunk_frames`` (1, 2, 4, 4, ...).
+
+    The streaming decoder is causal and carries its state between pushes, so the chunking changes no
+    code and the samples only by float rounding (``tests/tts/test_streaming.py`` measures it)."""
+    for name, value in (("chunk_frames", chunk_frames), ("first_chunk", first_chunk)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KzttsError(f"{name} must be an integer >= 1, got {value!r}")
+
+    def sizes() -> Iterator[int]:
+        size = min(first_chunk, chunk_frames)
+        while True:
+            yield size
+            size = min(2 * size, chunk_frames)
+
+    return sizes()
+
+
+def stream_audio(run: Run, decoder: StreamingDecoder, chunk_frames: int, *, pipelined: bool,
+                 first_chunk: int = 1) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of ``run`` as its frames are produced (``decoder`` reset by the caller)."""
+    sizes = chunk_sizes(first_chunk, chunk_frames)
     if pipelined:
-        return _pipelined(run, decoder, chunk_frames)
-    return _in_loop(run, decoder, chunk_frames)
+        return _pipelined(run, decoder, sizes)
+    return _in_loop(run, decoder, sizes)
 
 
-def _in_loop(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.ndarray]:
+def _in_loop(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
     """Each chunk decoded in the frame loop's thread, between frames."""
     times = run.loop.times
     skip = 0  # samples of the ICL reference, which qwen-tts decodes in front and cuts
@@ -51,10 +73,12 @@ def _in_loop(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.
         pending.clear()
         return decoded(audio)
 
+    size = next(sizes)
     for frame in run.loop.frames(run.prompt):
         run.codes.append(frame)
         pending.append(frame)
-        if len(pending) == chunk_frames:
+        if len(pending) == size:
+            size = next(sizes)
             audio = flush()
             if audio.shape[0]:
                 yield audio
@@ -70,7 +94,7 @@ def _in_loop(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.
             yield audio
 
 
-def _pipelined(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[np.ndarray]:
+def _pipelined(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
     """``dec.push`` on a background thread. The first chunk is waited for (time to first audio); later
     ones are yielded when a poll after a frame finds them done, and all remaining ones at the end."""
     times = run.loop.times
@@ -96,10 +120,12 @@ def _pipelined(run: Run, dec: StreamingDecoder, chunk_frames: int) -> Iterator[n
                 yield out
 
         pending: list[np.ndarray] = []
+        size = next(sizes)
         for frame in run.loop.frames(run.prompt):
             run.codes.append(frame)
             pending.append(frame)
-            if len(pending) == chunk_frames:
+            if len(pending) == size:
+                size = next(sizes)
                 worker.submit(np.stack(pending))
                 pending = []
                 yield from finished(block=not run.audio)  # the first chunk: as soon as possible

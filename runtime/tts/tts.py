@@ -34,11 +34,15 @@ from kztts.tts.model_kind import ModelKind
 from kztts.tts.prompt import Prompt, build_prompt, speaker_language_id
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import Run, SynthesisResult
-from kztts.tts.streaming import stream_audio
+from kztts.tts.streaming import chunk_sizes, stream_audio
 from kztts.tts.text import TextTokenizer
 from kztts.tts.voice_file import load_voice, save_voice
+from kztts.tts.voice_prefix import VoicePrefixes
 
 log = logging.getLogger(__name__)
+
+# What ``TTS.warm_up`` speaks: a sentence of common length, so the prefill's arenas fit most prompts
+WARM_UP_TEXT = "This short sentence warms up every graph before the first request arrives."
 
 
 class TTS:
@@ -54,7 +58,8 @@ class TTS:
     def __init__(self, bundle: str | Path | Bundle, *, cp_mode: str = "frame", context: int = DEFAULT_CONTEXT,
                  session_config: SessionConfig | None = None, target: "str | Path | Target | None" = None,
                  strict: bool = False, placement: "str | LayerPlacement | None" = None,
-                 talker: TalkerRunner | None = None, pipeline: bool = False, attention: str | None = None):
+                 talker: TalkerRunner | None = None, pipeline: bool = False, attention: str | None = None,
+                 voice_prefix: bool = False):
         """Where each graph runs is decided once, by ``kztts.plan.resolve.resolve_plan`` (``self.plan``;
         ``print(tts.plan.table())`` shows it):
         ``target``: a qnn_configs target (name, file or ``kztts.htp.targets.Target``); the graphs its
@@ -72,6 +77,10 @@ class TTS:
         ``attention``: ``fused`` or ``plain`` CPU graphs (default ``$KZTTS_ATTENTION``, else fused).
         ``pipeline``: ``stream`` decodes on a background thread while the next frames are generated
         (same samples; give the decoder its own thread count, ``SessionConfig.decoder_threads``).
+        ``voice_prefix``: keep each voice's prompt prefix in the Talker's cache between runs
+        (``kztts.tts.voice_prefix``; the dynamic CPU Talker only). Off by default: the prompt is then
+        prefilled in two runs, which int4/int8 kernels round differently from one (greedy codes of the
+        random-weight 0.6B int4 bundle diverged; benchmarks/ttfa), while fp32 gave identical logits.
         Only the graphs used are opened: the Talker, the Code Predictor of ``cp_mode`` and one
         decoder graph (``decoder_stream``, which also serves ``synthesize``); the encoders on use."""
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, session_config, load_graphs=False)
@@ -100,6 +109,8 @@ class TTS:
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
         self._calls = CallLock("TTS")
+        self.voice_prefixes = (VoicePrefixes(self.talker) if voice_prefix and VoicePrefixes.supports(self.talker)
+                               else None)
 
     # ------------------------------------------------------------ voices
     def voice_from_speaker(self, name: str) -> Voice:
@@ -198,7 +209,8 @@ class TTS:
             limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: Run.limit
             log.info("max frames lowered to %d to fit the context of %d", s.max_frames, self.talker.context)
         loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
-                         int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(r.seed))
+                         int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(r.seed),
+                         prefixes=self.voice_prefixes)
         loop.times.prompt = time.perf_counter() - started
         return Run(loop, prompt, r, started, limited_by, label)
 
@@ -297,25 +309,27 @@ class TTS:
 
     @one_call_at_a_time
     def stream(self, text: str | SynthesisRequest, voice: Voice | None = None, *, chunk_frames: int = 4,
-               result: dict | None = None, pipeline: bool | None = None, **options) -> Iterator[np.ndarray]:
-        """Yield float32 audio chunks (``chunk_frames`` frames each, the last may be shorter) as
-        frames are produced. ``text``, ``voice`` and ``options`` (language, seed, greedy, settings,
+               first_chunk: int = 1, result: dict | None = None, pipeline: bool | None = None,
+               **options) -> Iterator[np.ndarray]:
+        """Yield float32 audio chunks as frames are produced: ``first_chunk`` frames, then twice as many
+        each time up to ``chunk_frames`` (1, 2, 4, 4, ...; the last may be shorter), so the first
+        audio waits for one frame; ``first_chunk=chunk_frames`` gives equal chunks. The chunking
+        changes no code and the samples only by float rounding. ``text``, ``voice`` and ``options`` (language, seed, greedy, settings,
         max_frames, streaming_text) make a :class:`SynthesisRequest`, or pass one instead.
         If ``result`` is a dict it receives the SynthesisResult at the end.
         ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
         the next frames are generated; the samples are the same, a chunk is yielded once decoded.
         A text longer than one context is streamed piece by piece (``pieces``)."""
-        if chunk_frames < 1:
-            raise KzttsError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        chunk_sizes(first_chunk, chunk_frames)  # checks both
         request = SynthesisRequest.make(text, voice, options)
         texts = self.pieces(request)
         if len(texts) > 1:
-            yield from stream_pieces(self, texts, request, chunk_frames, result, pipeline)
+            yield from stream_pieces(self, texts, request, chunk_frames, result, pipeline, first_chunk)
             return
-        yield from self._stream_run(self._start(request), chunk_frames, result, pipeline)
+        yield from self._stream_run(self._start(request), chunk_frames, result, pipeline, first_chunk)
 
     def _stream_run(self, run: Run, chunk_frames: int, result: dict | None,
-                    pipeline: bool | None) -> Iterator[np.ndarray]:
+                    pipeline: bool | None, first_chunk: int = 1) -> Iterator[np.ndarray]:
         """``stream`` of one utterance (one piece)."""
         dec = self._streaming_decoder()
         dec.reset()
@@ -323,10 +337,26 @@ class TTS:
         if pipelined and isinstance(dec, StaticChunkDecoder):
             raise KzttsError(f"the pipelined stream decodes on a CPU thread, but target {self.target.name} "
                              "places the decoder on the HTP; stream without --pipeline")
-        yield from stream_audio(run, dec, chunk_frames, pipelined=pipelined)
+        yield from stream_audio(run, dec, chunk_frames, pipelined=pipelined, first_chunk=first_chunk)
         if result is not None:
             samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
             result["result"] = self._result(run, samples)
+
+    def warm_up(self, voice: Voice | None = None, *, language: str | None = None, frames: int = 2) -> float:
+        """Run every graph a stream runs once, before the first request: ONNX Runtime sizes its memory
+        arenas and prepares its kernels on a session's first runs, which otherwise land in the first
+        request's time to first audio. With ``voice``, its prompt prefix is kept too
+        (``voice_prefix``). No result is kept; the decoder starts afresh at the next stream.
+        Returns the seconds it took."""
+        started = time.perf_counter()
+        voice = voice if voice is not None else Voice(np.zeros(self.speaker_size, np.float32))
+        settings = replace(self.default_settings().greedy(), min_new_tokens=frames)
+        for _ in self.stream(WARM_UP_TEXT, voice, language=language, settings=settings, max_frames=frames,
+                             first_chunk=1, chunk_frames=max(1, frames - 1)):
+            pass
+        took = time.perf_counter() - started
+        log.info("warmed up in %.0f ms", took * 1e3)
+        return took
 
     @one_call_at_a_time
     def synthesize_many(self, requests: list, *, batch: int = 4) -> list[SynthesisResult]:

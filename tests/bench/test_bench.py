@@ -49,11 +49,16 @@ def test_bench_smoke(tmp_path):
     assert fp32["code_agreement"] == 1.0 and ref["code_agreement"] == 1.0 and plain["code_agreement"] == 1.0
     assert fp32["talker_cos_min"] > 0.99999 and ref["talker_cos_min"] > 0.99999 and ref["cp_cos_min"] > 0.99999
     assert 0.99 < int8["talker_cos_min"] < 1.0
-    # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 4 + 2 frames
-    assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 2}  # fused attention
-    assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 2}
+    # 6 frames: prefill + 5 decodes, 6 cp_frame runs, decoder pushes of 1 + 2 + 3 frames (the first chunk
+    # grows to --chunk 4)
+    assert fp32["runs"] == {"talker_gqa": 6, "cp_frame_gqa": 6, "decoder_stream": 3}  # fused attention
+    assert plain["runs"] == {"talker": 6, "cp_frame": 6, "decoder_stream": 3}
     assert "frame_wall_ms" not in ref and fp32["frame_wall_ms"] > 0 and fp32["pipeline"] is False
-    assert fp32["runs_per_frame"] == pytest.approx(14 / 6, abs=1e-3)
+    assert fp32["runs_per_frame"] == pytest.approx(15 / 6, abs=1e-3)
+    # time to first audio over the ten texts of kztts.eval.ttfa, from the call
+    for r in (fp32, int8, plain):
+        assert r["ttfa_texts"] == 10 and 0 < r["ttfa_p50_ms"] <= r["ttfa_p95_ms"], r["name"]
+    assert "first audio p50 ms" in res.stdout
     assert fp32["speedup"] > 0
     # the speed reference is what a user runs (qwen-tts's default attention), eager only for the accuracy columns
     assert ref["attention"] == "sdpa" and ref["accuracy_attention"] == "eager"
@@ -134,7 +139,8 @@ def test_report_leaves_untimed_rows_untimed(tmp_path):
            "talker_cos_min": 0.99999, "code_agreement": 0.5, "cp_codes_match": 0.75, "peak_rss_mb": 100.0}
     lines = markdown([cpu, htp], "h").splitlines()
     cells = [c.strip() for c in lines[-1].strip("|").split("|")]
-    assert cells[1:10] == ["sim"] * 9 and cells[10] == "100" and cells[11:13] == ["sim", "sim"]  # peak RSS is kept
+    # ten timed columns (first audio p50 and p95 among them), then peak RSS, which is kept
+    assert cells[1:11] == ["sim"] * 10 and cells[11] == "100" and cells[12:14] == ["sim", "sim"]
     assert "0.750 codes" in cells
     paths = write_all([cpu, htp], {"header": "h\n" + HTP_NOTE}, tmp_path)
     assert paths["png"].stat().st_size > 0  # the untimed row is left out of the plot, not an error

@@ -249,3 +249,25 @@ def test_inspect_json_carries_the_cost(target_bundle, small_target, tmp_path, ca
     report = json.loads(capsys.readouterr().out)
     assert report["cost"] == json.loads(json.dumps(bundle_cost(target_bundle, load_target(t))))
     assert report["cost"]["paper_estimate"]["bandwidth_kind"] == "dram"
+
+
+def test_spoken_estimate_adds_an_lm_token_to_the_frames_it_speaks():
+    """kztts inspect LM --target T --speak TTS: one LM token + frames_per_token TTS frames against the audio."""
+    from kztts.htp.cost import format_spoken, spoken_estimate
+
+    graphs = lambda *names: [{"role": r, "graph": g, "device": d, "calls_per_frame": 1} for r, g, d in names]  # noqa: E731
+    lm = {"target": "x_elite", "graphs": graphs(("talker_decode", "talker_decode", "htp")),
+          "paper_estimate": {"available": True, "ms_per_token": 30.0}}
+    tts = {"target": "x_elite", "graphs": graphs(("talker_decode", "talker_decode", "htp"),
+                                                 ("decoder", "decoder_stream", "cpu")),
+           "paper_estimate": {"available": True, "ms_per_frame": 40.0, "frame_period_ms": 80.0}}
+    est = spoken_estimate(lm, tts, 5.0)
+    assert est["ms_per_text_token"] == 230.0 and est["audio_ms_per_text_token"] == 400.0
+    assert est["realtime_factor"] == pytest.approx(400 / 230)
+    assert est["placements"]["tts"][1] == ("decoder", "decoder_stream", "cpu")
+    text = format_spoken(est)
+    assert "1.74x real time (keeps up)" in text and "decoder decoder_stream on cpu" in text
+    slow = spoken_estimate(lm, {**tts, "paper_estimate": {**tts["paper_estimate"], "ms_per_frame": 90.0}}, 5.0)
+    assert slow["realtime_factor"] < 1 and "falls behind" in format_spoken(slow)
+    none = spoken_estimate({**lm, "paper_estimate": {"available": False, "reason": "a simulator"}}, tts, 5.0)
+    assert not none["available"] and "no estimate: a simulator" in format_spoken(none)

@@ -22,6 +22,11 @@ import numpy as np
 import pytest
 
 from support import KEY, Server, int16_of_wav, raw, start_server, stop
+from kztts.assistant.spoken_reply import SpeakSettings, speak_text
+from kztts.bundle.bundle import Bundle
+from kztts.bundle.sessions import SessionConfig
+from kztts.server.audio_out import pcm16
+from kztts.tts.tts import TTS
 
 openai = pytest.importorskip("openai")
 sf = pytest.importorskip("soundfile")
@@ -442,3 +447,150 @@ def test_command_line_refusals_are_one_line(equal_bundle, tmp_path):
             assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r)
     finally:
         busy.close()
+
+
+# ---------------------------------------------------------------- spoken chat (kztts serve LM --tts TTS)
+SPOKEN_MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def spoken_server(chat_bundle, equal_bundle, tmp_path_factory):
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "spoken.log", "--tts", str(equal_bundle))
+    yield s
+    assert stop(s) == 0, s.tail()
+
+
+@pytest.fixture(scope="module")
+def solo_tts(equal_bundle):
+    """The server's TTS as it runs there (one ONNX Runtime thread: KZTTS_THREADS=1)."""
+    return TTS(Bundle.open(equal_bundle, SessionConfig(threads=1), load_graphs=False))
+
+
+def _solo(tts: TTS, transcript: str, seed: int) -> np.ndarray:
+    """The reply's samples as ``kztts synth --sentences`` speaks its transcript alone."""
+    from kztts.core.audio import synthetic_voice
+
+    voice = tts.voice_from_wav(synthetic_voice(), 24000)  # the server's "default" voice
+    samples, _ = speak_text(tts, transcript, SpeakSettings(voice, seed=seed, settings=tts.default_settings()))
+    return samples
+
+
+def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundle):
+    client = openai.OpenAI(base_url=spoken_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3,
+                                           modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    audio = reply.choices[0].message.audio
+    print(f"\nspoken chat, openai client: transcript {audio.transcript!r}, {len(audio.data)} base64 chars, "
+          f"id {audio.id}, expires_at {audio.expires_at}")
+    assert audio.id.startswith("audio_") and audio.expires_at > reply.created and reply.choices[0].message.content is None
+    wav, sr = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")
+    want = _solo(solo_tts, audio.transcript, seed=3)
+    assert sr == 24000
+    np.testing.assert_array_equal(wav, int16_of(want))  # kztts synth's WAV of the same samples
+    # the same request streamed: transcript pieces and pcm16 data in delta.audio
+    pieces, data, ends = [], b"", []
+    for chunk in client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3,
+                                                modalities=["text", "audio"], stream=True,
+                                                audio={"voice": "default", "format": "pcm16"}):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.audio is not None:
+            pieces.append(delta.audio.transcript or "")
+            data += base64.b64decode(delta.audio.data or "")
+            if delta.audio.expires_at:
+                ends.append(delta.audio.expires_at)
+    assert "".join(pieces) == audio.transcript and len(ends) == 1
+    np.testing.assert_array_equal(data, pcm16(want))
+    # text only on the same server, and the metrics of both modalities
+    text = client.chat.completions.create(model=model, messages=SPOKEN_MESSAGES, max_tokens=12, temperature=0, seed=3)
+    assert text.choices[0].message.content == audio.transcript
+    assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") >= 2
+    voices = raw(spoken_server, "GET", "/v1/audio/voices")
+    assert voices[0] == 200 and b'"default"' in voices[2]
+
+
+@pytest.mark.parametrize("extra, status, code", [
+    ({"modalities": ["text", "audio"]}, 400, "missing_required_parameter"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "mp3"}}, 400, None),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "wav"}, "stream": True}, 400, None),
+    ({"modalities": ["audio"], "audio": {"voice": "default", "format": "wav"}}, 400, None),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}}, 404, "voice_not_found"),
+])
+def test_bad_spoken_requests(spoken_server, chat_bundle, extra, status, code):
+    got, _, body = raw(spoken_server, "POST", "/v1/chat/completions",
+                       {"model": Path(chat_bundle).name, "messages": SPOKEN_MESSAGES, "max_tokens": 4, **extra})
+    assert got == status, body
+    if code:
+        assert f'"{code}"'.encode() in body
+
+
+# ---------------------------------------------------------------- the page at / (a real headless Chromium)
+def _chromium() -> str:
+    """The system Chromium (Debian's package) driven by Playwright, or a skip saying what is missing."""
+    import shutil
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    reason = None
+    if path is None:
+        reason = "no chromium on PATH (apt-get install -y chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "the playwright package is not installed (pip install playwright; it drives the system chromium)"
+    if reason:
+        print(f"skipping the page test: {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.mark.slow  # ~60 s on 2 loaded cores: two servers start and a browser drives each
+def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
+        try:
+            page = browser.new_page()
+            offline = []  # every request the page makes must go to this server
+            page.on("request", lambda r: offline.append(r.url))
+            # a speech server: type text, hear it streamed
+            page.goto(server.url + "/")
+            page.fill("#key", KEY)
+            page.dispatch_event("#key", "change")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            assert page.is_visible("#speech") and not page.is_visible("#chat")
+            assert page.locator("#voice option").count() >= 2  # the folder's voices and the default
+            page.fill("#text", "Hello from the page.")
+            page.click("#speak")
+            page.wait_for_function("window.kztts.stats.bytes > 0 && window.kztts.stats.played > 0", timeout=120_000)
+            stats = page.evaluate("window.kztts.stats")
+            assert stats["bytes"] > 0 and stats["played"] >= 1 and stats["firstAudioMs"] > 0
+            page.fill("#text", " ")  # a bad input: the server's own message is shown
+            page.click("#speak")
+            page.wait_for_function("document.getElementById('error').textContent.length > 0", timeout=60_000)
+            assert "'input' is empty" in page.inner_text("#error")
+            page.screenshot(path=str(tmp_path / "page-speech.png"))
+            # a spoken-chat server: the transcript shows while the reply is spoken
+            page.goto(spoken_server.url + "/")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            assert page.is_visible("#chat")
+            page.fill("#message", "Say something.")
+            page.click("#send")
+            page.wait_for_function("window.kztts.stats.transcript.length > 0 && window.kztts.stats.played > 0",
+                                   timeout=180_000)
+            shown = page.inner_text(".assistant")
+            assert shown and shown.strip() == page.evaluate("window.kztts.stats.transcript").strip()
+            page.fill("#message", "")
+            page.click("#send")
+            assert "type a message first" in page.inner_text("#error")
+            page.screenshot(path=str(tmp_path / "page-chat.png"), full_page=True)
+            print(f"\npage screenshots: {tmp_path / 'page-speech.png'}, {tmp_path / 'page-chat.png'}")
+            hosts = {u.split("/")[2] for u in offline}
+            assert hosts <= {server.url.split("/")[2], spoken_server.url.split("/")[2]}, hosts
+        finally:
+            browser.close()

@@ -1,0 +1,78 @@
+"""A reply's text -> the utterances it is spoken in, as the text arrives (``ReplyCutter``) or whole
+(``reply_pieces``); both give the same pieces for the same text, however it was cut into tokens.
+
+A piece ends at a sentence end of ``kztts.tts.text_split.SENTENCE`` (``. ! ?`` followed by white
+space, CJK full stops, a blank line) or at a line end; a piece longer than ``MAX_WORDS`` words also
+ends at its next clause mark (``, ; :``). An end is only taken once the character after it has arrived
+(``3.5`` is no sentence end), so the pieces depend on the text alone. Markup a voice should not read
+(``*``, ``#``, backquotes, ``_`` runs) is dropped, and a piece without a letter or digit is not spoken."""
+from __future__ import annotations
+
+import re
+
+from kztts.tts.text_split import CLAUSE, SENTENCE
+
+MAX_WORDS = 30  # a piece this long ends at its next clause mark: the listener waits for a whole piece
+_LINE = re.compile(r"\n")
+_MARKUP = re.compile(r"[*#`]+|_{2,}")
+_SPOKEN = re.compile(r"\w")
+
+
+def clean(piece: str) -> str | None:
+    """The piece as it is spoken (markup dropped, white space collapsed), or None when nothing is left."""
+    text = " ".join(_MARKUP.sub("", piece).split())
+    return text if _SPOKEN.search(text) else None
+
+
+class ReplyCutter:
+    """Feed the reply's text as it arrives (``feed``), then ``end``; each returns the pieces completed."""
+
+    def __init__(self, max_words: int = MAX_WORDS):
+        self.max_words = max_words
+        self._buffer = ""
+
+    def _next_end(self, final: bool) -> int | None:
+        """Where the buffer's first piece ends, if that is known yet."""
+        text = self._buffer
+        ends = []
+        for pattern in (SENTENCE, _LINE):
+            for m in pattern.finditer(text):
+                if m.end() < len(text) or final:  # the next character is there (or none will come)
+                    ends.append(m.end())
+                    break
+        if len(text.split()) > self.max_words:
+            words = 0
+            for m in re.finditer(r"\S+", text):
+                words += 1
+                if words > self.max_words:
+                    clause = CLAUSE.search(text, m.start())
+                    if clause is not None and (clause.end() < len(text) or final):
+                        ends.append(clause.end())
+                    break
+        return min(ends) if ends else None
+
+    def _take(self, final: bool) -> list[str]:
+        pieces = []
+        while (end := self._next_end(final)) is not None:
+            piece, self._buffer = self._buffer[:end], self._buffer[end:]
+            if (spoken := clean(piece)) is not None:
+                pieces.append(spoken)
+        return pieces
+
+    def feed(self, text: str) -> list[str]:
+        self._buffer += text
+        return self._take(final=False)
+
+    def end(self) -> list[str]:
+        """The pieces left once the reply is complete."""
+        pieces = self._take(final=True)
+        rest, self._buffer = self._buffer, ""
+        if (spoken := clean(rest)) is not None:
+            pieces.append(spoken)
+        return pieces
+
+
+def reply_pieces(text: str, max_words: int = MAX_WORDS) -> list[str]:
+    """The pieces of a whole reply (``ReplyCutter`` fed it at once)."""
+    cutter = ReplyCutter(max_words)
+    return cutter.feed(text) + cutter.end()
