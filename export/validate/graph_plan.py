@@ -1,8 +1,8 @@
 """Run a float graph, or its quantized forms, on a QNN target (the simulated HTP) against fp32 on the CPU:
 ``kztts validate GRAPH.onnx --plan P --target simulator [--strict] --inputs SAMPLES``.
 
-The HTP side runs in a child process (fp16 mode leaks across the sessions of one process: QNN.md's
-observation, docs/PRECISION.md). :func:`plan_graph` writes the graph a plan describes
+The HTP side runs in a child process (fp16 mode leaks across the sessions of one process:
+docs/QNN_EP.md). :func:`plan_graph` writes the graph a plan describes
 (``kztts.export.common.graph_qdq.quantize_plan``); a plan with ``cpu`` nodes cannot run strict on the HTP (those
 nodes would need a graph split) and is refused with that reason.
 """

@@ -137,7 +137,7 @@ def _command_parser(parser: argparse.ArgumentParser, args: list[str]) -> tuple[a
     """The (sub)parser that reads ``args`` and the arguments it reads (its command name dropped)."""
     sub = _subparsers(parser)
     if sub and args and args[0] in sub:
-        return sub[args[0]], args[1:]
+        return _command_parser(sub[args[0]], args[1:])  # nested verbs: `kztts voice create ...`
     return parser, args
 
 
