@@ -24,6 +24,8 @@ def test_setup_installs_every_extra_and_the_docs_say_so():
         assert named and named[0] == declared, f"{doc} lists the extras {named[:1]}, setup.cfg declares {declared}"
 
 
-def test_setup_installs_espeak_ng_or_says_how():
+def test_setup_installs_espeak_ng_and_chromium_or_says_how():
     setup = (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8")
-    assert "apt-get install -y -qq espeak-ng" in setup and "sudo apt-get install -y espeak-ng" in setup
+    for package in ("espeak-ng", "chromium"):  # the ASR/Piper sentences; the page test's browser
+        assert f"command -v {package} >/dev/null || missing+=({package})" in setup, package
+    assert 'apt-get install -y -qq "${missing[@]}"' in setup and "sudo apt-get install -y ${missing[*]}" in setup
