@@ -349,7 +349,10 @@ class TTS:
         (``voice_prefix``). No result is kept; the decoder starts afresh at the next stream.
         Returns the seconds it took."""
         started = time.perf_counter()
-        voice = voice if voice is not None else Voice(np.zeros(self.speaker_size, np.float32))
+        if voice is None and self.kind.speakers:  # CustomVoice: a preset speaker, as its requests name one
+            voice = self.voice_from_speaker(next(iter(self.kind.speakers)))
+        elif voice is None and self.kind.kind == "base":  # VoiceDesign takes no voice: the instruction is optional
+            voice = Voice(np.zeros(self.speaker_size, np.float32))
         settings = replace(self.default_settings().greedy(), min_new_tokens=frames)
         for _ in self.stream(WARM_UP_TEXT, voice, language=language, settings=settings, max_frames=frames,
                              first_chunk=1, chunk_frames=max(1, frames - 1)):
