@@ -182,15 +182,19 @@ def test_bench_lm_script(qwen3_dir, small_target, tmp_path):
     rows = {r["name"]: r for r in json.loads((tmp_path / "lm_accuracy.json").read_text())["rows"]}
     assert list(rows) == ["cpu fp32", "cpu int8", "cpu int4", "htp-sim fp16 all-htp", "htp-sim fp16 guarded",
                           "htp-sim fp16 prefill-htp-decode-cpu", "htp-sim w8a16 all-htp",
-                          "htp-sim w8a16 prefill-htp-decode-cpu"]
-    assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover", "static", "handover"]
+                          "htp-sim w8a16 prefill-htp-decode-cpu", "htp-sim w4a16 all-htp",
+                          "htp-sim w4a16 prefill-htp-decode-cpu"]
+    assert [rows[n].get("runner") for n in list(rows)[3:]] == ["static", "segments", "handover", "static", "handover",
+                                                               "static", "handover"]
     for name in list(rows)[3:]:
         r = rows[name]
         # w8a16 (per-channel weights, float norms) on this random model: see test_lm.py's
         # test_w8a16_graphs_on_the_simulator (it was cos min 0.856 / mean 0.960 with ORT's QNN defaults)
-        floor = 0.99 if "fp16" in name else 0.98
+        # w4a16 on this random model measured cos min 0.649 all-htp / 0.852 handed over, mean 0.897 / 0.965:
+        # floors ~15% and ~5% below the all-htp row
+        floor = 0.99 if "fp16" in name else 0.98 if "w8a16" in name else 0.55
         assert r["error"] is None and r["ms_per_token"] is None and r["logits_cos_min"] > floor, r
-        assert r["logits_cos_mean"] > (0.999 if "fp16" in name else 0.997), r
+        assert r["logits_cos_mean"] > (0.999 if "fp16" in name else 0.997 if "w8a16" in name else 0.85), r
     assert rows["cpu int8"]["logits_cos_min"] > rows["cpu int4"]["logits_cos_min"]
     md = (tmp_path / "lm_accuracy.md").read_text()
     assert "CALIBRATION_TEXTS" in md and "--segments with --precision w8a16 is not supported" in md
