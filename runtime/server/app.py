@@ -346,10 +346,9 @@ class Api:
         s = self.service
         model = s.model_id
 
-        def chunk(delta: dict, finish: str | None = None, **extra) -> bytes:
-            return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                         "system_fingerprint": None,
-                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            return _chunk_sse(ident, created, model, [{"index": 0, "delta": delta, "logprobs": None,
+                                                       "finish_reason": finish}])
 
         complete = False
         event = first
@@ -370,8 +369,7 @@ class Api:
                     s.metrics.audio_seconds.inc(sent / s.tts.sample_rate)
                     yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, value["finish_reason"])
                     if include_usage:
-                        yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                                    "system_fingerprint": None, "choices": [], "usage": _usage(value)})
+                        yield _chunk_sse(ident, created, model, [], usage=_usage(value))
                     yield b"data: [DONE]\n\n"
                     return
                 else:
@@ -388,10 +386,9 @@ class Api:
                            request: Request) -> AsyncIterator[bytes]:
         model = self.service.model_id
 
-        def chunk(delta: dict, finish: str | None = None, **extra) -> bytes:
-            return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                         "system_fingerprint": None,
-                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            return _chunk_sse(ident, created, model, [{"index": 0, "delta": delta, "logprobs": None,
+                                                       "finish_reason": finish}])
 
         complete = False
         event = first
@@ -409,8 +406,7 @@ class Api:
                     complete = True
                     yield chunk({}, value["finish_reason"])
                     if include_usage:
-                        yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                                    "system_fingerprint": None, "choices": [], "usage": _usage(value)})
+                        yield _chunk_sse(ident, created, model, [], usage=_usage(value))
                     yield b"data: [DONE]\n\n"
                     return
                 else:
@@ -465,6 +461,12 @@ class Api:
 
 def _sse(data: dict) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _chunk_sse(ident: str, created: int, model: str, choices: list, **extra) -> bytes:
+    """One ``chat.completion.chunk`` event of a streamed chat completion (text or spoken)."""
+    return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "system_fingerprint": None, "choices": choices, **extra})
 
 
 def _usage(done: dict) -> dict:
