@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import empty_gguf
+from support import empty_gguf, real_gguf
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -265,9 +265,7 @@ def test_real_qwen25_coder_checkpoint(tmp_path):
     layers 2-25, cancelled by layer 26's MLP) measured through hooks. About 6 GB of RAM."""
     from tokenizers import Tokenizer
 
-    from kztts.lm.fetch import fetch_checkpoint
-
-    lm = load_causal_lm(fetch_checkpoint(), tmp_path)
+    lm = load_causal_lm(real_gguf(), tmp_path)
     f = lm.facts
     assert lm.gguf_tensors == 339
     assert (f.model_type, f.hidden, f.layers, f.heads, f.kv_heads, f.head_dim, f.ffn, f.vocab) == (
