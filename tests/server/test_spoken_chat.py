@@ -13,6 +13,7 @@ import pytest
 from kztts.assistant.reply_pieces import reply_pieces
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.core.audio import synthetic_voice
+from kztts.runners.codec import SAMPLES_PER_FRAME
 from kztts.server.chat import BatchedChat, ChatSpec, params_of, prompt_of
 from kztts.server.metrics import Metrics
 from kztts.server.scheduler import Job, Scheduler
@@ -36,10 +37,10 @@ def spec(lm, messages, seed: int, speak: SpeakSettings | None, max_tokens: int =
     return ChatSpec(prompt, lm.encode(prompt), max_tokens, params_of(lm, 0.9, None, None, None, False), seed, speak)
 
 
-def serve(engine, specs: list[ChatSpec]) -> list[tuple[str, np.ndarray, dict]]:
+def serve(engine, specs: list[ChatSpec], metrics: Metrics | None = None) -> list[tuple[str, np.ndarray, dict]]:
     """Each spec's (text, audio, done summary), all submitted at once to a scheduler over ``engine``."""
     loop = asyncio.new_event_loop()
-    scheduler = Scheduler(engine, queue=8, metrics=Metrics())
+    scheduler = Scheduler(engine, queue=8, metrics=metrics or Metrics())
 
     async def run():
         jobs = [Job("chat", s, loop) for s in specs]
@@ -82,16 +83,23 @@ def test_spoken_replies_share_the_batch_and_equal_their_solo_replies(engine, lm,
     specs = [spec(lm, m, seed=k, speak=s) for k, (m, s) in enumerate(zip(CONVERSATIONS, speaks))]
     alone = [serve(engine, [s])[0] for s in specs]
     lm_rows, tts_rows = rows_seen(monkeypatch, engine.chat), rows_seen(monkeypatch, engine.speech)
-    together = serve(engine, specs)
+    metrics = Metrics()
+    together = serve(engine, specs, metrics)
     assert max(lm_rows) == 3 and max(tts_rows) == 3, (lm_rows, tts_rows)  # three replies written and spoken at once
-    pieces = 0
+    pieces = frames = 0
     for s, (text, audio, done), (text1, audio1, _) in zip(specs, together, alone):
         assert text == done["text"] == text1 == "".join(lm.generate(s.prompt, s.max_tokens, params=s.params,
                                                                     seed=s.seed))
         np.testing.assert_array_equal(audio, audio1)
         np.testing.assert_array_equal(audio, speak_text(tts, text, s.speak)[0])
-        pieces += len(reply_pieces(text))
+        n = len(reply_pieces(text))
+        pieces += n
+        frames += audio.shape[0] // SAMPLES_PER_FRAME - max(n - 1, 0)  # an 80 ms gap (one frame) between pieces
     assert pieces > 3, [t for t, _, _ in together]  # some reply is spoken in more than one piece
+    # the scheduler counts both models' work: every token sampled (a stop token too) and every frame
+    count = metrics.registry.get_sample_value
+    assert count("kztts_tokens_total") == sum(done["completion_tokens"] for _, _, done in together)
+    assert count("kztts_frames_total") == frames
 
 
 def test_text_only_chats_batch_beside_the_speech_engine(engine, lm, monkeypatch):
