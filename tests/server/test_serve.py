@@ -581,6 +581,78 @@ def test_spoken_and_text_chats_at_once_share_the_batch_and_equal_their_solo_repl
     assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") - first_audios == 3
 
 
+HOLD = [{"role": "user", "content": "Hold the line, please."}]  # greedy, the tiny LM writes all 400 tokens
+
+
+@pytest.fixture(scope="module")
+def small_spoken_server(chat_bundle, equal_bundle, tmp_path_factory):
+    """One conversation, one waiting at most."""
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "small-spoken.log", "--tts", str(equal_bundle),
+                     "--batch", "1", "--queue", "1")
+    yield s
+    if s.proc.poll() is None:
+        stop(s)
+
+
+def _hold(chat_bundle, tokens: int) -> dict:
+    """A streamed spoken reply that holds its row for a while: 400 tokens are ~64 s of audio, ~5 s alone on 1
+    thread at tiny speed."""
+    return {"model": Path(chat_bundle).name, "messages": HOLD, "max_tokens": tokens, "temperature": 0, "seed": 1,
+            "stream": True, "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+
+
+def test_spoken_chat_queue_and_body_limits_and_a_client_that_leaves(small_spoken_server, solo_tts, lm, chat_bundle):
+    s = small_spoken_server
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    spoken = dict(model=Path(chat_bundle).name, messages=SPOKEN_MESSAGES, max_tokens=8, temperature=0, seed=5,
+                  modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    conn_a, resp_a = _open_stream(s, _hold(chat_bundle, 400), "/v1/chat/completions")
+    assert resp_a.status == 200 and resp_a.readline().startswith(b"data: ")  # A holds the only row
+    waited: dict = {}
+
+    def b() -> None:
+        waited["reply"] = client.chat.completions.create(**spoken)
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    _wait_for(lambda: metric(s, "kztts_queue_depth") == 1, "B to wait in the queue", s)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(**spoken)
+    assert refused.value.status_code == 429 and refused.value.code == "queue_full"
+    assert int(refused.value.response.headers["retry-after"]) >= 1 and "--queue 1" in refused.value.message
+    with pytest.raises(openai.APIStatusError) as too_big:  # a body over the limit (1 MiB) is refused unread
+        client.chat.completions.create(**{**spoken, "messages": [{"role": "user", "content": "a" * (1 << 20)}]})
+    assert too_big.value.status_code == 413 and too_big.value.code == "body_too_large"
+    conn_a.close()  # A leaves mid-reply: its rows are free at the next step and B starts
+    thread.join(timeout=120)
+    audio = waited["reply"].choices[0].message.audio
+    assert audio.transcript == _alone(lm, SPOKEN_MESSAGES, 8, greedy=True)
+    want = int16_of(_solo(solo_tts, audio.transcript, seed=5))
+    np.testing.assert_array_equal(sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")[0], want)
+    assert metric(s, "kztts_cancelled_total") == 1
+    _wait_for(lambda: metric(s, "kztts_running_streams") == 0, "the rows to empty", s)
+    healthy(s)
+
+
+def test_sigterm_lets_a_spoken_reply_finish_then_exits_0(small_spoken_server, solo_tts, lm, chat_bundle):
+    s = small_spoken_server
+    conn, resp = _open_stream(s, _hold(chat_bundle, 150), "/v1/chat/completions")
+    head = resp.readline()
+    s.proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: raw(s, "GET", "/health", key=None)[0] == 503, "the drain to begin", s)
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.APIStatusError) as late:
+        client.chat.completions.create(model=Path(chat_bundle).name, messages=SPOKEN_MESSAGES, max_tokens=4,
+                                       modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    assert late.value.status_code == 503 and late.value.code == "draining"
+    transcript, pcm, finish = _spoken_sse(head + resp.read())
+    conn.close()
+    assert finish == ["length"] and transcript == _alone(lm, HOLD, 150, greedy=True)
+    assert pcm == pcm16(_solo(solo_tts, transcript, seed=1))  # the whole reply, as spoken alone
+    assert s.proc.wait(timeout=60) == 0, s.tail()
+    assert "1 running and 0 waiting finish first" in s.tail() and "drained" in s.tail()  # it ran at the signal
+
+
 @pytest.mark.parametrize("extra, status, code", [
     ({"modalities": ["text", "audio"]}, 400, "missing_required_parameter"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "mp3"}}, 400, None),
