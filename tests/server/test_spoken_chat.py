@@ -133,3 +133,24 @@ def test_a_reply_whose_client_left_frees_its_rows(engine, lm, tts):
     s = spec(lm, CONVERSATIONS[1], 3, speak)
     text, audio, _ = serve(engine, [s])[0]
     np.testing.assert_array_equal(audio, speak_text(tts, text, speak)[0])
+
+
+def test_without_batched_graphs_conversations_run_one_at_a_time(chat_bundle, equal_bundle):
+    """The plain attention graphs have no batched form: one conversation at a time (``SerialChat``), its pieces
+    through ``TTS.stream`` (``SerialSpeech``), each reply equal to its run alone on the same graphs."""
+    from kztts.lm.lm import LM
+    from kztts.server.chat import SerialChat
+    from kztts.server.speech import SerialSpeech
+    from kztts.tts.tts import TTS
+
+    lm, tts = LM(chat_bundle, attention="plain"), TTS(equal_bundle, attention="plain", context=128)
+    engine = SpokenChatEngine(SerialChat(lm, "a test"), SerialSpeech(tts, "a test"))
+    assert engine.capacity == 1 and engine.mode.startswith("one conversation at a time, in arrival order (a test)")
+    speak = SpeakSettings(tts.voice_from_wav(synthetic_voice(seed=4), 24000), seed=2, max_frames=FRAMES)
+    specs = [spec(lm, CONVERSATIONS[2], 1, speak), spec(lm, CONVERSATIONS[0], 2, None, max_tokens=12)]
+    (text, audio, done), (text2, audio2, done2) = serve(engine, specs)
+    assert text == done["text"] == "".join(lm.generate(specs[0].prompt, 24, params=specs[0].params, seed=1))
+    assert audio.shape[0] > 0
+    np.testing.assert_array_equal(audio, speak_text(tts, text, speak)[0])
+    assert text2 == done2["text"] == "".join(lm.generate(specs[1].prompt, 12, params=specs[1].params, seed=2))
+    assert audio2.shape[0] == 0
