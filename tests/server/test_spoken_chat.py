@@ -1,7 +1,8 @@
 """The spoken chat engine (``kztts.server.spoken_chat``) driven by the server's scheduler without HTTP:
 conversations share the LM's batched rows and their pieces the TTS's batched rows, and each reply's text
-and samples equal the same reply served alone and ``speak_text`` of its transcript; text-only chats batch
-as on an LM-only server. Over HTTP with the openai client: tests/server/test_serve.py."""
+and samples equal the same reply served alone and ``speak_text`` of its transcript, whatever the turns
+between the two models; text-only chats batch as on an LM-only server. Over HTTP with the openai client:
+tests/server/test_serve.py."""
 from __future__ import annotations
 
 import asyncio
@@ -100,6 +101,30 @@ def test_spoken_replies_share_the_batch_and_equal_their_solo_replies(engine, lm,
     count = metrics.registry.get_sample_value
     assert count("kztts_tokens_total") == sum(done["completion_tokens"] for _, _, done in together)
     assert count("kztts_frames_total") == frames
+
+
+def test_turns_follow_the_listeners_lead_and_never_change_the_audio(lm, tts, monkeypatch):
+    """``lead`` 0: every listener is always far enough ahead, so the LM writes the whole reply before the
+    Talker's first frame. A lead beyond reach: the Talker steps alone while a piece is spoken and the LM has
+    spoken text waiting, so the reply is spoken while written. The same samples either way."""
+    speak = SpeakSettings(tts.voice_from_wav(synthetic_voice(seed=5), 24000), seed=1, max_frames=FRAMES)
+    s = spec(lm, CONVERSATIONS[2], 0, speak)
+    audios = []
+    for lead in (0.0, 1e9):
+        engine = SpokenChatEngine(BatchedChat(lm, 1), BatchedSpeech(tts, 1), lead=lead)
+        turns = []
+        for name, part in (("lm", engine.chat), ("tts", engine.speech)):
+            monkeypatch.setattr(part, "step", lambda step=part.step, name=name: turns.append(name) or step())
+        text, audio, _ = serve(engine, [s])[0]
+        audios.append(audio)
+        first_frame, last_token = turns.index("tts"), len(turns) - 1 - turns[::-1].index("lm")
+        if lead == 0:
+            assert last_token < first_frame, turns
+        else:
+            assert first_frame < last_token and turns[first_frame + 1] == "tts", turns
+    assert len(reply_pieces(text)) > 1  # a piece is spoken while the LM writes the next
+    np.testing.assert_array_equal(audios[0], audios[1])
+    np.testing.assert_array_equal(audios[0], speak_text(tts, text, speak)[0])
 
 
 def test_text_only_chats_batch_beside_the_speech_engine(engine, lm, monkeypatch):
