@@ -3,7 +3,7 @@
 ``command`` (the CLI command: ``kztts.cli`` holds the most modules a folder may) -> ``run`` (uvicorn, the
 drain on SIGTERM) -> ``app`` (Starlette routes, errors, access log) over a ``service`` (the opened TTS or
 LM, its ``scheduler`` thread and engine: ``speech`` or ``chat``, batched or one at a time, or ``spoken_chat``
-for an LM whose replies a TTS speaks), with
+over both for an LM whose replies a TTS speaks), with
 ``bodies`` (request checks), ``voices``, ``audio_out``, ``metrics`` and ``errors``. docs/SERVE.md.
 
 ``app`` also serves the try-it page (``page/index.html``). May import: the runtime layers below it (``core`` ..

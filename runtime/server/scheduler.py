@@ -78,7 +78,8 @@ class Engine(Protocol):
     mode: str  # a sentence for the start-up log: how requests are run
 
     def start(self, job: Job) -> None: ...  # admit a job (prefill its prompt); KzttsError refuses it
-    def step(self) -> int: ...  # one frame or token for every running job; returns how many were made
+    def step(self) -> int | dict[str, int]: ...  # one frame or token for every running job: how many were
+    # made (in ``unit``s, or per unit: {"tokens": n, "frames": m} for an engine over two models)
     def drop(self, job: Job) -> None: ...  # a cancelled job leaves its row
     def reset(self) -> None: ...  # after a bug: forget every running job, fresh buffers
 
@@ -178,8 +179,9 @@ class Scheduler:
             self.metrics.running.set(len(engine.running))
             if engine.running:
                 made = self._guard(engine.step, None)
-                if made:
-                    self.metrics.produced(made, engine.unit)
+                for unit, n in (made.items() if isinstance(made, dict) else ((engine.unit, made),)):
+                    if n:
+                        self.metrics.produced(n, unit)
             self.metrics.running.set(len(engine.running))
 
     def _guard(self, call, job: Job | None):

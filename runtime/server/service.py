@@ -108,7 +108,8 @@ class Service:
             voices = VoiceBook.load(tts, options.voices)
             warm_up(tts, voices)
             settings = with_environment(preset("reference", tts.bundle.manifest.generation))
-            return cls(options, "lm", lm, SpokenChatEngine(lm, tts), voices, settings, tts=tts)
+            engine = SpokenChatEngine(open_chat_engine(lm, options.batch), open_speech_engine(tts, options.batch))
+            return cls(options, "lm", lm, engine, voices, settings, tts=tts)
         if options.tts is not None:
             raise KzttsError(f"{options.bundle} is a TTS bundle; --tts goes with an LM bundle (kztts serve LM --tts TTS)")
         tts = TTS(bundle, target=options.target, placement=options.placement,

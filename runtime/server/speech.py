@@ -36,11 +36,14 @@ FIRST_CAPACITY = 256  # KV positions per row to start with; the rows grow when a
 
 @dataclass
 class SpeechSpec:
-    """What a speech job runs: the request, streamed or whole, and its prepared pieces (batched)."""
+    """What a speech job runs: the request, streamed or whole (in chunks of ``TTS.stream``'s sizes), and its
+    prepared pieces (batched)."""
 
     request: SynthesisRequest
     stream: bool
     prepared: BatchedRequest | None = None
+    chunk_frames: int = CHUNK_FRAMES
+    first_chunk: int = 1
 
 
 def summary(result: SynthesisResult) -> dict:
@@ -127,9 +130,11 @@ class BatchedSpeech:
         """Frames and ends whose audio is not made yet."""
         return self.audio.pending
 
-    def prepare(self, request: SynthesisRequest, stream: bool) -> SpeechSpec:
+    def prepare(self, request: SynthesisRequest, stream: bool, chunk_frames: int = CHUNK_FRAMES,
+                first_chunk: int = 1) -> SpeechSpec:
         """Check a request and cut its text into pieces (any thread: reads the bundle only)."""
-        return SpeechSpec(request, stream, BatchedRequest(self.tts, request, stream=stream, chunk_frames=CHUNK_FRAMES))
+        return SpeechSpec(request, stream, BatchedRequest(self.tts, request, stream=stream, chunk_frames=chunk_frames,
+                                                          first_chunk=first_chunk), chunk_frames, first_chunk)
 
     def start(self, job: Job) -> None:
         self.loop.join(job, job.spec.prepared.next_run())
@@ -180,15 +185,17 @@ class SerialSpeech:
         self._chunks: Iterator[np.ndarray] | None = None
         self.mode = f"one request at a time, in arrival order ({why})"
 
-    def prepare(self, request: SynthesisRequest, stream: bool) -> SpeechSpec:
+    def prepare(self, request: SynthesisRequest, stream: bool, chunk_frames: int = CHUNK_FRAMES,
+                first_chunk: int = 1) -> SpeechSpec:
         self.tts.pieces(request)  # a request that cannot be spoken is refused before it waits
-        return SpeechSpec(request, stream)
+        return SpeechSpec(request, stream, None, chunk_frames, first_chunk)
 
     def _run(self, job: Job) -> Iterator[np.ndarray]:
         spec: SpeechSpec = job.spec
         holder: dict = {}
         if spec.stream:
-            yield from self.tts.stream(spec.request, result=holder, chunk_frames=CHUNK_FRAMES)
+            yield from self.tts.stream(spec.request, result=holder, chunk_frames=spec.chunk_frames,
+                                       first_chunk=spec.first_chunk)
             result = holder["result"]
         else:
             def frame(_n: int) -> None:

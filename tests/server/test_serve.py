@@ -250,9 +250,10 @@ def small_server(equal_bundle, tmp_path_factory):
         stop(s)
 
 
-def _open_stream(server: Server, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+def _open_stream(server: Server, body: dict, path: str = "/v1/audio/speech"
+                 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     conn = http.client.HTTPConnection(*server.host_port, timeout=60)
-    conn.request("POST", "/v1/audio/speech", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     return conn, conn.getresponse()
 
 
@@ -454,8 +455,9 @@ SPOKEN_MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
 @pytest.fixture(scope="module")
-def spoken_server(chat_bundle, equal_bundle, tmp_path_factory):
-    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "spoken.log", "--tts", str(equal_bundle))
+def spoken_server(chat_bundle, equal_bundle, voices_dir, tmp_path_factory):
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "spoken.log", "--tts", str(equal_bundle),
+                     "--voices", str(voices_dir), "--batch", "3")
     yield s
     assert stop(s) == 0, s.tail()
 
@@ -466,13 +468,28 @@ def solo_tts(equal_bundle):
     return TTS(Bundle.open(equal_bundle, SessionConfig(threads=1), load_graphs=False))
 
 
-def _solo(tts: TTS, transcript: str, seed: int) -> np.ndarray:
-    """The reply's samples as ``kztts synth --sentences`` speaks its transcript alone."""
+def _solo(tts: TTS, transcript: str, seed: int, voice=None) -> np.ndarray:
+    """The reply's samples as ``kztts synth --sentences`` speaks its transcript alone (the server's "default"
+    voice unless ``voice`` is given)."""
     from kztts.core.audio import synthetic_voice
 
-    voice = tts.voice_from_wav(synthetic_voice(), 24000)  # the server's "default" voice
+    voice = voice if voice is not None else tts.voice_from_wav(synthetic_voice(), 24000)
     samples, _ = speak_text(tts, transcript, SpeakSettings(voice, seed=seed, settings=tts.default_settings()))
     return samples
+
+
+def _spoken_sse(data: bytes) -> tuple[str, bytes, list[str]]:
+    """A streamed spoken reply's transcript, pcm16 bytes and finish reasons, from its raw event stream."""
+    transcript, pcm, finish = "", b"", []
+    assert data.rstrip().endswith(b"data: [DONE]"), data[-300:]
+    for line in data.decode().splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                audio = choice["delta"].get("audio") or {}
+                transcript += audio.get("transcript") or ""
+                pcm += base64.b64decode(audio.get("data") or "")
+                finish += [choice["finish_reason"]] if choice["finish_reason"] else []
+    return transcript, pcm, finish
 
 
 def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundle):
@@ -509,6 +526,131 @@ def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundl
     assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") >= 2
     voices = raw(spoken_server, "GET", "/v1/audio/voices")
     assert voices[0] == 200 and b'"default"' in voices[2]
+
+
+def test_spoken_and_text_chats_at_once_share_the_batch_and_equal_their_solo_replies(spoken_server, solo_tts, lm,
+                                                                                   voices_dir, chat_bundle):
+    """Three spoken replies (different voices, seeds, whole and streamed) and two text-only chats at --batch 3:
+    each transcript is the LM's reply alone, each reply's audio ``kztts synth --sentences`` of it alone."""
+    from kztts.core.audio import read_voice
+    from kztts.generation.sampling import SamplingParams
+
+    client = openai.OpenAI(base_url=spoken_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    model = Path(chat_bundle).name
+    health = json.loads(raw(spoken_server, "GET", "/health", key=None)[2])
+    assert health["batch"] == 3 and "up to 3 conversations share each token" in health["mode"]
+    assert "up to 3 requests share each frame" in health["mode"]
+    voices = {"alice": solo_tts.voice_from_wav(*read_voice(voices_dir / "alice.wav")),
+              "bob": solo_tts.voice_from_xvector(voices_dir / "bob.npy"), "default": None}
+    asks = [(CONVERSATIONS[0], "alice", 3, False), (CONVERSATIONS[1], "bob", 4, True),
+            (CONVERSATIONS[3], "default", 5, False), (CONVERSATIONS[0], None, 6, False), (CONVERSATIONS[2], None, 7, True)]
+    first_tokens = metric(spoken_server, "kztts_time_to_first_token_seconds_count")
+    first_audios = metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count")
+
+    def ask(case) -> tuple[str, np.ndarray | bytes | None]:
+        messages, voice, seed, stream = case
+        options = dict(model=model, messages=messages, max_tokens=16, temperature=0.7, seed=seed)
+        if voice is None:  # text only
+            if stream:
+                return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                    **options, stream=True) if c.choices), None
+            return client.chat.completions.create(**options).choices[0].message.content, None
+        if stream:
+            r = raw(spoken_server, "POST", "/v1/chat/completions", {**options, "stream": True, "modalities": [
+                "text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}, key=None)
+            transcript, pcm, finish = _spoken_sse(r[2])
+            assert len(finish) == 1
+            return transcript, pcm
+        audio = client.chat.completions.create(**options, modalities=["text", "audio"],
+                                               audio={"voice": voice, "format": "wav"}).choices[0].message.audio
+        return audio.transcript, sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")[0]
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        answers = list(pool.map(ask, asks))
+    params = SamplingParams(**{**lm.params.__dict__, "temperature": 0.7, "greedy": False})
+    for (messages, voice, seed, stream), (text, audio) in zip(asks, answers):
+        assert text == _alone(lm, messages, 16, params=params, seed=seed), (voice, seed)
+        if voice is not None:
+            want = _solo(solo_tts, text, seed, voices[voice])
+            if stream:
+                assert audio == pcm16(want), (voice, seed)
+            else:
+                np.testing.assert_array_equal(audio, int16_of(want))
+    # the time to first token counts the text chats, the time to first audio the spoken ones
+    assert metric(spoken_server, "kztts_time_to_first_token_seconds_count") - first_tokens == 2
+    assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") - first_audios == 3
+
+
+HOLD = [{"role": "user", "content": "Hold the line, please."}]  # greedy, the tiny LM writes all 400 tokens
+
+
+@pytest.fixture(scope="module")
+def small_spoken_server(chat_bundle, equal_bundle, tmp_path_factory):
+    """One conversation, one waiting at most."""
+    s = start_server(chat_bundle, tmp_path_factory.mktemp("log") / "small-spoken.log", "--tts", str(equal_bundle),
+                     "--batch", "1", "--queue", "1")
+    yield s
+    if s.proc.poll() is None:
+        stop(s)
+
+
+def _hold(chat_bundle, tokens: int) -> dict:
+    """A streamed spoken reply that holds its row for a while: 400 tokens are ~64 s of audio, ~5 s alone on 1
+    thread at tiny speed."""
+    return {"model": Path(chat_bundle).name, "messages": HOLD, "max_tokens": tokens, "temperature": 0, "seed": 1,
+            "stream": True, "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+
+
+def test_spoken_chat_queue_and_body_limits_and_a_client_that_leaves(small_spoken_server, solo_tts, lm, chat_bundle):
+    s = small_spoken_server
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    spoken = dict(model=Path(chat_bundle).name, messages=SPOKEN_MESSAGES, max_tokens=8, temperature=0, seed=5,
+                  modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    conn_a, resp_a = _open_stream(s, _hold(chat_bundle, 400), "/v1/chat/completions")
+    assert resp_a.status == 200 and resp_a.readline().startswith(b"data: ")  # A holds the only row
+    waited: dict = {}
+
+    def b() -> None:
+        waited["reply"] = client.chat.completions.create(**spoken)
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    _wait_for(lambda: metric(s, "kztts_queue_depth") == 1, "B to wait in the queue", s)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(**spoken)
+    assert refused.value.status_code == 429 and refused.value.code == "queue_full"
+    assert int(refused.value.response.headers["retry-after"]) >= 1 and "--queue 1" in refused.value.message
+    with pytest.raises(openai.APIStatusError) as too_big:  # a body over the limit (1 MiB) is refused unread
+        client.chat.completions.create(**{**spoken, "messages": [{"role": "user", "content": "a" * (1 << 20)}]})
+    assert too_big.value.status_code == 413 and too_big.value.code == "body_too_large"
+    conn_a.close()  # A leaves mid-reply: its rows are free at the next step and B starts
+    thread.join(timeout=120)
+    audio = waited["reply"].choices[0].message.audio
+    assert audio.transcript == _alone(lm, SPOKEN_MESSAGES, 8, greedy=True)
+    want = int16_of(_solo(solo_tts, audio.transcript, seed=5))
+    np.testing.assert_array_equal(sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")[0], want)
+    assert metric(s, "kztts_cancelled_total") == 1
+    _wait_for(lambda: metric(s, "kztts_running_streams") == 0, "the rows to empty", s)
+    healthy(s)
+
+
+def test_sigterm_lets_a_spoken_reply_finish_then_exits_0(small_spoken_server, solo_tts, lm, chat_bundle):
+    s = small_spoken_server
+    conn, resp = _open_stream(s, _hold(chat_bundle, 150), "/v1/chat/completions")
+    head = resp.readline()
+    s.proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: raw(s, "GET", "/health", key=None)[0] == 503, "the drain to begin", s)
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.APIStatusError) as late:
+        client.chat.completions.create(model=Path(chat_bundle).name, messages=SPOKEN_MESSAGES, max_tokens=4,
+                                       modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    assert late.value.status_code == 503 and late.value.code == "draining"
+    transcript, pcm, finish = _spoken_sse(head + resp.read())
+    conn.close()
+    assert finish == ["length"] and transcript == _alone(lm, HOLD, 150, greedy=True)
+    assert pcm == pcm16(_solo(solo_tts, transcript, seed=1))  # the whole reply, as spoken alone
+    assert s.proc.wait(timeout=60) == 0, s.tail()
+    assert "1 running and 0 waiting finish first" in s.tail() and "drained" in s.tail()  # it ran at the signal
 
 
 @pytest.mark.parametrize("extra, status, code", [

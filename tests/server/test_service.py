@@ -69,3 +69,18 @@ def test_a_tts_bundle_is_a_speech_service_with_its_voices_and_settings(equal_bun
         assert service.settings.talker.temperature == 0.5 and service.settings.code_predictor.top_k == 7
     finally:
         service.close()
+
+
+def test_an_lm_with_a_tts_is_a_spoken_chat_service_over_both_batch_loops(chat_bundle, equal_bundle):
+    from kztts.server.spoken_chat import SpokenChatEngine
+
+    service = Service.open(ServeOptions(bundle=chat_bundle, tts=equal_bundle, batch=3))
+    service.start()
+    try:
+        engine = service.engine
+        assert isinstance(engine, SpokenChatEngine) and service.tts is not None and service.voices is not None
+        assert isinstance(engine.chat, BatchedChat) and isinstance(engine.speech, BatchedSpeech)
+        assert engine.capacity == engine.chat.capacity == engine.speech.capacity == 3
+        assert "up to 3 conversations share each token" in engine.mode and "up to 3 requests" in engine.mode
+    finally:
+        service.close()
