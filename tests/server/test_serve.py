@@ -526,6 +526,8 @@ def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundl
     assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") >= 2
     voices = raw(spoken_server, "GET", "/v1/audio/voices")
     assert voices[0] == 200 and b'"default"' in voices[2]
+    card = json.loads(raw(spoken_server, "GET", "/v1/models")[2])["data"][0]
+    assert card["kind"] == "chat" and card["tts"]["kind"] == "base"  # the TTS that speaks the replies
 
 
 def test_spoken_and_text_chats_at_once_share_the_batch_and_equal_their_solo_replies(spoken_server, solo_tts, lm,
