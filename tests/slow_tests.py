@@ -47,7 +47,11 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     # -------------------------------------------------------------- the server
     "tests/server/test_serve.py::test_page_speaks_chats_and_shows_errors":
         ("two servers start (speech; LM + TTS) and Debian's chromium, driven by Playwright, speaks, chats and "
-         "shows an error on each", 128, "here, load 20"),
+         "shows an error on each", 12, "here, load 12-14"),
+    "tests/server/test_serve.py::test_page_offers_what_each_kind_takes":
+        ("three servers start (CustomVoice 1.7B and 0.6B, VoiceDesign) and Debian's chromium, driven by Playwright, "
+         "speaks a preset speaker with an instruction and a designed voice, each equal to the server's own answer",
+         12, "here, load 11-14"),
     # -------------------------------------------------------------- files and processes
     "tests/core/test_output_lock.py::test_two_exports_to_one_destination_one_succeeds_the_other_fails_in_one_line":
         ("two real kztts export processes of the tiny checkpoint started together", 504, "here, load 15-17"),

@@ -36,6 +36,7 @@ from kztts.server.chat import ChatSpec, params_of, prompt_of
 from kztts.server.errors import ApiError, bad, error_body
 from kztts.server.scheduler import Job
 from kztts.server.service import Service
+from kztts.server.voices import offer
 from kztts.tts.model_kind import KindError
 from kztts.tts.request import SynthesisRequest
 
@@ -433,8 +434,11 @@ class Api:
 
     def _model_card(self) -> dict:
         s = self.service
-        return {"id": s.model_id, "object": "model", "created": int(s.options.bundle.stat().st_mtime),
+        card = {"id": s.model_id, "object": "model", "created": int(s.options.bundle.stat().st_mtime),
                 "owned_by": "kztts", "kind": "speech" if s.kind == "tts" else "chat"}
+        if s.tts is not None:
+            card["tts"] = offer(s.tts.kind)
+        return card
 
     async def models(self, request: Request) -> Response:
         return _json({"object": "list", "data": [self._model_card()]})

@@ -10,6 +10,9 @@ request's voice name is never joined to a path. The default voice (a request tha
 
 CustomVoice: the bundle's preset speakers (case-insensitive), no default. VoiceDesign: only ``default``, no
 voice at all: the request's ``instructions`` describe it. Neither takes ``--voices``.
+
+``offer`` says what a client may send (the model card's ``tts``: the kind, and whether ``instructions`` are taken),
+so that a client such as the page at ``/`` shows a voice picker, an instruction field, or both.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from kztts.core.audio import read_voice, synthetic_voice
 from kztts.core.errors import KzttsError
 from kztts.server.bodies import VOICE_DEFAULT
 from kztts.server.errors import ApiError
+from kztts.tts.model_kind import ModelKind
 from kztts.tts.request import Voice
 
 log = logging.getLogger(__name__)
@@ -30,6 +34,14 @@ RECORDINGS = (".wav", ".flac", ".ogg")
 XVECTORS = (".npy",)
 SAVED = (".voice",)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def offer(kind: ModelKind) -> dict:
+    """What a speaking server's bundle takes: ``kind`` (base: ``voice`` names a cloned voice; custom_voice: a preset
+    speaker; voice_design: none, the instructions describe the voice), ``label`` (the kind with its size) and
+    ``takes_instruction`` (``instructions`` of ``POST /v1/audio/speech``; a spoken chat's ``audio`` has no such key,
+    as in OpenAI's API)."""
+    return {"kind": kind.kind, "label": kind.label, "takes_instruction": kind.takes_instruction}
 
 
 @dataclass(frozen=True)

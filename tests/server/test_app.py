@@ -137,10 +137,13 @@ def test_models_listing_and_cards(speech, speech_app, chat, chat_app):
     assert card["id"] == speech.model_id and (card["object"], card["owned_by"], card["kind"]) == ("model", "kztts",
                                                                                                   "speech")
     assert isinstance(card["created"], int)
+    # kztts's field: what the bundle takes, so that a client (the page at /) shows a voice picker or an instruction
+    assert card["tts"] == {"kind": "base", "label": speech.model.kind.label, "takes_instruction": False}
     assert call(speech_app, "GET", f"/v1/models/{speech.model_id}").json() == card
     other = call(speech_app, "GET", "/v1/models/gpt-4")
     assert other.status == 404 and other.error()["code"] == "model_not_found"
-    assert call(chat_app, "GET", "/v1/models").json()["data"][0]["kind"] == "chat"
+    chat_card = call(chat_app, "GET", "/v1/models").json()["data"][0]
+    assert chat_card["kind"] == "chat" and "tts" not in chat_card  # an LM alone speaks nothing
     answer = call(chat_app, "GET", "/v1/audio/voices")
     assert answer.status == 404 and "it has no voices" in answer.error()["message"]
     assert call(speech_app, "GET", "/v1/audio/voices").json()["data"][0]["id"] == "default"

@@ -526,6 +526,8 @@ def test_spoken_reply_with_the_openai_client(spoken_server, solo_tts, chat_bundl
     assert metric(spoken_server, "kztts_chat_time_to_first_audio_seconds_count") >= 2
     voices = raw(spoken_server, "GET", "/v1/audio/voices")
     assert voices[0] == 200 and b'"default"' in voices[2]
+    card = json.loads(raw(spoken_server, "GET", "/v1/models")[2])["data"][0]
+    assert card["kind"] == "chat" and card["tts"]["kind"] == "base"  # the TTS that speaks the replies
 
 
 def test_spoken_and_text_chats_at_once_share_the_batch_and_equal_their_solo_replies(spoken_server, solo_tts, lm,
@@ -688,14 +690,29 @@ def _chromium() -> str:
     return path
 
 
-@pytest.mark.slow  # ~60 s on 2 loaded cores: two servers start and a browser drives each
+SHOTS_VARIABLE = "KZTTS_PAGE_SCREENSHOTS"  # a folder (docs/ to refresh the docs' screenshots); unset: the test's tmp
+
+
+def _shots(tmp_path: Path) -> Path:
+    """Where the page tests save their screenshots."""
+    folder = Path(os.environ.get(SHOTS_VARIABLE) or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _browser(p, chromium: str):
+    return p.chromium.launch(executable_path=chromium, headless=True,
+                             args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
+
+
+@pytest.mark.slow  # a real browser: two servers start and Debian's chromium drives each (~12 s here, load 12-14)
 def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
     from playwright.sync_api import sync_playwright
 
     chromium = _chromium()
+    shots = _shots(tmp_path)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True,
-                                    args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"])
+        browser = _browser(p, chromium)
         try:
             page = browser.new_page()
             offline = []  # every request the page makes must go to this server
@@ -707,6 +724,10 @@ def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
             page.wait_for_selector("body[data-ready='1']", timeout=60_000)
             assert page.is_visible("#speech") and not page.is_visible("#chat")
             assert page.locator("#voice option").count() >= 2  # the folder's voices and the default
+            groups = page.eval_on_selector_all("#voice optgroup", "gs => gs.map(g => g.label)")
+            assert groups == ["Recordings", "X-vectors", "Built-in"]  # alice.wav, bob.npy, the default
+            assert "cloned voices; it takes no instruction" in page.inner_text("#offer")
+            assert not page.is_visible("#instruction-field")
             page.fill("#text", "Hello from the page.")
             page.click("#speak")
             page.wait_for_function("window.kztts.stats.bytes > 0 && window.kztts.stats.played > 0", timeout=120_000)
@@ -716,23 +737,120 @@ def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
             page.click("#speak")
             page.wait_for_function("document.getElementById('error').textContent.length > 0", timeout=60_000)
             assert "'input' is empty" in page.inner_text("#error")
-            page.screenshot(path=str(tmp_path / "page-speech.png"))
+            page.screenshot(path=str(shots / "page-speech.png"))
             # a spoken-chat server: the transcript shows while the reply is spoken
             page.goto(spoken_server.url + "/")
             page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-            assert page.is_visible("#chat")
+            assert page.is_visible("#chat") and page.is_visible("#voice-field")  # the picker drives audio.voice
+            assert "replies spoken by Base" in page.inner_text("#offer")
             page.fill("#message", "Say something.")
-            page.click("#send")
-            page.wait_for_function("window.kztts.stats.transcript.length > 0 && window.kztts.stats.played > 0",
-                                   timeout=180_000)
+            page.select_option("#voice", "alice")
+            with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+                page.click("#send")
+            assert json.loads(sent.value.post_data)["audio"] == {"voice": "alice", "format": "pcm16"}
+            # the whole reply received (the page's done), so the line shown is the whole transcript
+            page.wait_for_function("window.kztts.stats.done && window.kztts.stats.transcript.length > 0 && "
+                                   "window.kztts.stats.played > 0", timeout=180_000)
             shown = page.inner_text(".assistant")
             assert shown and shown.strip() == page.evaluate("window.kztts.stats.transcript").strip()
             page.fill("#message", "")
             page.click("#send")
             assert "type a message first" in page.inner_text("#error")
-            page.screenshot(path=str(tmp_path / "page-chat.png"), full_page=True)
-            print(f"\npage screenshots: {tmp_path / 'page-speech.png'}, {tmp_path / 'page-chat.png'}")
+            page.screenshot(path=str(shots / "page-chat.png"), full_page=True)
+            print(f"\npage screenshots: {shots / 'page-speech.png'}, {shots / 'page-chat.png'}")
             hosts = {u.split("/")[2] for u in offline}
             assert hosts <= {server.url.split("/")[2], spoken_server.url.split("/")[2]}, hosts
         finally:
             browser.close()
+
+
+PAGE_TEXT = "Hello from a preset speaker."
+
+
+def _page_speaks(page, server: Server) -> tuple[dict, bytes]:
+    """Click Speak; the body the page sent and the PCM that arrived, once the page has received it all and played
+    some of it (its own count of bytes equals what arrived)."""
+    with page.expect_response(lambda r: r.url == server.url + "/v1/audio/speech") as answer:
+        page.click("#speak")
+    page.wait_for_function("window.kztts.stats.done && window.kztts.stats.played > 0", timeout=180_000)
+    response = answer.value
+    assert response.status == 200
+    got = response.body()
+    assert got and page.evaluate("window.kztts.stats.bytes") == len(got)
+    return json.loads(response.request.post_data), got
+
+
+@pytest.mark.slow  # a real browser: three servers (CustomVoice 1.7B, 0.6B, VoiceDesign) start (~12 s here, load 11-14)
+def test_page_offers_what_each_kind_takes(custom_voice_bundle, custom_voice_06_bundle, voice_design_bundle,
+                                          tmp_path_factory, tmp_path):
+    """CustomVoice 1.7B: the page picks a preset speaker and sends an instruction; the audio it hears is the server's
+    own answer to the same request. CustomVoice 0.6B: speakers, no instruction field. VoiceDesign: a voice
+    description, no voice picker."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    shots = _shots(tmp_path)
+    logs = tmp_path_factory.mktemp("log")
+    # a short Talker context keeps each random-weight utterance short (the page asks no max_frames)
+    cv = start_server(custom_voice_bundle, logs / "cv.log", "--context", "96")
+    servers = [cv]
+    try:
+        servers.append(start_server(custom_voice_06_bundle, logs / "cv06.log", "--context", "96"))
+        servers.append(start_server(voice_design_bundle, logs / "vd.log", "--context", "96"))
+        cv06, vd = servers[1:]
+        with sync_playwright() as p:
+            browser = _browser(p, chromium)
+            try:
+                page = browser.new_page()
+                offline = []  # every request the page makes must go to these servers
+                page.on("request", lambda r: offline.append(r.url))
+                # CustomVoice 1.7B: preset speakers grouped, dialects shown; an instruction sets the style
+                page.goto(cv.url + "/")
+                page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+                assert page.is_visible("#voice-field") and page.is_visible("#instruction-field")
+                labels = page.inner_text("#voice-label"), page.inner_text("#instruction-label")
+                assert labels == ("speaker", "instruction")
+                assert "CustomVoice 1.7B: preset speakers; an optional instruction" in page.inner_text("#offer")
+                groups = page.eval_on_selector_all("#voice optgroup", "gs => gs.map(g => g.label)")
+                assert groups == ["Preset speakers"]
+                options = page.eval_on_selector_all("#voice option", "os => os.map(o => [o.value, o.textContent])")
+                assert len(options) == 9 and ["dylan", "dylan (Beijing dialect)"] in options, options
+                page.select_option("#voice", "eric")
+                page.fill("#instructions", "Very happy.")
+                page.fill("#text", PAGE_TEXT)
+                sent, heard = _page_speaks(page, cv)
+                assert sent == {"model": sent["model"], "input": PAGE_TEXT, "voice": "eric",
+                                "instructions": "Very happy.", "response_format": "pcm", "stream": True}
+                status, _, want = raw(cv, "POST", "/v1/audio/speech", sent, key=None)
+                assert status == 200 and heard == want  # the server's own answer to the same request, byte for byte
+                plain = raw(cv, "POST", "/v1/audio/speech", {k: v for k, v in sent.items() if k != "instructions"},
+                            key=None)[2]
+                assert plain != heard  # the instruction reached the model
+                assert "all received" in page.inner_text("#status")
+                page.screenshot(path=str(shots / "page-custom-voice.png"))
+                page.fill("#text", " ")  # a bad input: the server's own message is shown
+                page.click("#speak")
+                page.wait_for_function("document.getElementById('error').textContent.length > 0", timeout=60_000)
+                assert "'input' is empty" in page.inner_text("#error")
+                # CustomVoice 0.6B: speakers, and no instruction field (kztts refuses what qwen-tts would drop)
+                page.goto(cv06.url + "/")
+                page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+                assert page.is_visible("#voice-field") and not page.is_visible("#instruction-field")
+                assert "CustomVoice 0.6B: preset speakers; it takes no instruction" in page.inner_text("#offer")
+                # VoiceDesign: no voice to pick, the instruction describes it
+                page.goto(vd.url + "/")
+                page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+                assert not page.is_visible("#voice-field") and page.is_visible("#instruction-field")
+                assert page.inner_text("#instruction-label") == "voice description"
+                page.fill("#instructions", "A deep, calm voice.")
+                page.fill("#text", PAGE_TEXT)
+                sent, heard = _page_speaks(page, vd)
+                assert (sent["voice"], sent["instructions"]) == ("default", "A deep, calm voice.")
+                assert heard == raw(vd, "POST", "/v1/audio/speech", sent, key=None)[2]
+                hosts = {u.split("/")[2] for u in offline}
+                assert hosts <= {s.url.split("/")[2] for s in servers}, hosts
+            finally:
+                browser.close()
+    finally:
+        codes = [stop(s) for s in servers]
+        assert codes == [0] * len(servers), [s.tail() for s in servers]

@@ -44,6 +44,8 @@ def test_preset_speaker_and_instructions_equal_kztts_synth(cv_server, custom_voi
     voices = {v["id"]: v for v in json.loads(body)["data"]}
     assert status == 200 and len(voices) == 9 and voices["dylan"]["dialect"] == "beijing_dialect"
     assert voices["ryan"]["source"] == "preset"
+    card = json.loads(raw(cv_server, "GET", "/v1/models")[2])["data"][0]
+    assert card["tts"] == {"kind": "custom_voice", "label": "CustomVoice 1.7B", "takes_instruction": True}
 
 
 @pytest.mark.parametrize("body, status, code, param, words", [

@@ -10,7 +10,7 @@ import pytest
 from kztts.core.audio import read_voice, synthetic_voice, write_wav
 from kztts.core.errors import KzttsError
 from kztts.server.errors import ApiError
-from kztts.server.voices import VoiceBook
+from kztts.server.voices import VoiceBook, offer
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +80,18 @@ def test_bad_folders_are_refused_at_start(tts, tmp_path):
     np.save(wrong / "dave.npy", np.ones(tts.speaker_size + 1, np.float32))
     with pytest.raises(KzttsError, match="dave.npy"):
         VoiceBook.load(tts, wrong)
+
+
+def test_offer_says_what_each_kind_takes(tts, custom_voice_bundle, custom_voice_06_bundle, voice_design_bundle):
+    from kztts.bundle.bundle import Bundle
+    from kztts.tts.model_kind import ModelKind
+
+    def of(bundle) -> dict:
+        return offer(ModelKind.of(Bundle.open(bundle, load_graphs=False).manifest))
+
+    assert offer(tts.kind) == {"kind": "base", "label": tts.kind.label, "takes_instruction": False}
+    assert of(custom_voice_bundle) == {"kind": "custom_voice", "label": "CustomVoice 1.7B", "takes_instruction": True}
+    # qwen-tts drops a 0.6B CustomVoice instruction: kztts refuses one, so a client shows no field for it
+    assert of(custom_voice_06_bundle) == {"kind": "custom_voice", "label": "CustomVoice 0.6B",
+                                          "takes_instruction": False}
+    assert of(voice_design_bundle) == {"kind": "voice_design", "label": "VoiceDesign 1.7B", "takes_instruction": True}
