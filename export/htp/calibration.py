@@ -110,8 +110,6 @@ def chunk_decoder_feeds(path: Path, codes: np.ndarray, codebook_size: int) -> li
     """The feeds of the static decoder graph at ``path`` (``decoder_chunk``, on the CPU EP) while it decodes
     ``codes`` [frames, 16] from a reset as the runtime does (``kztts.runners.codec.StaticChunkDecoder``: whole runs,
     the last one padded), carried state included."""
-    from kztts.runners.codec import StaticChunkDecoder
-
     sink: list[dict] = []
     StaticChunkDecoder(RecordingSession(_cpu_session(path), sink), codebook_size=codebook_size).decode(codes)
     return sink
