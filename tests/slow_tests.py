@@ -60,6 +60,16 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     "tests/eval/test_asr.py::test_validate_asr_on_the_tiny_model":
         ("qwen-tts and kztts each sample three texts to their frame cap, then Whisper hears 6 clips", 104, "CI run here: empty cache, load 5-11"),
     # -------------------------------------------------------------- exports
+    "tests/export/htp/test_decoder_w8a16.py::test_the_manifest_records_w8a16_and_the_cost_counts_it":
+        ("the file's export --decoder w8a16 of the tiny model (its CPU graphs, the calibration prompts spoken, the "
+         "QDQ decoder_chunk; 57 s at load 10-13)", 28, "here, load 0.3"),
+    "tests/export/htp/test_decoder_w8a16.py::test_the_simulator_meets_the_w8a16_bound":
+        ("the file's w8a16 export when run alone (28 s), then 5 frames on the simulator (3.3 s)", 3, "here, load 10"),
+    "tests/export/htp/test_decoder_w8a16.py::test_codes_unchanged_and_samples_within_the_bound":
+        ("the file's w8a16 export when run alone (28 s), then 7 frames spoken twice, once on the simulator (6.7 s)", 7,
+         "here, load 10"),
+    "tests/export/htp/test_decoder_w8a16.py::test_a_wrong_weight_scale_fails_the_bound":
+        ("the file's w8a16 export when run alone (28 s), then 5 frames on the simulator (3.2 s)", 3, "here, load 10"),
     "tests/export/htp/test_kv_io.py::test_uint8_kv_w8a16_on_the_simulator":
         ("a KV-scale pass and a w8a16 calibration of both graphs, then the simulator", 38, "CI run here: empty cache, load 5-11"),
     "tests/export/htp/test_w8a16_external.py::test_lm_export_w8a16_external_equals_inline":

@@ -111,8 +111,22 @@ def _qtype(name: str):
     return getattr(QuantType, name)
 
 
+def _matmul_channel_overrides(prepared: str | Path) -> dict[str, list[dict]]:
+    """Tensor overrides making every MatMul's constant 2-D weight ``[K, N]`` symmetric int8 with one scale per
+    output column (axis 1). ORT's QNN configuration writes MatMul weights per tensor (it notes that QNN lacks
+    per-channel MatMul) unless a weight has an override; the HTP runs these per-column weights
+    (``kztts.export.htp.qdq.per_channel_matmul_weights``, the same rule for the Talker's graphs)."""
+    import onnx
+
+    g = onnx.load(str(prepared), load_external_data=False).graph
+    inits = {t.name: t for t in g.initializer}
+    return {n.input[1]: [{"quant_type": _qtype("QInt8"), "symmetric": True, "axis": 1}] for n in g.node
+            if n.op_type == "MatMul" and len(n.input) > 1 and len(getattr(inits.get(n.input[1]), "dims", ())) == 2}
+
+
 def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Path,
-             nodes: list[str] | None = None, a8_nodes: Iterable[str] = ()) -> Path:
+             nodes: list[str] | None = None, a8_nodes: Iterable[str] = (), exclude: Iterable[str] = (),
+             matmul_channels: bool = False) -> Path:
     """Write ``prepared`` quantized by ``recipe`` (``RECIPES``) to ``dst``. ``nodes``: only these nodes
     quantized (None: every node the recipe covers). ``a8_nodes``: (QNN recipes) nodes whose activation tensors
     take 8 bits inside a 16-bit graph (a mixed plan)."""
@@ -123,6 +137,8 @@ def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Pa
     r = RECIPES[recipe]
     if r.qnn:
         overrides = {}
+        if matmul_channels:
+            overrides.update(_matmul_channel_overrides(prepared))
         if a8_nodes:
             g = onnx.load(str(prepared), load_external_data=False).graph
             inits = {t.name for t in g.initializer}
@@ -138,7 +154,8 @@ def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Pa
         kwargs = dict(quant_format=qcfg.quant_format, op_types_to_quantize=qcfg.op_types_to_quantize,
                       per_channel=qcfg.per_channel, reduce_range=qcfg.reduce_range,
                       activation_type=qcfg.activation_type, weight_type=qcfg.weight_type,
-                      nodes_to_exclude=qcfg.nodes_to_exclude, calibrate_method=qcfg.calibrate_method,
+                      nodes_to_exclude=[*(qcfg.nodes_to_exclude or ()), *exclude],
+                      calibrate_method=qcfg.calibrate_method,
                       extra_options=qcfg.extra_options)
         if nodes is not None:
             # ORT's QNN configuration quantizes every node: quantize the named ones, the rest stays float

@@ -20,6 +20,7 @@ from kztts.bundle.segments import segment_graph_name
 from kztts.export.common.qdq_ranges import calibration_session_options
 from kztts.htp.placement import builtin
 from kztts.htp.targets import Target
+from kztts.runners.codec import StaticChunkDecoder
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.talker import Talker
 from kztts.runners.talker_prefill_only import PrefillOnlyTalker
@@ -27,6 +28,9 @@ from kztts.runners.talker_segmented import SegmentedTalker
 from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
 
 CP_FRAME = "cp_frame"  # the Code Predictor's frame graph: calibrated while the dynamic CPU Talker speaks
+# the speech decoder's static graph: calibrated on the frames the dynamic CPU Talker and the Code Predictor speak
+DECODER_CHUNK = "decoder_chunk"
+SPOKEN_GRAPHS = (CP_FRAME, DECODER_CHUNK)  # calibrated while the dynamic CPU Talker speaks
 
 
 class CalibrationSource(Protocol):
@@ -71,7 +75,8 @@ def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, co
     on every call: the calibration data of a QDQ quantization. The caller drains the list. ``float_files``: the
     whole-stack static graphs (``talker_prefill`` and ``talker_decode``: a :class:`StaticTalker`), or every
     layer graph and head (``kztts.bundle.segments`` names: a :class:`SegmentedTalker` with everything on the
-    CPU), or neither (``graph`` is ``cp_frame``: the dynamic ``talker`` graph, nothing recorded by the runner).
+    CPU), or neither (``graph`` is ``cp_frame`` or ``decoder_chunk``: the dynamic ``talker`` graph, nothing
+    recorded by the runner).
 
     A target with ``talker_graphs: prefill-only``: the prefill graph is recorded as :class:`PrefillOnlyTalker`
     drives it, decode steps included. Those steps feed it a filled cache, which a prompt's first chunk never
@@ -84,7 +89,7 @@ def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, co
         talker = PrefillOnlyTalker(_cpu_session(work_dir / float_files[PREFILL]), config, mask_value)
         talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()})
         return talker, pending
-    if graph == CP_FRAME:
+    if graph in SPOKEN_GRAPHS:
         return Talker(_cpu_session(work_dir / "graphs" / "talker.onnx"), config), pending
     if segment_graph_name("prefill", 0) in float_files:
         sessions = {n: _cpu_session(work_dir / rel) for n, rel in float_files.items()}
@@ -99,3 +104,12 @@ def recording_talker(work_dir: Path, float_files: dict[str, str], graph: str, co
     talker.on_feed = lambda name, feed: pending.append({k: np.array(v) for k, v in feed.items()}) \
         if name == graph else None
     return talker, pending
+
+
+def chunk_decoder_feeds(path: Path, codes: np.ndarray, codebook_size: int) -> list[dict]:
+    """The feeds of the static decoder graph at ``path`` (``decoder_chunk``, on the CPU EP) while it decodes
+    ``codes`` [frames, 16] from a reset as the runtime does (``kztts.runners.codec.StaticChunkDecoder``: whole runs,
+    the last one padded), carried state included."""
+    sink: list[dict] = []
+    StaticChunkDecoder(RecordingSession(_cpu_session(path), sink), codebook_size=codebook_size).decode(codes)
+    return sink

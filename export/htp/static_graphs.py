@@ -32,7 +32,8 @@ score becomes the row's smallest score plus the mask value
 Also for the HTP: ``cp_frame`` (the Code Predictor's 15 steps unrolled with in-graph
 sampling, from ``kztts.export.graphs.code_predictor_graph``; it is static already) and,
 when the target places the decoder on the HTP, ``decoder_chunk`` (the streaming
-speech decoder over ``shapes.decoder_chunk`` frames with explicit state).
+speech decoder over ``shapes.decoder_chunk`` frames with explicit state; fp16, or w8a16 with
+``kztts export --decoder w8a16``).
 
 RMSNorm is rewritten fp16-safe (``x / s`` with ``s = max(1, max|x|)`` before
 squaring, mathematically identical): a plain RMSNorm squares activations and
@@ -51,6 +52,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.manifest import GraphSpec, read_manifest, write_manifest
 from kztts.bundle.segments import STATIC_STATS
 from kztts.core.errors import KzttsError
+from kztts.export.common.decoder_qdq import HTP_RECIPE, quantize_decoder_graph
 from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
 from kztts.export.graphs.code_predictor_graph import export_cp_frame
@@ -59,7 +61,7 @@ from kztts.export.common.graph_parts import graph_spec, stamp_graph
 from kztts.export.graphs.segment_graphs import export_talker_segments
 from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
-from kztts.export.htp.calibration import CP_FRAME, CalibrationSource
+from kztts.export.htp.calibration import CP_FRAME, DECODER_CHUNK, CalibrationSource
 from kztts.export.htp.kv_quant import quantize_uint8_kv, read_kv_scales
 from kztts.export.htp.qdq import QDQ_WEIGHT_BITS, quantize_graphs
 from kztts.htp.placement import LayerPlacement
@@ -70,7 +72,6 @@ log = logging.getLogger(__name__)
 
 PREFILL = "talker_prefill"
 DECODE = "talker_decode"
-DECODER_CHUNK = "decoder_chunk"
 HTP_DECODER_OPTIONS = DecoderOptions(fold_snake=True)  # no Pow on the HTP: see export_decoder_chunk
 CP_QUANTIZED_SCOPES = ("/proj", "/stack", "/heads.")  # cp_frame's nodes a QDQ graph quantizes: its sampler stays float
 
@@ -190,6 +191,23 @@ def check_target_options(target, *, segments: bool, placement) -> None:
         raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
 
 
+def check_decoder_precision(target, decoder_precision: str, talker_only: bool = False) -> None:
+    """A quantized ``decoder_chunk`` (``--decoder w8a16``) needs a target that places the decoder on the HTP."""
+    if decoder_precision not in G.HTP_DECODER_PRECISIONS:
+        raise KzttsError(f"decoder precision {decoder_precision!r} on the HTP: expected one of "
+                         f"{', '.join(G.HTP_DECODER_PRECISIONS)}")
+    if decoder_precision == G.FLOAT_HTP_PRECISION:
+        return
+    if target is None:
+        raise KzttsError(f"--decoder {decoder_precision} is the decoder on the HTP: it needs --target TARGET whose "
+                         "placement.decoder is htp (e.g. x_elite_htp_decoder)")
+    target = load_target(target)
+    if talker_only or not target.on_htp("decoder"):
+        raise KzttsError(f"--decoder {decoder_precision}: target {target.name} ({target.path}) keeps the decoder "
+                         "on the CPU (placement.decoder); pick a target whose placement.decoder is htp "
+                         "(e.g. x_elite_htp_decoder), or a CPU decoder precision")
+
+
 def _check_options(target, precision: str, context_binary: bool, calibration: CalibrationSource | None,
                    plan: LayerPlacement | None) -> str:
     """The options checked before the long work: the precision is one QDQ graphs can hold, a QDQ graph has its
@@ -284,7 +302,8 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
 
 def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibration: CalibrationSource | None,
                       precision: str | None = None, context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False, plan: LayerPlacement | None = None) -> dict[str, GraphSpec]:
+                      talker_only: bool = False, plan: LayerPlacement | None = None,
+                      decoder_precision: str = G.FLOAT_HTP_PRECISION) -> dict[str, GraphSpec]:
     """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode`` (when placed on the HTP) at
@@ -298,6 +317,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibrat
     ``plan``: a precision plan (``kztts.htp.placement``): with ``segments`` the QDQ variants of the layer graphs
     it runs quantized, else whole-stack QDQ graphs with its precision per MatMul (at ``plan_precision``
     unless ``precision`` is given); its ``graphs.cp_frame`` precision for the Code Predictor.
+    ``decoder_precision``: the ``decoder_chunk``'s (``kztts export --decoder w8a16``; fp16 by default) when the target
+    places the decoder on the HTP; a quantized one for a target that does not is refused.
     """
     target = load_target(target)
     if plan is not None and not segments and plan.quantized:
@@ -307,6 +328,7 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibrat
                              "precision per MatMul are QDQ graphs; drop --precision or export with --segments")
     precision = precision or target.precision
     kv = _check_options(target, precision, context_binary, calibration, plan)
+    check_decoder_precision(target, decoder_precision, talker_only)
     work_dir = Path(work_dir)
     limit = int(model.config.talker_config.max_position_embeddings)
     if target.shapes.context - 1 > limit:
@@ -330,7 +352,8 @@ def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibrat
         if spec is not None:
             specs["cp_frame"] = spec
     if target.on_htp("decoder") and not talker_only:
-        specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target)
+        specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target, decoder_precision,
+                                                    calibration)
 
     if context_binary and specs:
         binaries = {n: s for n, s in specs.items() if not s.extra.get("segment")}  # segments: chosen at load
@@ -369,16 +392,34 @@ def export_cp_frame_htp(model, work_dir: Path, export_id: str, target: Target,
     return _spec(work_dir, "cp_frame", rel, precision, export_id, target, cpu_precision="fp32", **extra)
 
 
-def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) -> GraphSpec:
+def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target,
+                         precision: str = G.FLOAT_HTP_PRECISION,
+                         calibration: CalibrationSource | None = None) -> GraphSpec:
     """The streaming speech decoder (``kztts.export.graphs.codec_graphs.DecoderStep``) over a fixed
     chunk of ``shapes.decoder_chunk`` frames: graph ``decoder_chunk`` with the I/O of
     ``decoder_stream`` (codes [1, F, 16], position [1], state_* -> wav [1, F*1920], new_state_*)
-    at static shapes, with SnakeBeta folded (``HTP_DECODER_OPTIONS``).
+    at static shapes, with SnakeBeta folded (``HTP_DECODER_OPTIONS``), at ``precision``
+    (``kztts.bundle.graphs.HTP_DECODER_PRECISIONS``): fp16 (a float graph), or w8a16
+    (``kztts.export.common.decoder_qdq.HTP_RECIPE``: the float graph quantized, ``graphs/decoder_chunk.w8a16.onnx``).
 
     Why folded: SnakeBeta's ``pow(sin(x * alpha), 2)`` is inexact on the HTP in fp16 (measured on the
     simulator, tiny model, one 5-frame run, per-tensor SNR vs the CPU EP: 55 dB at the third ``Sin``,
     25.7 dB at the ``Add`` after its ``Pow``); written ``s * s`` it stays exact to fp16. Whole
-    decoder on 10 frames: 21 dB plain, 46.9 dB folded (``tests/export/validate/test_decoder.py``)."""
+    decoder on 10 frames: 21 dB plain, 46.9 dB folded (``tests/export/validate/test_decoder.py``).
+
+    w8a16's calibration: the frames the model speaks on ``calibration``'s prompts (``TtsPrompts``: the Talker
+    and Code Predictor graphs' calibration prompts, CB0 greedy, CB1..15 from the Code Predictor), decoded by the
+    float graph as the runtime decodes them, carried state included. Those are the codes a bundle's decoder
+    is given, from the same route as the Talker's and ``cp_frame``'s QDQ graphs. Not the codec encoder's codes
+    of a test signal: its decoder never gets them at run time, and on a random-weight model they are no more
+    speech than the model's own. The fixed 16-bit ranges then fit speech codes; ``kztts validate --target``
+    decodes seeded random codes, which reach codebook entries these frames do not (its bound is set on those)."""
+    entry = G.htp_precision(precision)
+    if not entry.decoder_bounds:
+        raise KzttsError(f"decoder precision {precision!r} on the HTP: expected one of "
+                         f"{', '.join(G.HTP_DECODER_PRECISIONS)}")
+    if entry.quantized and calibration is None:
+        raise ValueError(f"a {precision} decoder_chunk needs calibration data")
     st = _decoder_of(model)
     step = DecoderStep(st.decoder, HTP_DECODER_OPTIONS).eval()
     frames = target.shapes.decoder_chunk
@@ -389,7 +430,13 @@ def export_decoder_chunk(model, work_dir: Path, export_id: str, target: Target) 
     example = (_example_codes(frames, step.bins), torch.tensor([0], dtype=torch.int64), *step.zero_state())
     export_onnx(step, example, work_dir / rel, ins, outs, None)
     check_static(work_dir / rel)
-    return _spec(work_dir, DECODER_CHUNK, rel, G.FLOAT_HTP_PRECISION, export_id, target, frames=frames,
+    if entry.quantized:
+        float_rel, rel = rel, rel.replace(".onnx", f".{precision}.onnx")
+        quantize_decoder_graph(work_dir / float_rel, work_dir / rel,
+                               calibration.feeds(work_dir, {DECODER_CHUNK: float_rel}, DECODER_CHUNK, target),
+                               recipe=HTP_RECIPE)
+        (work_dir / float_rel).unlink()
+    return _spec(work_dir, DECODER_CHUNK, rel, precision, export_id, target, frames=frames,
                  samples_per_frame=step.samples_per_frame,
                  state=[{"name": n, "shape": list(sh)} for n, sh in step.state_specs])
 

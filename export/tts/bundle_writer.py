@@ -5,6 +5,7 @@ import json
 import logging
 from pathlib import Path
 
+from kztts.bundle.graphs import FLOAT_HTP_PRECISION
 from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, write_manifest
 from kztts.core import progress
 from kztts.core.build_cache import build_once, code_key
@@ -19,7 +20,7 @@ from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
 from kztts.export.graphs.gqa_graphs import export_gqa_graphs
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
 from kztts.export.graphs.talker_graph import export_talker
-from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
+from kztts.export.htp.static_graphs import check_decoder_precision, check_target_options, export_htp_graphs
 from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny_build import MARKER
 from kztts.export.tts.tts_parts import kind_entries, model_config, special_ids
@@ -31,15 +32,17 @@ log = logging.getLogger(__name__)
 
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
-                  context_binary: bool = False, segments: bool = False, placement: str | None = None) -> Path:
+                  context_binary: bool = False, segments: bool = False, placement: str | None = None,
+                  decoder_precision: str = FLOAT_HTP_PRECISION) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
-    when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan,
-    ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a temp
-    dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``)."""
+    when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan;
+    ``decoder_precision``: the HTP decoder's, ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a
+    temp dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
     check_target_options(target, segments=segments, placement=placement)
+    check_decoder_precision(target, decoder_precision)
     with bundle_output(out_dir, overwrite) as work:
         plan = None
         if target is not None:
@@ -74,7 +77,8 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             steps.phase(f"HTP graphs for {target}")
             graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
                                             calibration=TtsPrompts(model), precision=precision,
-                                            context_binary=context_binary, segments=segments, plan=plan))
+                                            context_binary=context_binary, segments=segments, plan=plan,
+                                            decoder_precision=decoder_precision))
             steps.update()
         steps.phase("manifest")
         manifest = {
@@ -113,12 +117,14 @@ def cached_bundle(model_dir: str | Path) -> Path:
 
 def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision: str | None = None,
                          context_binary: bool = False, segments: bool = False, tag: str = "",
-                         placement: str | Path | None = None) -> Path:
+                         placement: str | Path | None = None, decoder_precision: str = FLOAT_HTP_PRECISION) -> Path:
     """A CPU + HTP bundle of ``model_dir`` for ``target`` in the cache (tests, demos), keyed by the
     checkpoint, the exporter code, the target file and the options (a precision plan by its file's bytes)."""
     model_dir = Path(model_dir)
     tfile = target_path(target)
     opts = f"{precision}|{context_binary}|{tag}" + ("|segments" if segments else "")
+    if decoder_precision != FLOAT_HTP_PRECISION:
+        opts += f"|decoder-{decoder_precision}"
     if placement is not None:
         opts += "|plan" + (Path(placement).read_text() if Path(placement).is_file() else str(placement))
     h = code_key(tfile, extra=opts.encode(), length=8)
@@ -126,4 +132,5 @@ def cached_target_bundle(model_dir: str | Path, target: str | Path, *, precision
     return build_once(out, lambda work: export_bundle(model_dir, work, overwrite=True, target=str(tfile),
                                                       precision=precision, context_binary=context_binary,
                                                       segments=segments,
-                                                      placement=str(placement) if placement else None))
+                                                      placement=str(placement) if placement else None,
+                                                      decoder_precision=decoder_precision))

@@ -9,7 +9,9 @@ fed back as the decode inputs, exactly as the runtime does. The Talker runner is
 ``kztts.export.htp.calibration.recording_talker``'s: the whole-stack static graphs, or the layer graphs for their
 quantized variants. ``cp_frame`` is calibrated on its inputs at each frame (the Talker's hidden state, CB0's
 embedding, the default sampling settings, seeded uniforms); only its stack and heads are quantized, its in-graph
-sampling stays float (``kztts.export.htp.static_graphs.export_cp_frame_htp``).
+sampling stays float (``kztts.export.htp.static_graphs.export_cp_frame_htp``). ``decoder_chunk`` is calibrated on
+the frames each prompt was spoken in, decoded by its float graph from a reset as the runtime decodes them
+(``kztts.export.htp.calibration.chunk_decoder_feeds``; ``kztts.export.htp.static_graphs.export_decoder_chunk``).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import torch
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.eval.replay import decode_input, greedy_cb0
 from kztts.export.common.reference import synthetic_voice
-from kztts.export.htp.calibration import CP_FRAME, recording_talker
+from kztts.export.graphs.codec_graphs import _decoder_of
+from kztts.export.htp.calibration import CP_FRAME, DECODER_CHUNK, chunk_decoder_feeds, recording_talker
 from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import Target
 from kztts.tts.prompt import build_prompt, language_id
@@ -117,8 +120,8 @@ class TtsPrompts:
     reads_torch_model: ClassVar[bool] = True  # the speaker encoder and the Code Predictor's frames
 
     def feeds(self, work_dir: Path, drive: dict[str, str], graph: str, target: Target) -> Iterator[dict]:
-        """Yield the feeds of ``graph`` (a whole-stack Talker graph, a layer graph, or ``cp_frame``) while the
-        float graphs ``drive`` speak the prompts."""
+        """Yield the feeds of ``graph`` (a whole-stack Talker graph, a layer graph, ``cp_frame`` or
+        ``decoder_chunk``) while the float graphs ``drive`` speak the prompts."""
         model = self.model
         sid = special_ids(model)
         cfg = model_config(model)
@@ -141,6 +144,7 @@ class TtsPrompts:
             yield from pending
             pending.clear()
             history: list[int] = []
+            frames = []
             for k in range(min(self.frames, room)):
                 # the reference's repetition penalty keeps greedy decoding from looping; EOS suppressed
                 c0 = greedy_cb0(logits, sid["codec_eos"], history=history, repetition_penalty=REPETITION_PENALTY)
@@ -149,6 +153,10 @@ class TtsPrompts:
                     c0_embed = np.asarray(tables.codec([c0]), np.float32)
                     yield _cp_feed(hidden, c0_embed, rng, tables.num_cp_groups)
                 frame = np.concatenate([[c0], cp.codes(hidden, c0)])
+                frames.append(frame)
                 logits, hidden = talker.decode(decode_input(tables, prompt, frame, k))
                 yield from pending
                 pending.clear()
+            if graph == DECODER_CHUNK and frames:
+                yield from chunk_decoder_feeds(work_dir / drive[DECODER_CHUNK], np.stack(frames),
+                                               int(_decoder_of(model).decoder.config.codebook_size))

@@ -33,22 +33,25 @@ def _decode_worker(spec: dict) -> dict:
     plan = resolve_plan(bundle, target=spec["target"], strict=spec["strict"])
     step = plan.steps["decoder"]
     wav = plan.open_decoder().decode(spec["codes"])
-    return {"wav": wav.astype(np.float32), "device": step.device, "graph": step.graphs[0]}
+    graph = step.graphs[0]
+    return {"wav": wav.astype(np.float32), "device": step.device, "graph": graph,
+            "precision": bundle.manifest.graphs[graph].precision}
 
 
 def htp_decoder_snr(bundle_dir: str | Path, target: str | Path, frames: int = 10, *, strict: bool = True,
                     timeout: float = 1800) -> dict:
-    """``decoder_device`` and ``decoder_graph`` (the plan's, for ``target``), ``decoder_frames``,
-    and ``decoder_snr_db``: its audio against the fp32 CPU decoder (None when the target decodes
-    on the CPU: that is the fp32 decoder itself)."""
+    """``decoder_device``, ``decoder_graph`` and ``decoder_precision`` (the plan's, for ``target``; an HTP graph's
+    is fp16 or w8a16: ``kztts.bundle.graphs.HTP_DECODER_PRECISIONS``), ``decoder_frames``, and ``decoder_snr_db``:
+    its audio against the fp32 CPU decoder (None when the target decodes on the CPU: that is the fp32 decoder
+    itself)."""
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     cpu_graph = "decoder_stream" if "decoder_stream" in bundle.manifest.graphs else "decoder"
     kwargs = decoder_kwargs(bundle, cpu_graph, {})
     codes = decoder_codes(frames, kwargs["codebook_size"])
     spec = {"bundle": str(bundle_dir), "target": str(target), "strict": strict, "codes": codes}
     res = run_worker("kztts.export.validate.decoder", spec, None, "htp-decoder", timeout=timeout)
-    out = {"decoder_device": res["device"], "decoder_graph": res["graph"], "decoder_frames": int(frames),
-           "decoder_snr_db": None}
+    out = {"decoder_device": res["device"], "decoder_graph": res["graph"], "decoder_precision": res["precision"],
+           "decoder_frames": int(frames), "decoder_snr_db": None}
     if res["device"] == "htp":
         ref = Decoder(bundle.session(cpu_graph), **kwargs).decode(codes)
         out["decoder_snr_db"] = float(snr_db(np.asarray(res["wav"]), ref))

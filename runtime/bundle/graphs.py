@@ -31,7 +31,8 @@ class HtpPrecision:
     scales). ``other_float_bytes``: any other float constant of the graph on the device (norm weights,
     tables, biases). ``kv_dtypes``: the static Talker's KV I/O types, first the default (target key
     ``kv_dtype``). ``bounds`` / ``lm_bounds``: the ``kztts.eval.acceptance.BOUNDS`` tables of
-    ``validate --target`` on a TTS / an LM bundle."""
+    ``validate --target`` on a TTS / an LM bundle; ``decoder_bounds``: that of the speech decoder's static graph
+    (``decoder_chunk``) at this precision, empty when the decoder is not exported at it."""
 
     name: str
     help: str
@@ -45,6 +46,7 @@ class HtpPrecision:
     granularity: str = "channel"
     block_size: int = 0
     block_scale_bits: int = 0
+    decoder_bounds: str = ""
 
     def blocked(self, k: int) -> bool:
         """Whether a MatMul weight with ``k`` input rows gets LPBQ block scales (two or more whole blocks)."""
@@ -62,11 +64,12 @@ class HtpPrecision:
 
 HTP_PRECISION_ENTRIES: dict[str, HtpPrecision] = {p.name: p for p in (
     HtpPrecision("fp16", "float graphs, fp16 arithmetic on the HTP", ("fp16", "fp32"), 16, False, 2.0,
-                 "htp-fp16", "lm-placement", "tab:purple", granularity="tensor"),
+                 "htp-fp16", "lm-placement", "tab:purple", granularity="tensor", decoder_bounds="htp-decoder"),
     # QDQ graphs: fp32 KV I/O, or uint8 with one fixed symmetric scale per layer and kind shared by the past
     # input and the new output (as Qualcomm's LLM exports tie their KV quantizers)
     HtpPrecision("w8a16", "QDQ: 8-bit weights per output channel, 16-bit activations, calibrated on real prompts",
-                 ("fp32", "uint8"), 8, True, 1.0, "htp-w8a16", "lm-w8a16", "tab:red"),
+                 ("fp32", "uint8"), 8, True, 1.0, "htp-w8a16", "lm-w8a16", "tab:red",
+                 decoder_bounds="htp-decoder-w8a16"),
     # LPBQ blocks of 64 (Qualcomm AI Hub's w4a16 LLM exports use block quantization; QNN HTP takes it for
     # MatMul from v73 on, measured on the simulator: kztts.export.htp.qdq)
     HtpPrecision("w4a16", "QDQ: 4-bit weights (LPBQ: blocks of 64 with 4-bit scales, else per output channel), "
@@ -78,6 +81,10 @@ FLOAT_HTP_PRECISION = next(n for n, p in HTP_PRECISION_ENTRIES.items() if not p.
 QUANTIZED_PRECISIONS = tuple(n for n, p in HTP_PRECISION_ENTRIES.items() if p.quantized)
 HTP_KV_DTYPES = {n: p.kv_dtypes for n, p in HTP_PRECISION_ENTRIES.items()}
 HTP_PRECISION_HELP = {n: p.help for n, p in HTP_PRECISION_ENTRIES.items()}
+# The speech decoder's static graph on the HTP (``decoder_chunk``): fp16 by default, or a quantized precision chosen
+# with ``kztts export --target T --decoder P`` (the recipe the real-vocoder study kept: benchmarks/piper_decoder).
+HTP_DECODER_PRECISIONS = tuple(n for n, p in HTP_PRECISION_ENTRIES.items() if p.decoder_bounds)
+HTP_DECODER_FLAGS = tuple(n for n in HTP_DECODER_PRECISIONS if HTP_PRECISION_ENTRIES[n].quantized)
 # A unit of a precision plan (kztts.htp.placement) on the CPU: the fp32 graphs.
 CPU_PRECISION = "fp32"
 KV_NUMPY = {"fp32": "float32", "fp16": "float16", "uint8": "uint8"}  # numpy names of the KV dtypes

@@ -69,17 +69,24 @@ def export_tts(args: argparse.Namespace) -> Path:
     from kztts.export.common.variants import variant_output
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
+    htp_decoder = args.decoder in G.HTP_DECODER_FLAGS
+    if htp_decoder:
+        from kztts.export.htp.static_graphs import check_decoder_precision
+
+        check_decoder_precision(args.target, args.decoder)
     if args.cpu_graphs != "all":
         raise KzttsError(f"--cpu-graphs {args.cpu_graphs}: {args.model_dir} is a Qwen3-TTS checkpoint, whose runners "
                          "use the plain and the fused graphs both; --cpu-graphs applies to LM exports")
     progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
                    args.model_dir, args.output)
     out = Path(args.output)
+    # --decoder names the CPU decoder graphs' variant, or the HTP decoder's precision (the CPU ones stay fp32)
     with variant_output(out, base_name=Path(args.model_dir).name, weights=args.weights, kv=args.kv,
-                        decoder=args.decoder, overwrite=args.overwrite) as fp32_out:
+                        decoder="fp32" if htp_decoder else args.decoder, overwrite=args.overwrite) as fp32_out:
         export_bundle(Path(args.model_dir), fp32_out, overwrite=args.overwrite, target=args.target,
                       precision=args.precision, context_binary=args.context_binary, segments=args.segments,
-                      placement=args.placement)
+                      placement=args.placement,
+                      decoder_precision=args.decoder if htp_decoder else G.FLOAT_HTP_PRECISION)
     return out
 
 
@@ -116,9 +123,12 @@ def add_command(sub) -> None:
                    help="Talker and Code Predictor MatMul weights (int8/int4: MatMulNBits, blocks of 128)")
     s.add_argument("--kv", choices=G.KV_PRECISIONS, default=G.KV_PRECISIONS[0],
                    help="KV-cache inputs/outputs of the Talker and cp_step (fp16 halves their bytes)")
-    s.add_argument("--decoder", choices=G.DECODER_PRECISIONS, default=G.DECODER_PRECISIONS[0],
+    s.add_argument("--decoder", choices=(*G.DECODER_PRECISIONS, *G.HTP_DECODER_FLAGS),
+                   default=G.DECODER_PRECISIONS[0],
                    help="speech decoder: int8 = its MatMuls 8-bit (convs fp32); int8-static = convs and MatMuls in "
-                        "static int8 QDQ, per-channel weights, calibrated activations (benchmarks/piper_decoder)")
+                        "static int8 QDQ, per-channel weights, calibrated activations (benchmarks/piper_decoder); "
+                        "w8a16 = with --target placing the decoder on the HTP, its decoder_chunk in QDQ, 8-bit "
+                        "per-channel weights and 16-bit activations calibrated on the model's speech (fp16 otherwise)")
     # a bad value is one line (no usage block), like the command's other errors
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)

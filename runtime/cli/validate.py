@@ -71,15 +71,16 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
     report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
                                   strict=not args.lenient))
     bounds = dict(BOUNDS[G.htp_precision(G.least_precise(_as_list(report["precision"]))).bounds])
-    if report["decoder_snr_db"] is not None:
-        bounds.update(BOUNDS["htp-decoder"])
+    if report["decoder_snr_db"] is not None:  # the decoder on the HTP: bounded at its graph's precision
+        bounds.update(BOUNDS[G.htp_precision(report["decoder_precision"]).decoder_bounds])
 
     def text() -> None:
         print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
         for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
                                           "cp_codes_match", "fp16_max_abs_activation", "decoder_snr_db"), bounds):
             print(line)
-        print(f"{'decoder':<26}{report['decoder_graph']} on the {report['decoder_device']}")
+        print(f"{'decoder':<26}{report['decoder_graph']} ({report['decoder_precision']}) on the "
+              f"{report['decoder_device']}")
 
     return _finish(args, report, bounds, text)
 

@@ -282,7 +282,9 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
 def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, int]:
     """(bytes of weights one call reads, bytes of the tables it only gathers rows from), on the device.
     Every use of a constant by a main-graph node reads it (``Identity`` outputs alias their input);
-    a ``Gather`` from a constant reads the rows it outputs (``gathered``: output bytes by node name)."""
+    a ``Gather`` from a constant reads the rows it outputs (``gathered``: output bytes by node name), and so
+    does one from a QDQ graph's quantized table (a ``DequantizeLinear`` of a constant that only ``Gather``
+    nodes read: the rows at their stored type, float32 out)."""
     consts = {t.name: t for t in graph.tensors}
     alias = {n.outputs[0]: n.inputs[0] for n in graph.nodes if n.op == "Identity" and n.inputs and n.outputs}
 
@@ -292,13 +294,25 @@ def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, in
             x, seen = alias[x], seen + 1
         return consts.get(x)
 
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for n in graph.nodes:
+        for k, x in enumerate(n.inputs):
+            readers.setdefault(x, []).append((n.op, k))
+    gathered_dq = {n.outputs[0]: const(n.inputs[0]) for n in graph.nodes
+                   if n.op == "DequantizeLinear" and n.inputs and const(n.inputs[0]) is not None
+                   and all(r == ("Gather", 0) for r in readers.get(n.outputs[0], [("", 0)]))}
     read, tables = 0, {}
     for n in graph.nodes:
         if n.op == "Identity" or n.subgraph:
             continue
         for k, x in enumerate(n.inputs):
+            if n.op == "Gather" and k == 0 and x in gathered_dq:
+                c = gathered_dq[x]
+                tables[c.name] = device_bytes(c)
+                read += gathered.get(n.name, 0) // 4 * device_bytes(c) // max(1, c.elements)
+                continue
             c = const(x) if x else None
-            if c is None:
+            if c is None or (n.op == "DequantizeLinear" and k == 0 and n.outputs[0] in gathered_dq):
                 continue
             if n.op == "Gather" and k == 0:
                 tables[c.name] = device_bytes(c)

@@ -83,3 +83,28 @@ def test_bad_precision_is_one_line_exit_2(tmp_path, flag, value, allowed):
     assert len(lines) == 1, run.stderr
     assert f"argument {flag}: invalid choice: '{value}'" in lines[0] and allowed in lines[0], lines[0]
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    ((), ("--decoder w8a16", "--target")),  # no target: the HTP decoder has nowhere to run
+    (("--target", "simulator"), ("--decoder w8a16", "simulator", "placement.decoder")),  # the decoder on the CPU there
+    (("--target", "simulator", "--weights", "int4"), ("--decoder w8a16", "placement.decoder")),  # before the variant
+])
+def test_htp_decoder_flag_needs_a_target_that_places_the_decoder_on_the_htp(capsys, tmp_path, model_dir, extra,
+                                                                            words):
+    from support import kztts_main
+
+    rc, out, err = kztts_main(capsys, "export", model_dir, "-o", tmp_path / "b", "--decoder", "w8a16", *extra)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("kztts: error: "), err
+    assert all(w in lines[0] for w in words), lines[0]
+    assert "Traceback" not in err and out == "" and not (tmp_path / "b").exists()
+
+
+def test_htp_decoder_flag_is_refused_for_an_lm(capsys, tmp_path, qwen3_dir):
+    from support import kztts_main
+
+    rc, _, err = kztts_main(capsys, "export", qwen3_dir, "-o", tmp_path / "b", "--decoder", "w8a16")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "no speech decoder" in lines[0], err
+    assert not (tmp_path / "b").exists()

@@ -271,3 +271,32 @@ def test_spoken_estimate_adds_an_lm_token_to_the_frames_it_speaks():
     assert slow["realtime_factor"] < 1 and "falls behind" in format_spoken(slow)
     none = spoken_estimate({**lm, "paper_estimate": {"available": False, "reason": "a simulator"}}, tts, 5.0)
     assert not none["available"] and "no estimate: a simulator" in format_spoken(none)
+
+
+def test_a_qdq_graph_s_quantized_table_reads_only_the_gathered_rows(tmp_path):
+    """A QDQ graph's codebook (the w8a16 ``decoder_chunk``'s: a uint16 table, DequantizeLinear, then Gather) is read
+    a row at a time on the device, as a float table is, at its stored bytes; a table a MatMul also reads stays whole."""
+    from onnx import TensorProto, helper
+
+    from kztts.bundle.onnx_wire import read_graph
+    from kztts.htp.cost import profile_graph, weight_reads
+
+    rows, dim, picked = 100, 8, 3
+    inits = [numpy_helper.from_array(np.arange(rows * dim, dtype=np.uint16).reshape(rows, dim), "table_q"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "table_scale"),
+             numpy_helper.from_array(np.array(0, np.uint16), "table_zp")]
+    nodes = [helper.make_node("DequantizeLinear", ["table_q", "table_scale", "table_zp"], ["table"], name="dq"),
+             helper.make_node("Gather", ["table", "ids"], ["rows"], name="gather")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [picked])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [picked, dim])], inits)
+    path = tmp_path / "qdq_gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    g = read_graph(path)
+    gathered = profile_graph(path, {})[4]
+
+    def stored(t):
+        return t.nbytes
+
+    read, tables = weight_reads(g, stored, gathered)
+    assert tables == rows * dim * 2
+    assert read == picked * dim * 2 + 4 + 2  # the rows at 2 bytes each, the scale and the zero point
