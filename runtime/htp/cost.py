@@ -228,6 +228,14 @@ def node_macs(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> int
     return _numel(inputs[0]) * _numel(inputs[1][1:])  # ConvTranspose: W [C_in, C_out / group, k...]
 
 
+def _conv_weight_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Conv / ConvTranspose node name -> the shape of its constant weight (input 1)."""
+    graph = read_graph(path)
+    shapes = {t.name: t.shape for t in graph.tensors}
+    return {n.name: shapes[n.inputs[1]] for n in graph.nodes
+            if n.op in ("Conv", "ConvTranspose") and len(n.inputs) > 1 and n.inputs[1] in shapes}
+
+
 def profile_graph(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int, dict]:
     """Run ``path`` once on the CPU EP on zero inputs, unoptimised (the file's own nodes), with ONNX
     Runtime's profiler: MACs per op type, input and output arrays' bytes by name, and the bytes of
@@ -260,6 +268,7 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
     macs: dict[str, int] = {}
     gathered: dict[str, int] = {}
     written = 0
+    weights: dict[str, tuple[int, ...]] | None = None
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
@@ -267,6 +276,13 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
         op = a.get("op_name", "")
         shapes_in = [next(iter(t.values())) for t in a.get("input_type_shape", [])]
         shapes_out = [next(iter(t.values())) for t in a.get("output_type_shape", [])]
+        if op in ("Conv", "ConvTranspose") and shapes_in:
+            # the CPU EP pre-packs a constant conv weight, and its profiler then leaves the weight out of the
+            # node's inputs (the data alone, or the data and the bias): the weight's shape comes from the file
+            weights = _conv_weight_shapes(path) if weights is None else weights
+            shape = weights.get(e["name"][:-len("_kernel_time")])
+            if shape is not None:
+                shapes_in = [shapes_in[0], list(shape)]
         n = node_macs(op, shapes_in, shapes_out)
         if n:
             macs[op] = macs.get(op, 0) + n

@@ -300,3 +300,27 @@ def test_a_qdq_graph_s_quantized_table_reads_only_the_gathered_rows(tmp_path):
     read, tables = weight_reads(g, stored, gathered)
     assert tables == rows * dim * 2
     assert read == picked * dim * 2 + 4 + 2  # the rows at 2 bytes each, the scale and the zero point
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_macs_count_the_weight_the_profiler_leaves_out(tmp_path, bias):
+    """The CPU EP pre-packs a constant conv weight and its profiler then lists a ConvTranspose's data (and bias)
+    alone: the MACs take the weight's shape from the file (a ConvTranspose once counted 1 MAC per input element)."""
+    from onnx import TensorProto, helper
+
+    from kztts.htp.cost import profile_graph
+
+    c_in, c_out, k, length = 8, 4, 6, 10
+    inits = [numpy_helper.from_array(np.ones((c_in, c_out, k), np.float32), "w_t"),
+             numpy_helper.from_array(np.ones((c_out, c_in, 3), np.float32), "w_c"),
+             numpy_helper.from_array(np.ones(c_out, np.float32), "b")]
+    nodes = [helper.make_node("ConvTranspose", ["x", "w_t"] + (["b"] if bias else []), ["y"], strides=[3], name="up"),
+             helper.make_node("Conv", ["x", "w_c"] + (["b"] if bias else []), ["z"], pads=[1, 1], name="conv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / "convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    macs = profile_graph(path, {})[0]
+    assert macs["ConvTranspose"] == c_in * length * c_out * k  # every input element into c_out x k outputs
+    assert macs["Conv"] == c_out * length * c_in * 3
