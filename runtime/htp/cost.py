@@ -15,7 +15,7 @@ counts, per call:
 - KV / carried state read (``past_*``, ``state_*`` inputs) and written (``new_*``, ``present_*``
   outputs), all graph inputs and outputs (``io_bytes``; on the HTP these cross host <-> NPU), and the
   intermediate tensors the graph writes (``activation_bytes``, as ONNX Runtime's CPU EP sizes them);
-- MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose) from the shapes each node
+- MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose, GroupQueryAttention) from the shapes each node
   sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
 
 A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call; for an LM bundle the unit is
@@ -52,7 +52,7 @@ from kztts.htp.weights import HEAD, matmul_weights
 
 log = logging.getLogger(__name__)
 
-MAC_OPS = ("MatMul", "MatMulNBits", "Gemm", "Conv", "ConvTranspose")
+MAC_OPS = ("MatMul", "MatMulNBits", "Gemm", "Conv", "ConvTranspose", "GroupQueryAttention")
 KV_INPUTS = ("past_", "state_")
 KV_OUTPUTS = ("new_", "present_")
 STATE_KINDS = G.HYBRID_STATE_KINDS  # a hybrid LM's DeltaNet states, inside the KV names
@@ -176,6 +176,8 @@ def _lm_graphs(manifest, target: Target) -> list[tuple[str, str, str, dict, floa
              0.0),
             ("talker_decode", dec_htp, dec_cpu, {"seq": 1, "past": s.context - 1}, 1.0)):
         device = "htp" if target.on_htp(role) else "cpu"
+        if not hybrid and cpu not in graphs and "talker_gqa" in graphs:
+            cpu, dims = "talker_gqa", _gqa_dims(dims["seq"], dims["past"])  # a --cpu-graphs fused export
         if device == "htp" and static in graphs and _static_fits(graphs[static], target, role):
             out.append((role, static, device, {}, calls, ""))
         elif cpu in graphs:
@@ -187,10 +189,22 @@ def _lm_graphs(manifest, target: Target) -> list[tuple[str, str, str, dict, floa
     return out
 
 
+def _gqa_dims(seq: int, past: int) -> dict:
+    """The sizes of the fused-attention graph (GroupQueryAttention, KV buffers of ``capacity`` written in place)
+    for ``seq`` new positions after ``past``, and the values of its two length inputs (keyed by input name)."""
+    total = past + seq
+    return {"seq": seq, "capacity": total, "positions": total, "seqlens_k": total - 1,
+            "total_sequence_length": total}
+
+
 # ------------------------------------------------------------------ counting one graph
 def _feeds(sess, dims: dict, path: Path) -> dict:
     feeds = {}
     for i in sess.get_inputs():
+        if i.name in dims:  # a length input's value (the fused-attention graph's), not a dimension
+            shape = [d if isinstance(d, int) else 1 for d in i.shape]
+            feeds[i.name] = np.full(shape, dims[i.name], _ORT_TYPES[i.type])
+            continue
         shape = []
         for d in i.shape:
             if isinstance(d, int):
@@ -223,6 +237,8 @@ def node_macs(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> int
     if op == "Gemm":  # A is [M, K] or, transposed, [K, M]; the output is [M, N]
         a = inputs[0]
         return _numel(out) * int(a[1] if a[0] == out[0] else a[0])
+    if op == "GroupQueryAttention":  # q.k and p.v over the KV buffer: out [B, S, H * D], past_key [B, kv, cap, D]
+        return 2 * _numel(out) * int(inputs[3][2]) if len(inputs) > 3 and len(inputs[3]) == 4 else 0
     if op == "Conv":  # W [C_out, C_in / group, k...]
         return _numel(out) * _numel(inputs[1][1:])
     return _numel(inputs[0]) * _numel(inputs[1][1:])  # ConvTranspose: W [C_in, C_out / group, k...]

@@ -324,3 +324,27 @@ def test_conv_macs_count_the_weight_the_profiler_leaves_out(tmp_path, bias):
     macs = profile_graph(path, {})[0]
     assert macs["ConvTranspose"] == c_in * length * c_out * k  # every input element into c_out x k outputs
     assert macs["Conv"] == c_out * length * c_in * 3
+
+
+def test_a_fused_only_lm_bundle_is_counted_on_its_fused_graph(chat_bundle, tmp_path):
+    """An LM exported with ``--cpu-graphs fused`` has ``talker_gqa`` alone: its token is counted on that graph, its
+    two length inputs fed as a decode step at the target's context (the same weights and MACs as the plain graph)."""
+    import shutil
+
+    target = load_target("x_elite")
+    plain = bundle_cost(chat_bundle, target)
+    fused = tmp_path / "fused"
+    shutil.copytree(chat_bundle, fused)
+    manifest = json.loads((fused / "kztts.json").read_text())
+    del manifest["graphs"]["talker"]
+    (fused / "kztts.json").write_text(json.dumps(manifest))
+    (fused / "graphs" / "talker.onnx").unlink()
+    report = bundle_cost(fused, target)
+    rows = {r["role"]: r for r in report["graphs"]}
+    assert rows["talker_decode"]["graph"] == "talker_gqa" and report["paper_estimate"]["available"]
+    base = {r["role"]: r for r in plain["graphs"]}["talker_decode"]
+    print(f"\nfused / plain token: weights {rows['talker_decode']['weight_bytes']} / {base['weight_bytes']} bytes, "
+          f"MACs {rows['talker_decode']['macs']} / {base['macs']}")
+    # the same layers; the plain graph also holds its rotary tables as constants (the fused one takes them as inputs)
+    assert abs(rows["talker_decode"]["weight_bytes"] - base["weight_bytes"]) <= 0.01 * base["weight_bytes"]
+    assert abs(rows["talker_decode"]["macs"] - base["macs"]) <= 0.02 * base["macs"]
