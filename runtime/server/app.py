@@ -342,49 +342,48 @@ class Api:
                                    "logprobs": None, "finish_reason": done["finish_reason"]}],
                       "usage": _usage(done)})
 
-    async def _spoken_stream(self, job: Job, first, ident: str, created: int, audio_id: str, expires_at: int,
-                             include_usage: bool, request: Request) -> AsyncIterator[bytes]:
+    def _spoken_stream(self, job: Job, first, ident: str, created: int, audio_id: str, expires_at: int,
+                       include_usage: bool, request: Request) -> AsyncIterator[bytes]:
         s = self.service
-        model = s.model_id
-
-        def chunk(delta: dict, finish: str | None = None) -> bytes:
-            return _chunk_sse(ident, created, model, [{"index": 0, "delta": delta, "logprobs": None,
-                                                       "finish_reason": finish}])
-
-        complete = False
-        event = first
         sent = 0
-        try:
-            yield chunk({"role": "assistant", "content": None, "audio": {"id": audio_id, "transcript": ""}})
-            while True:
-                kind, value = event
-                if kind == "text":
-                    yield chunk({"audio": {"id": audio_id, "transcript": value}})
-                elif kind == "audio":
-                    if sent == 0:
-                        s.metrics.chat_first_audio.observe(time.perf_counter() - job.received)
-                    sent += value.shape[0]
-                    yield chunk({"audio": {"id": audio_id, "data": base64.b64encode(pcm16(value)).decode()}})
-                elif kind == "done":
-                    complete = True
-                    s.metrics.audio_seconds.inc(sent / s.tts.sample_rate)
-                    yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, value["finish_reason"])
-                    if include_usage:
-                        yield _chunk_sse(ident, created, model, [], usage=_usage(value))
-                    yield b"data: [DONE]\n\n"
-                    return
-                else:
-                    complete = True
-                    yield _sse(value.body())
-                    return
-                event = await job.events.get()
-        finally:
-            if not complete:
-                job.cancel()
-                request.state.left = True
 
-    async def _chat_stream(self, job: Job, first, ident: str, created: int, include_usage: bool,
-                           request: Request) -> AsyncIterator[bytes]:
+        def delta(kind: str, value) -> dict:
+            nonlocal sent
+            if kind == "text":
+                return {"audio": {"id": audio_id, "transcript": value}}
+            if sent == 0:
+                s.metrics.chat_first_audio.observe(time.perf_counter() - job.received)
+            sent += value.shape[0]
+            return {"audio": {"id": audio_id, "data": base64.b64encode(pcm16(value)).decode()}}
+
+        def closing() -> dict:
+            s.metrics.audio_seconds.inc(sent / s.tts.sample_rate)
+            return {"audio": {"id": audio_id, "expires_at": expires_at}}
+
+        return self._reply_chunks(job, first, ident, created, include_usage, request,
+                                  {"role": "assistant", "content": None, "audio": {"id": audio_id, "transcript": ""}},
+                                  delta, closing)
+
+    def _chat_stream(self, job: Job, first, ident: str, created: int, include_usage: bool,
+                     request: Request) -> AsyncIterator[bytes]:
+        first_token = True
+
+        def delta(kind: str, value) -> dict:
+            nonlocal first_token
+            if first_token:
+                self.service.metrics.first_token.observe(time.perf_counter() - job.received)
+                first_token = False
+            return {"content": value}
+
+        return self._reply_chunks(job, first, ident, created, include_usage, request,
+                                  {"role": "assistant", "content": ""}, delta, dict)
+
+    async def _reply_chunks(self, job: Job, first, ident: str, created: int, include_usage: bool, request: Request,
+                            opening: dict, delta: Callable[[str, object], dict],
+                            closing: Callable[[], dict]) -> AsyncIterator[bytes]:
+        """A streamed chat reply's ``chat.completion.chunk`` events: ``opening``, one ``delta(kind, value)`` per
+        text or audio event, ``closing()`` with the finish reason, the usage chunk if asked, ``[DONE]``; an error
+        event ends it with its error body, and a client that leaves cancels the job."""
         model = self.service.model_id
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
@@ -394,18 +393,14 @@ class Api:
         complete = False
         event = first
         try:
-            yield chunk({"role": "assistant", "content": ""})
-            sent_any = False
+            yield chunk(opening)
             while True:
                 kind, value = event
-                if kind == "text":
-                    if not sent_any:
-                        self.service.metrics.first_token.observe(time.perf_counter() - job.received)
-                        sent_any = True
-                    yield chunk({"content": value})
+                if kind in ("text", "audio"):
+                    yield chunk(delta(kind, value))
                 elif kind == "done":
                     complete = True
-                    yield chunk({}, value["finish_reason"])
+                    yield chunk(closing(), value["finish_reason"])
                     if include_usage:
                         yield _chunk_sse(ident, created, model, [], usage=_usage(value))
                     yield b"data: [DONE]\n\n"
