@@ -220,9 +220,9 @@ def need_disk(folder: Path, need: int, what: str) -> None:
 
 def real_gguf() -> Path:
     """The real Qwen2.5-Coder-1.5B GGUF from the cache, fetched if missing (skipped on a host without the disk)."""
-    from kztts.lm.fetch import QWEN25_CODER_1_5B_Q4KM, checkpoint_path, fetch_checkpoint
+    from kztts.lm.fetch import QWEN25_CODER_1_5B_Q4KM, checkpoint_path, fetch_checkpoint, space_needed
 
     path = checkpoint_path()
-    if not path.is_file():  # fetch's own need: the parts and the joined file
-        need_disk(path.parent, 2 * QWEN25_CODER_1_5B_Q4KM.size + (64 << 20), "fetching the real 1.5B")
+    if not path.is_file():
+        need_disk(path.parent, space_needed(QWEN25_CODER_1_5B_Q4KM), "fetching the real 1.5B")
     return fetch_checkpoint()

