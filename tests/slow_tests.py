@@ -37,9 +37,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("a QNN-defaults LM export, four validates of four texts each on the simulator (both parameters)", 174, "CI run here: empty cache, load 5-11"),
     "tests/export/htp/test_graph_analysis.py::test_a_bundle_s_decoder_graph_takes_the_same_path":
         ("kztts calibrate GRAPH on a bundle's own decoder.onnx: every node quantized alone", 12, "CI run here: empty cache, load 5-11"),
-    "tests/export/validate/test_kinds.py::test_custom_voice_on_the_simulator_target":
-        ("a CustomVoice bundle exported for the simulator target, validate --target and synth --target --strict",
-         900, "here, load ~20"),
+    "tests/export/validate/test_kinds.py::test_kind_on_the_simulator_target":
+        ("a CustomVoice and a VoiceDesign bundle exported for the simulator target, validate --target on 8 frames of "
+         "both text modes and synth --target --strict, each", 165, "here, load 5, one 1.7B export beside"),
     "tests/export/validate/test_vocoder.py::test_chosen_recipe_keeps_its_snr_and_wer":
         ("the Piper voice (58 MB from PyPI), espeak-ng, its decoder under the chosen recipe, Whisper's WER and "
          "DNSMOS", 28, "CI run here: empty cache, load 5-11"),

@@ -90,7 +90,8 @@ class ModelKind:
         if r.instruct and not self.takes_instruction:
             why = ("qwen-tts drops the instruction of the 0.6B CustomVoice model" if self.kind == "custom_voice"
                    else "only VoiceDesign and 1.7B CustomVoice bundles take one")
-            raise KindError(f"this {self.label} bundle takes no instruction ({why}); leave --instruct out", "instruct")
+            raise KindError(f"this {self.label} bundle takes no instruction ({why}); leave the instruction out",
+                            "instruct")
         voice = r.voice
         if r.speaker is not None:
             self.speaker(r.speaker)  # refuses an unknown one, or a speaker for another kind

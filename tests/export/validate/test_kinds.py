@@ -1,6 +1,7 @@
 """``kztts validate`` on the other official kinds: a CustomVoice bundle (a dialect speaker and an instruction) meets
-the CPU bounds against qwen-tts's ``generate_custom_voice``; on the simulator target it exports, validates within
-the same bounds as Base (``htp-fp16``) and speaks (``synth --target --speaker``)."""
+the CPU bounds against qwen-tts's ``generate_custom_voice``, a VoiceDesign bundle against ``generate_voice_design``;
+on the simulator target each exports, validates within the same bounds as Base (``htp-fp16``) and speaks
+(``synth --target --speaker/--instruct``)."""
 from __future__ import annotations
 
 import subprocess
@@ -21,20 +22,23 @@ def test_cpu_validate_meets_the_cpu_bounds(request, kind_dirs, name):
     assert judge(report, BOUNDS["cpu"]), {k: report[k] for k in BOUNDS["cpu"]}
 
 
-@pytest.mark.slow  # ~15 min at load 20 on 2 cores (the three tests of this file took 20 min): a CustomVoice export for
-# the simulator target, its strict validation on the simulator and a synth --target run
-def test_custom_voice_on_the_simulator_target(kind_dirs, small_target, tmp_path):
+@pytest.mark.slow  # 2 min each at load 5 on 2 cores: an export for the simulator target, its strict validation on
+# the simulator (8 frames of both text modes) and a synth --target run
+@pytest.mark.parametrize("name, voice", [("custom_voice", ["--speaker", "eric", "--instruct", "Slowly."]),
+                                         ("voice_design", ["--instruct", "A calm, low voice."])])
+def test_kind_on_the_simulator_target(kind_dirs, small_target, tmp_path, name, voice):
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
     from kztts.export.tts.bundle_writer import cached_target_bundle
     from kztts.export.validate.htp import validate_target
 
-    bundle = cached_target_bundle(kind_dirs["custom_voice"], small_target)
-    report = validate_target(bundle, kind_dirs["custom_voice"], small_target, frames=16, language="Chinese")
-    print(f"\nCustomVoice on the simulator: cosine min {report['talker_logits_cos_min']:.6f}, "
+    bundle = cached_target_bundle(kind_dirs[name], small_target)
+    report = validate_target(bundle, kind_dirs[name], small_target, frames=8, language="Chinese")
+    print(f"\n{name} on the simulator: cosine min {report['talker_logits_cos_min']:.6f}, "
           f"argmax {report['talker_argmax_match']:.3f}, CP codes {report['cp_codes_match']}")
+    assert [m["frames"] for m in report["modes"]] == [8, 8]  # the non-streaming and the streaming prompt
     assert report["precision"] == "fp16" and judge(report, BOUNDS["htp-fp16"]), report["talker_logits_cos_min"]
-    out = tmp_path / "cv.wav"
-    r = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "你好，世界。", "-o", str(out), "--bundle",
-                        str(bundle), "--target", str(small_target), "--strict", "--speaker", "eric", "--instruct",
-                        "Slowly.", "--greedy", "--max-frames", "6"], capture_output=True, text=True)
+    out = tmp_path / f"{name}.wav"
+    r = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "你好，世界。", "-o", str(out),
+                        "--bundle", str(bundle), "--target", str(small_target), "--strict", *voice, "--greedy",
+                        "--max-frames", "6"], capture_output=True, text=True)
     assert r.returncode == 0 and out.is_file(), r.stderr
