@@ -38,8 +38,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     "tests/export/htp/test_graph_analysis.py::test_a_bundle_s_decoder_graph_takes_the_same_path":
         ("kztts calibrate GRAPH on a bundle's own decoder.onnx: every node quantized alone", 12, "CI run here: empty cache, load 5-11"),
     "tests/export/validate/test_kinds.py::test_kind_on_the_simulator_target":
-        ("a CustomVoice and a VoiceDesign bundle exported for the simulator target, validate --target on 8 frames of "
-         "both text modes and synth --target --strict, each", 165, "here, load 5, one 1.7B export beside"),
+        ("CustomVoice (1.7B and 0.6B layouts) and VoiceDesign bundles exported for the simulator target, validate "
+         "--target on 8 frames of both text modes and synth --target --strict, each", 165,
+         "here, load 5-6 (325 s with its export), a 1.7B export beside"),
     "tests/export/validate/test_vocoder.py::test_chosen_recipe_keeps_its_snr_and_wer":
         ("the Piper voice (58 MB from PyPI), espeak-ng, its decoder under the chosen recipe, Whisper's WER and "
          "DNSMOS", 28, "CI run here: empty cache, load 5-11"),

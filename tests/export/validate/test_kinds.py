@@ -1,6 +1,6 @@
 """``kztts validate`` on the other official kinds: a CustomVoice bundle (a dialect speaker and an instruction) meets
 the CPU bounds against qwen-tts's ``generate_custom_voice``, a VoiceDesign bundle against ``generate_voice_design``;
-on the simulator target each exports, validates within the same bounds as Base (``htp-fp16``) and speaks
+on the simulator target each (CustomVoice in the 1.7B and the 0.6B layout) exports, validates within the same bounds as Base (``htp-fp16``) and speaks
 (``synth --target --speaker/--instruct``)."""
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def test_cpu_validate_meets_the_cpu_bounds(request, kind_dirs, name):
     assert judge(report, BOUNDS["cpu"]), {k: report[k] for k in BOUNDS["cpu"]}
 
 
-@pytest.mark.slow  # 2 min each at load 5 on 2 cores: an export for the simulator target, its strict validation on
-# the simulator (8 frames of both text modes) and a synth --target run
+@pytest.mark.slow  # 2.5 min each at load 5 on 2 cores: an export for the simulator target, its strict validation
+# on the simulator (8 frames of both text modes) and a synth --target run; the 1.7B and 0.6B CustomVoice layouts
 @pytest.mark.parametrize("name, voice", [("custom_voice", ["--speaker", "eric", "--instruct", "Slowly."]),
+                                         ("custom_voice_06", ["--speaker", "dylan"]),
                                          ("voice_design", ["--instruct", "A calm, low voice."])])
 def test_kind_on_the_simulator_target(kind_dirs, small_target, tmp_path, name, voice):
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
