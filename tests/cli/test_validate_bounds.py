@@ -113,7 +113,20 @@ class PromptsAlone:
 
 
 @pytest.fixture(scope="module")
-def narrow_bundles(simulator, prefill_only_target):
+def talker_only_target(prefill_only_target, tmp_path_factory):
+    """``prefill_only_target`` with the Code Predictor and the decoder on the CPU: the Talker's prefill graph, where
+    the regression lived and which alone the TTS bounds judge, is the one graph on the HTP. The quantized
+    ``cp_frame`` takes two thirds of such an export and most of a validate on the simulator; tests/htp/test_qnn.py
+    and tests/bench/test_bench.py run it there."""
+    data = json.loads(prefill_only_target.read_text())
+    data["placement"].update(cp_frame="cpu", decoder="cpu")
+    p = tmp_path_factory.mktemp("targets") / "simulator_small_talker_only.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+@pytest.fixture(scope="module")
+def narrow_bundles(simulator, talker_only_target):
     """The narrow checkpoint's w8a16 and w4a16 bundles for the prefill-only target, good (cached) and calibrated
     on prompts alone (cached under their own tag)."""
     from kztts.export.tts import bundle_writer
@@ -121,17 +134,17 @@ def narrow_bundles(simulator, prefill_only_target):
     from kztts.export.tts.tiny import cached_tiny
 
     narrow = cached_tiny(size="narrow")
-    out = {p: [cached_target_bundle(narrow, prefill_only_target, precision=p)] for p in ("w8a16", "w4a16")}
+    out = {p: [cached_target_bundle(narrow, talker_only_target, precision=p)] for p in ("w8a16", "w4a16")}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bundle_writer, "TtsPrompts", PromptsAlone)
         for p in out:
-            out[p].append(cached_target_bundle(narrow, prefill_only_target, precision=p, tag="prompts-alone"))
+            out[p].append(cached_target_bundle(narrow, talker_only_target, precision=p, tag="prompts-alone"))
     return narrow, out
 
 
 @pytest.mark.slow  # the narrow model's four exports, four validates on the simulator
 @pytest.mark.parametrize("precision", ["w8a16", "w4a16"])
-def test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone(narrow_bundles, prefill_only_target,
+def test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone(narrow_bundles, talker_only_target,
                                                                                 precision):
     """The narrow model on the prefill-only target, whose decode steps run the padded prefill graph: calibrated on
     the decode steps it serves it passes ``htp-<precision>``; calibrated on the prompts alone (the regression this
@@ -145,11 +158,11 @@ def test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone
 
     narrow, bundles = narrow_bundles
     good, bad = bundles[precision]
-    rc_good, r_good, err = validate(good, narrow, prefill_only_target, frames=8)
-    rc_bad, r_bad, _ = validate(bad, narrow, prefill_only_target, frames=8)
+    rc_good, r_good, err = validate(good, narrow, talker_only_target, frames=8)
+    rc_bad, r_bad, _ = validate(bad, narrow, talker_only_target, frames=8)
     bounds = BOUNDS[f"htp-{precision}"]
     print(f"\nTTS {precision} good: {({k: r_good[k] for k in bounds})}; prompts alone: {({k: r_bad[k] for k in bounds})}")
-    assert r_good["precision"] == r_bad["precision"] == precision
+    assert r_good["precision"] == r_bad["precision"] == precision and r_good["cp_codes_match"] is None
     assert rc_good == 0 and r_good["pass"], (r_good, err[-2000:])
     assert rc_bad == 1 and not r_bad["pass"] and failing(r_bad, bounds), r_bad
 
