@@ -16,7 +16,7 @@ the frames each prompt was spoken in, decoded by its float graph from a reset as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -60,13 +60,22 @@ def _tables_spec(work_dir: Path) -> dict:
 
 
 class _Frames:
-    """Greedy CB1..15 from the PyTorch Code Predictor (its own modules, fresh cache per frame)."""
+    """Greedy CB1..15 from the PyTorch Code Predictor (its own modules, fresh cache per frame). ``memo`` keeps each
+    frame's codes by its exact inputs: every calibrated graph speaks the same prompts, and the PyTorch Code Predictor
+    is most of the time a pass takes, so later graphs reuse what the first computed."""
 
-    def __init__(self, model):
+    def __init__(self, model, memo: dict[tuple[bytes, int], np.ndarray]):
         self.model = model
+        self.memo = memo
+
+    def codes(self, hidden: np.ndarray, c0: int) -> np.ndarray:
+        key = (np.ascontiguousarray(hidden, np.float32).tobytes(), int(c0))
+        if key not in self.memo:
+            self.memo[key] = self._codes(hidden, c0)
+        return self.memo[key]
 
     @torch.no_grad()
-    def codes(self, hidden: np.ndarray, c0: int) -> np.ndarray:
+    def _codes(self, hidden: np.ndarray, c0: int) -> np.ndarray:
         from transformers.cache_utils import DynamicCache
 
         tk = self.model.talker
@@ -116,6 +125,7 @@ class TtsPrompts:
     model: Any
     prompts: tuple[tuple[str, str, bool], ...] = CALIBRATION_PROMPTS  # (text, language, non_streaming)
     frames: int = CALIBRATION_FRAMES
+    memo: dict = field(default_factory=dict, repr=False)  # _Frames' codes, shared by the graphs' passes
     what: ClassVar[str] = "the calibration prompts"
     reads_torch_model: ClassVar[bool] = True  # the speaker encoder and the Code Predictor's frames
 
@@ -130,7 +140,7 @@ class TtsPrompts:
         tok = TextTokenizer(work_dir / "tokenizer.json")
         languages = {k.lower(): int(v) for k, v in (model.config.talker_config.codec_language_id or {}).items()}
         speaker = _calibration_speaker(model, tables)
-        cp = _Frames(model)
+        cp = _Frames(model, self.memo)
         rng = np.random.default_rng(0)
         for text, lang, non_streaming in self.prompts:
             lid = None if lang == "auto" else language_id(languages, lang)
