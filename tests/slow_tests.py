@@ -6,7 +6,7 @@ included (``pytest -m slow --durations=0``), on the 2-core AVX-512 host: "CI run
 ``.ci/run`` runs it (a fresh clone, an empty cache, 2 workers) while other jobs kept the load at 5-11, so a quiet
 host takes less; the set took 58.6 min there (38 passed, 1 skipped), 38.8 min without the narrow-model test
 since folded into tests/cli/test_validate_bounds.py, whose TTS half since keeps the Code Predictor and the decoder
-on the CPU (1701 s there; 230 s on a quiet host). A file's first test pays for the bundles its file shares.
+on the CPU (1701 s there; 210 s in the slow set at load 4-8). A file's first test pays for the bundles its file shares.
 """
 from __future__ import annotations
 
@@ -33,16 +33,16 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("a second full export; the variant paths are covered by test_variants", 64, "CI run here: empty cache, load 5-11"),
     "tests/cli/test_validate_bounds.py::test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone":
         ("the narrow model's good and prompt-calibrated exports at w8a16 and w4a16 (the Talker's prefill graph "
-         "alone on the HTP), four validate --target runs on the simulator", 230,
-         "here, load 1-2: 176 s with one of the four exports cached"),
+         "alone on the HTP), four validate --target runs on the simulator", 210,
+         "the slow set here (2 workers, load 4-8): 130 s of exports, two calls of 40 s"),
     "tests/cli/test_validate_bounds.py::test_lm_bounds_pass_the_good_build_and_fail_the_bad_one":
         ("a QNN-defaults LM export, four validates of four texts each on the simulator (both parameters)", 174, "CI run here: empty cache, load 5-11"),
     "tests/export/htp/test_graph_analysis.py::test_a_bundle_s_decoder_graph_takes_the_same_path":
         ("kztts calibrate GRAPH on a bundle's own decoder.onnx: every node quantized alone", 12, "CI run here: empty cache, load 5-11"),
     "tests/export/validate/test_kinds.py::test_kind_on_the_simulator_target":
         ("CustomVoice (1.7B and 0.6B layouts) and VoiceDesign bundles exported for the simulator target, validate "
-         "--target on 8 frames of both text modes and synth --target --strict, each", 165,
-         "here, load 5-6 (325 s with its export), a 1.7B export beside"),
+         "--target on 8 frames of both text modes and synth --target --strict, each", 157,
+         "the slow set here (2 workers, load 4-8): 145, 155 and 157 s"),
     "tests/export/validate/test_vocoder.py::test_chosen_recipe_keeps_its_snr_and_wer":
         ("the Piper voice (58 MB from PyPI), espeak-ng, its decoder under the chosen recipe, Whisper's WER and "
          "DNSMOS", 28, "CI run here: empty cache, load 5-11"),
