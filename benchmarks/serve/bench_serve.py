@@ -64,12 +64,14 @@ def default_bundle() -> Path:
     return cached_variant(cached_bundle(cached_tiny(size="0.6b")), weights="int8")
 
 
-def start(bundle: Path, args, log: Path) -> tuple[subprocess.Popen, str]:
+def start(bundle: Path, args, log: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """``kztts serve BUNDLE --port 0 ... EXTRA`` (``args``: threads, decoder_threads, batch), its stderr to ``log``:
+    (the process, its URL from the line it prints when listening)."""
     env = {**os.environ, "KZTTS_THREADS": str(args.threads)}
     if args.decoder_threads is not None:
         env["KZTTS_DECODER_THREADS"] = str(args.decoder_threads)
     cmd = [sys.executable, "-m", "kztts.cli.main", "serve", str(bundle), "--port", "0", "--batch", str(args.batch),
-           "--queue", "64"]
+           "--queue", "64", *extra]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     deadline = time.monotonic() + 600

@@ -7,37 +7,32 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import signal
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
 
 from openai import OpenAI
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+from bench_serve import start  # noqa: E402  (the serve bench's server start, a sibling folder)
+
+MODEL = "qwen2.5-coder-1.5b+qwen3-tts-0.6b"
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("lm")
 parser.add_argument("tts")
 parser.add_argument("--threads", type=int, default=2)
 args = parser.parse_args()
-lm, tts = args.lm, args.tts
-env = dict(os.environ, KZTTS_THREADS=str(args.threads))
-srv = subprocess.Popen([sys.executable, "-m", "kztts.cli.main", "serve", lm, "--tts", tts, "--port", "8765",
-                        "--model-name", "qwen2.5-coder-1.5b+qwen3-tts-0.6b"], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+log = Path(tempfile.mkdtemp(prefix="kztts-serve-")) / "serve.log"
+srv, url = start(Path(args.lm), SimpleNamespace(threads=args.threads, decoder_threads=None, batch=4), log,  # serve's default batch
+                 ("--tts", args.tts, "--model-name", MODEL))
 try:
-    for _ in range(600):
-        try:
-            if urllib.request.urlopen("http://127.0.0.1:8765/health").status == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.5)
-    client = OpenAI(base_url="http://127.0.0.1:8765/v1", api_key="unused")
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
     print(">>> client.models.list():", [(m.id, getattr(m, "kind", None)) for m in client.models.list().data])
     t0 = time.perf_counter()
-    r = client.chat.completions.create(model="qwen2.5-coder-1.5b+qwen3-tts-0.6b", modalities=["text", "audio"],
+    r = client.chat.completions.create(model=MODEL, modalities=["text", "audio"],
                                        audio={"voice": "default", "format": "wav"}, seed=0, max_tokens=48,
                                        messages=[{"role": "user", "content": "What does a speech codec do? One sentence."}])
     wav = base64.b64decode(r.choices[0].message.audio.data)
@@ -47,7 +42,7 @@ try:
     print("message.audio.transcript:", r.choices[0].message.audio.transcript)
     print("message.audio: id", r.choices[0].message.audio.id, "|", len(wav), "bytes of", wav[:4], wav[8:12])
     t0 = time.perf_counter()
-    stream = client.chat.completions.create(model="qwen2.5-coder-1.5b+qwen3-tts-0.6b", modalities=["text", "audio"],
+    stream = client.chat.completions.create(model=MODEL, modalities=["text", "audio"],
                                             audio={"voice": "default", "format": "pcm16"}, seed=0, max_tokens=48,
                                             stream=True, messages=[{"role": "user", "content": "Name the capital of France in one sentence."}])
     first_audio, text, pcm = None, [], 0
@@ -66,5 +61,6 @@ try:
           f"first audio after {first_audio * 1000:.0f} ms")
 finally:
     srv.send_signal(signal.SIGTERM)
-    out = srv.communicate(timeout=60)[0]
-    print(">>> server log (last lines):"); print("\n".join(out.splitlines()[-6:]))
+    srv.wait(timeout=60)
+    print(">>> server log (last lines):")
+    print("\n".join(log.read_text().splitlines()[-6:]))

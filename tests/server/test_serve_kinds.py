@@ -27,6 +27,32 @@ def synth_wav(bundle, out, *args) -> np.ndarray:
     return int16_of_wav(out.read_bytes())
 
 
+def client_of(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def refusal(server, **body) -> tuple[int, dict]:
+    """``POST /v1/audio/speech`` of ``TEXT`` with ``body``: (status, the OpenAI error body)."""
+    status, _, data = raw(server, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, **body})
+    return status, json.loads(data)["error"]
+
+
+def base_voices(bundle, voice_wav, folder, icl: bool = False):
+    """A ``--voices`` folder for the Base ``bundle``: ``alice.wav``, its saved x-vector ``alice_saved.voice`` and,
+    with ``icl``, its saved ICL voice ``alice_icl.voice``."""
+    import shutil
+
+    from kztts import TTS
+    from kztts.core.audio import read_voice
+
+    shutil.copy(voice_wav, folder / "alice.wav")
+    tts = TTS(bundle)
+    if icl:
+        tts.save_voice(tts.voice_from_reference(*read_voice(voice_wav), REF_TEXT), folder / "alice_icl.voice")
+    tts.save_voice(tts.voice_from_wav(*read_voice(voice_wav)), folder / "alice_saved.voice")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def cv_server(custom_voice_bundle, tmp_path_factory):
     s = start_server(custom_voice_bundle, tmp_path_factory.mktemp("log") / "cv.log", "--batch", "4", "--api-key", KEY)
@@ -35,7 +61,7 @@ def cv_server(custom_voice_bundle, tmp_path_factory):
 
 
 def test_preset_speaker_and_instructions_equal_kztts_synth(cv_server, custom_voice_bundle, tmp_path):
-    client = openai.OpenAI(base_url=cv_server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    client = client_of(cv_server)
     got = client.audio.speech.create(model="tts-1", voice="Eric", input=TEXT, instructions="Very happy.",
                                      response_format="wav", extra_body={"seed": 3, "max_frames": 20}).content
     want = synth_wav(custom_voice_bundle, tmp_path / "a.wav", "--speaker", "eric", "--instruct", "Very happy.",
@@ -55,8 +81,7 @@ def test_preset_speaker_and_instructions_equal_kztts_synth(cv_server, custom_voi
     ({"voice": "ryan", "instructions": 5}, 400, "invalid_type", "instructions", "'instructions' must be a string"),
 ])
 def test_custom_voice_refusals(cv_server, body, status, code, param, words):
-    got, _, data = raw(cv_server, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, **body})
-    error = json.loads(data)["error"]
+    got, error = refusal(cv_server, **body)
     assert got == status and (error["code"], error["param"]) == (code, param) and words in error["message"], error
     assert raw(cv_server, "GET", "/health", key=None)[0] == 200
 
@@ -65,7 +90,7 @@ def test_custom_voice_0_6b_speaks_its_speakers_and_refuses_an_instruction(custom
                                                                           tmp_path):
     s = start_server(custom_voice_06_bundle, tmp_path_factory.mktemp("log") / "cv06.log", "--api-key", KEY)
     try:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        client = client_of(s)
         got = client.audio.speech.create(model="tts-1", voice="Ryan", input=TEXT, response_format="wav",
                                          extra_body={"seed": 4, "max_frames": 14}).content
         want = synth_wav(custom_voice_06_bundle, tmp_path / "ryan.wav", "--speaker", "ryan", "--seed", 4,
@@ -74,9 +99,7 @@ def test_custom_voice_0_6b_speaks_its_speakers_and_refuses_an_instruction(custom
         card = json.loads(raw(s, "GET", "/v1/models")[2])["data"][0]
         assert card["tts"] == {"kind": "custom_voice", "label": "CustomVoice 0.6B", "takes_instruction": False}
         # qwen-tts 0.1.1 drops an instruction on the 0.6B CustomVoice: kztts says so instead of ignoring it
-        got, _, data = raw(s, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "ryan",
-                                                            "instructions": "Very happy."})
-        error = json.loads(data)["error"]
+        got, error = refusal(s, voice="ryan", instructions="Very happy.")
         assert got == 400 and error["param"] == "instructions", error
         assert "this CustomVoice 0.6B bundle takes no instruction" in error["message"], error
         assert raw(s, "GET", "/health", key=None)[0] == 200
@@ -85,19 +108,11 @@ def test_custom_voice_0_6b_speaks_its_speakers_and_refuses_an_instruction(custom
 
 
 def test_base_1_7b_layout_clones_a_voice_file_and_its_saved_voice(proj_bundle, voice_wav, tmp_path_factory, tmp_path):
-    import shutil
-
-    from kztts import TTS
-    from kztts.core.audio import read_voice
-
-    folder = tmp_path_factory.mktemp("voices17")
-    shutil.copy(voice_wav, folder / "alice.wav")
-    tts = TTS(proj_bundle)
-    tts.save_voice(tts.voice_from_wav(*read_voice(voice_wav)), folder / "alice_saved.voice")
+    folder = base_voices(proj_bundle, voice_wav, tmp_path_factory.mktemp("voices17"))
     s = start_server(proj_bundle, tmp_path_factory.mktemp("log") / "base17.log", "--voices", str(folder),
                      "--api-key", KEY)
     try:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        client = client_of(s)
         body = dict(model="tts-1", input=TEXT, response_format="wav", extra_body={"seed": 6, "max_frames": 14})
         from_wav = int16_of_wav(client.audio.speech.create(voice="alice", **body).content)
         saved = int16_of_wav(client.audio.speech.create(voice="alice_saved", **body).content)
@@ -106,8 +121,7 @@ def test_base_1_7b_layout_clones_a_voice_file_and_its_saved_voice(proj_bundle, v
         assert from_wav.size and np.array_equal(from_wav, want) and np.array_equal(saved, want)
         card = json.loads(raw(s, "GET", "/v1/models")[2])["data"][0]
         assert card["tts"]["kind"] == "base" and card["tts"]["takes_instruction"] is False, card
-        got, _, data = raw(s, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "eric"})
-        error = json.loads(data)["error"]
+        got, error = refusal(s, voice="eric")
         assert got == 404 and error["param"] == "voice" and "the voices are: alice, alice_saved" in error["message"]
     finally:
         assert stop(s) == 0, s.tail()
@@ -116,14 +130,13 @@ def test_base_1_7b_layout_clones_a_voice_file_and_its_saved_voice(proj_bundle, v
 def test_voice_design_takes_instructions_alone(voice_design_bundle, tmp_path_factory, tmp_path):
     s = start_server(voice_design_bundle, tmp_path_factory.mktemp("log") / "vd.log", "--api-key", KEY)
     try:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        client = client_of(s)
         got = client.audio.speech.create(model="tts-1", voice="default", input=TEXT, response_format="wav",
                                          instructions="A deep, calm voice.", extra_body={"seed": 2, "max_frames": 12})
         want = synth_wav(voice_design_bundle, tmp_path / "vd.wav", "--instruct", "A deep, calm voice.", "--seed", 2,
                          "--max-frames", 12)
         assert np.array_equal(int16_of_wav(got.content), want)
-        got, _, data = raw(s, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "ryan"})
-        error = json.loads(data)["error"]
+        got, error = refusal(s, voice="ryan")
         assert got == 404 and error["param"] == "voice" and "the voices are: default" in error["message"]
         got, _, data = raw(s, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, "max_frames": 3})
         assert got == 200, data  # no instruction: allowed, as qwen-tts treats an empty one
@@ -133,21 +146,14 @@ def test_voice_design_takes_instructions_alone(voice_design_bundle, tmp_path_fac
 
 def test_saved_voice_in_serve_is_bit_identical_and_base_refusals(equal_bundle, proj_bundle, voice_wav,
                                                                  tmp_path_factory, tmp_path):
-    import shutil
-
     from kztts import TTS
-
-    folder = tmp_path_factory.mktemp("voices")
-    shutil.copy(voice_wav, folder / "alice.wav")
-    tts = TTS(equal_bundle)
     from kztts.core.audio import read_voice
 
-    tts.save_voice(tts.voice_from_reference(*read_voice(voice_wav), REF_TEXT), folder / "alice_icl.voice")
-    tts.save_voice(tts.voice_from_wav(*read_voice(voice_wav)), folder / "alice_saved.voice")
+    folder = base_voices(equal_bundle, voice_wav, tmp_path_factory.mktemp("voices"), icl=True)
     s = start_server(equal_bundle, tmp_path_factory.mktemp("log") / "base.log", "--voices", str(folder),
                      "--api-key", KEY)
     try:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        client = client_of(s)
         body = dict(model="tts-1", input=TEXT, response_format="wav", extra_body={"seed": 5, "max_frames": 15})
         from_wav = client.audio.speech.create(voice="alice", **body).content
         saved = client.audio.speech.create(voice="alice_saved", **body).content
@@ -160,8 +166,7 @@ def test_saved_voice_in_serve_is_bit_identical_and_base_refusals(equal_bundle, p
                 ({"voice": "ryan"}, 404, "voice", "voice 'ryan' is not offered here"),
                 ({"voice": "alice", "instructions": "Happy."}, 400, "instructions", "this Base 0.6B bundle takes no "
                                                                                       "instruction")]:
-            got, _, data = raw(s, "POST", "/v1/audio/speech", {"model": "tts-1", "input": TEXT, **extra})
-            error = json.loads(data)["error"]
+            got, error = refusal(s, **extra)
             assert got == status and error["param"] == param and words in error["message"], error
         assert raw(s, "GET", "/health", key=None)[0] == 200
     finally:
