@@ -113,3 +113,14 @@ def test_every_expected_skip_names_a_test_that_can_skip():
         funcs = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == name.split("[")[0]]
         assert funcs, f"tests/expected_skips.txt: {node} is not a test"
         assert "skip" in ast.unparse(funcs[0]) and len(reason) > 40, node
+
+
+@pytest.mark.parametrize("ci, code, word", [("true", 1, "FAILED"), ("", 0, "SKIPPED")])
+def test_the_real_lm_check_fails_on_a_small_disk_under_ci(tmp_path, ci, code, word):
+    """scripts/check_real_lm.sh on a host short of disk (a need no disk meets): a skip by hand, a failure under CI,
+    before anything is fetched."""
+    env = {**os.environ, "CI": ci, "KZTTS_REAL_LM_DISK_GB": "1000000", "KZTTS_CACHE": str(tmp_path / "cache"),
+           "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "check_real_lm.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == code and done.stdout.startswith(f"{word}: the real checkpoint's check needs"), done
