@@ -17,6 +17,8 @@ from support import ROOT
 SCRIPTS = {
     "ttfa": ("ttfa/ttfa_study.py", "{bundle} --threads 1 --rounds 1 --frames 4 --rtf-runs 1 --out {out}/ttfa.json",
              "TTFA p50"),
+    "ttfa_cli": ("ttfa/cli_ttfa.py", "{bundle} --threads 1 --runs 1 --max-frames 2 --out {out}/cli.json",
+                 "| warm-up |"),
     "spoken_chat": ("spoken_chat/spoken_chat.py", "{lm} {bundle} --threads 1 --turns 1 --max-new-tokens 6 "
                     "--out {out}/chat.json", "first audio"),
     "decoder_variants": ("decoder/bench_decoder.py", "--size tiny --threads 1 --chunk 4 --frames 8 --rounds 1 "
