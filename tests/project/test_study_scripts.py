@@ -28,6 +28,9 @@ SCRIPTS = {
     "decoder_int8_static": ("decoder/bench_int8_static.py", "{bundle} --frames 8 --rounds 1", "| int8-static |"),
     "streaming_pipeline": ("streaming_pipeline/bench_pipeline.py",
                            "{bundle} --configs seq:1/1,pipe:1/1 --frames 6 --rounds 1", "pipe:1/1"),
+    "conv_rates": ("piper_decoder/paper_vs_aihub.py", "", "| sm8650 | Samsung Galaxy S24 |"),
+    "paper_cost": ("precision_plan/paper_cost.py", "{bundle} --out {out}/pc --targets x_elite,sm8750", "Command:"),
+    "batching_profile": ("batching/profile_batched.py", "{bundle} --batch 1,2 --frames 2 --threads 1", '"batches"'),
     "frame_profile": ("frame_profile/profile_frame.py", "{bundle} --threads 1 --frames 4", "ms/run"),
     "serve": ("serve/bench_serve.py", "--bundle {bundle} --clients 1 --requests 2 --max-frames 4 --threads 1 "
               "--batch 2 --out {out}/serve.json", "ttfa"),
