@@ -126,7 +126,8 @@ def main() -> int:
         p = paper_ms(macs, params, io, 1.0, target)  # w8: one byte per weight
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         ratio = "-" if p["ms"] is None else f"{ms / p['ms']:.1f}x"
-        print(f"| {name} | {rate.device} | {rate.ms[0]}, {rate.ms[1]} | {fmt(p['bytes_ms'])} | {fmt(p['compute_ms'])} | "
+        print(f"| {name} | {rate.device} | {rate.ms[0]}, {rate.ms[1]} | {fmt(p['bytes_ms'])} | "
+              f"{fmt(p['compute_ms'])} | "
               f"{fmt(p['ms'])} | {ratio} | {rate.macs_per_s / 1e9:.0f} +-{rate.spread:.1%} |")
     return 0
 

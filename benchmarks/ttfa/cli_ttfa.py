@@ -51,7 +51,8 @@ def one_run(argv: list[str], env: dict) -> dict:
         raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}\n{done.stderr[-2000:]}")
     first, total = map(float, FIGURES.search(done.stdout).groups())
     warm = WARM.search(done.stdout)
-    return {"in_call_ms": first, "total_ms": total, "process_ms": wall, "start_to_first_audio_ms": wall - (total - first),
+    return {"in_call_ms": first, "total_ms": total, "process_ms": wall,
+            "start_to_first_audio_ms": wall - (total - first),
             "warm_up_ms": float(warm.group(1)) if warm else None}
 
 
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     summary = {}
     for mode in MODES:
         r = runs[mode]
-        pct = lambda key: (float(np.percentile([x[key] for x in r], 50)), float(np.percentile([x[key] for x in r], 95)))  # noqa: E731
+        pct = lambda key: tuple(float(np.percentile([x[key] for x in r], q)) for q in (50, 95))  # noqa: E731
         warm = [x["warm_up_ms"] for x in r if x["warm_up_ms"] is not None]
         summary[mode] = {"in_call": pct("in_call_ms"), "start_to_first_audio": pct("start_to_first_audio_ms"),
                          "warm_up": statistics.median(warm) if warm else None, "process": pct("process_ms")}

@@ -361,7 +361,8 @@ def test_the_conv_decoder_rate_is_measured_per_soc_with_its_uncertainty_and_appl
     benchmarks/piper_decoder (86x, 76x), a target without TOPS still gets the decoder's compute term, and a SoC
     with no measurement borrows the slowest one, saying so."""
     rates = {name: conv_decoder_rate(load_target(name)) for name in ("x_elite", "x2_elite", "sm8650", "sm8750")}
-    assert {r["soc"] for r in rates.values()} == set(CONV_DECODER_RATES) and not any(r["borrowed"] for r in rates.values())
+    assert {r["soc"] for r in rates.values()} == set(CONV_DECODER_RATES)
+    assert not any(r["borrowed"] for r in rates.values())
     assert rates["x_elite"]["factor_vs_int8_tops"] == pytest.approx(86, abs=0.5)
     assert rates["x2_elite"]["factor_vs_int8_tops"] == pytest.approx(76, abs=0.5)
     assert rates["sm8650"]["factor_vs_int8_tops"] is None and rates["sm8750"]["factor_vs_int8_tops"] is None
