@@ -6,6 +6,7 @@ the code that builds them, so a code change rebuilds them and reruns reuse them.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,120 @@ def voice_design_bundle(kind_dirs):
     from kztts.export.tts.bundle_writer import cached_bundle
 
     return cached_bundle(kind_dirs["voice_design"])
+
+
+# ---------------------------------------------------------------- CI checks: no pass by skipping, a floor of passes
+# Under CI (`--ci-checks`, which .ci/run passes, or CI=true in the environment) a skip that tests/expected_skips.txt
+# does not list fails the run, and `--min-passed N` fails a run that passed fewer than N tests: a missing browser,
+# espeak-ng, QNN EP or fetched model would otherwise turn a stage green having run nothing.
+EXPECTED_SKIPS = Path(__file__).with_name("expected_skips.txt")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kztts CI checks")
+    group.addoption("--ci-checks", action="store_true",
+                    help="fail the run on any skip not listed in --expected-skips (also on when $CI is true)")
+    group.addoption("--expected-skips", default=str(EXPECTED_SKIPS),
+                    help="the skips allowed under --ci-checks: lines 'NODE_ID  # reason' (default: %(default)s)")
+    group.addoption("--min-passed", type=int, default=0, help="fail the run when fewer tests pass than this")
+
+
+def read_expected_skips(path: str | Path) -> dict[str, str]:
+    """{node id: reason} of an expected-skip file: one ``NODE_ID  # reason`` a line, ``#`` lines are comments.
+    An entry without ``[params]`` covers every parameter of its test; a file's path covers a whole-module skip."""
+    entries = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        node, _, reason = line.partition("#")
+        if not node.strip() or not reason.strip():
+            raise pytest.UsageError(f"{path}:{number}: expected 'NODE_ID  # the reason it may skip on CI's host'")
+        entries[node.strip()] = reason.strip()
+    return entries
+
+
+class CIChecks:
+    """The controller's reports (xdist forwards the workers' to it), judged at the end of the session."""
+
+    def __init__(self, config):
+        self.strict = config.getoption("ci_checks") or os.environ.get("CI", "").lower() in ("true", "1")
+        self.min_passed = config.getoption("min_passed")
+        self.path = config.getoption("expected_skips")
+        self.expected = read_expected_skips(self.path) if self.strict else {}
+        self.passed = 0
+        self.skips: dict[str, str] = {}  # node id -> the reason the skip gave
+        self.problems: list[str] = []
+
+    def allowed(self, nodeid: str) -> str | None:
+        return self.expected.get(nodeid) or self.expected.get(nodeid.split("[", 1)[0])
+
+    def skipped(self, report) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):  # an xfail is reported as skipped, it is not one
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.skips[report.nodeid] = reason.removeprefix("Skipped: ")
+
+    def judge(self) -> list[str]:
+        problems = []
+        if self.strict:
+            unexpected = sorted(n for n in self.skips if self.allowed(n) is None)
+            if unexpected:
+                problems.append(f"{len(unexpected)} skip(s) not in {self.path}: a capability CI's host must have "
+                                "is missing (install it), or list the test there with the reason it may skip:")
+                problems += [f"  {n}: {self.skips[n]}" for n in unexpected]
+        if self.passed < self.min_passed:
+            problems.append(f"{self.passed} tests passed, fewer than the floor of {self.min_passed} (--min-passed): "
+                            "tests were lost (collection, deselection) or stopped running")
+        return problems
+
+
+_CHECKS: CIChecks | None = None  # this session's, on the controller (or the one process of -n 0) only
+
+
+def pytest_sessionstart(session):
+    global _CHECKS
+    config = session.config
+    _CHECKS = None
+    if not hasattr(config, "workerinput"):
+        checks = CIChecks(config)
+        if checks.strict or checks.min_passed:
+            _CHECKS = checks
+
+
+def pytest_runtest_logreport(report):
+    if _CHECKS is not None:
+        _CHECKS.skipped(report)
+        if report.when == "call" and report.passed:
+            _CHECKS.passed += 1
+
+
+def pytest_collectreport(report):
+    if _CHECKS is not None:  # a module skipped as a whole (pytest.importorskip, allow_module_level)
+        _CHECKS.skipped(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CHECKS is not None:
+        _CHECKS.problems = _CHECKS.judge()
+        if _CHECKS.problems and session.exitstatus == 0:
+            session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    checks, tr = _CHECKS, terminalreporter
+    if checks is None:
+        return
+    tr.section("CI checks: skips and passes")
+    if checks.strict:
+        listed = sorted(n for n in checks.skips if checks.allowed(n) is not None)
+        tr.write_line(f"expected skips: {len(listed)} (of {len(checks.expected)} entries in {checks.path})")
+        for n in listed:
+            tr.write_line(f"  {n}: {checks.allowed(n)}")
+    tr.write_line(f"passed: {checks.passed} (floor {checks.min_passed})")
+    if checks.problems:
+        tr.write_line("CI checks FAILED:", red=True, bold=True)
+        for line in checks.problems:
+            tr.write_line(line, red=True)
+    else:
+        tr.write_line("CI checks passed: no unexpected skip" + (f", at least {checks.min_passed} passed"
+                                                                  if checks.min_passed else ""), green=True)

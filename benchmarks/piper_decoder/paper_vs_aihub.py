@@ -15,17 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts.htp.cost import profile_graph
+from kztts.htp.cost import CONV_DECODER_RATES, MELO_DECODER_MACS, profile_graph
 from kztts.htp.targets import load_target
 
 # MeloTTS EN (VITS / Bert-VITS2 44.1 kHz generator): hop 512 = 8*8*2*2*2 (AI Hub's melotts upsample_factor 512),
 # latent z [1, 192, 64] and speaker g [1, 256, 1] (AI Hub's Decoder input spec), HiFi-GAN V1 residual blocks.
 MELO = dict(in_ch=192, frames=64, initial=512, rates=(8, 8, 2, 2, 2), kernels=(16, 16, 8, 2, 2),
             res_kernels=(3, 7, 11), dilations=(1, 3, 5), gin=256)
-# qualcomm/ai-hub-models, qai_hub_models/models/melotts_en/perf.yaml at commit b61a009028de, Decoder_EN, precision
-# w8a16, qnn_context_binary inference_time_milliseconds
-AIHUB_MS = {"x_elite": ("Snapdragon X Elite CRD", 76.912), "sm8750": ("Samsung Galaxy S25 (Snapdragon 8 Elite)", 47.511),
-            "x2_elite": ("Snapdragon X2 Elite CRD", 38.27)}
+# AI Hub's measured times (both runtimes) per SoC: kztts.htp.cost.CONV_DECODER_RATES, whose source it names
+TARGETS = ("x_elite", "x2_elite", "sm8650", "sm8750")
 
 
 def hifigan_graph(path: Path, cfg: dict) -> Path:
@@ -117,13 +115,20 @@ def main() -> int:
         macs, params, io = graph_counts(hifigan_graph(Path(tmp) / "melo_decoder.onnx", MELO))
     print(f"MeloTTS EN decoder shapes: z [1, 192, {MELO['frames']}] -> {MELO['frames'] * 512} samples, "
           f"{macs / 1e9:.2f} GMAC, {params / 1e6:.2f} M weights")
-    print("| target | AI Hub device | AI Hub ms (w8a16) | paper bytes ms | paper compute ms | paper ms | measured / paper |")
-    print("|---|---|---|---|---|---|---|")
-    for name, (device, ms) in AIHUB_MS.items():
-        p = paper_ms(macs, params, io, 1.0, load_target(name))  # w8: one byte per weight
+    assert macs == MELO_DECODER_MACS, "kztts.htp.cost's conv rates rest on these MACs"
+    print("| target | AI Hub device | AI Hub ms (w8a16, two runtimes) | paper bytes ms | paper compute ms | paper ms | "
+          "measured / paper | conv rate GMAC/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in TARGETS:
+        target = load_target(name)
+        rate = CONV_DECODER_RATES[target.soc.name]
+        ms = sum(rate.ms) / len(rate.ms)
+        p = paper_ms(macs, params, io, 1.0, target)  # w8: one byte per weight
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         ratio = "-" if p["ms"] is None else f"{ms / p['ms']:.1f}x"
-        print(f"| {name} | {device} | {ms} | {fmt(p['bytes_ms'])} | {fmt(p['compute_ms'])} | {fmt(p['ms'])} | {ratio} |")
+        print(f"| {name} | {rate.device} | {rate.ms[0]}, {rate.ms[1]} | {fmt(p['bytes_ms'])} | "
+              f"{fmt(p['compute_ms'])} | "
+              f"{fmt(p['ms'])} | {ratio} | {rate.macs_per_s / 1e9:.0f} +-{rate.spread:.1%} |")
     return 0
 
 

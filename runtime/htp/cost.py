@@ -58,12 +58,59 @@ KV_OUTPUTS = ("new_", "present_")
 STATE_KINDS = G.HYBRID_STATE_KINDS  # a hybrid LM's DeltaNet states, inside the KV names
 LABEL = "paper estimate"
 FRAME_RATE = 12.5  # codec frames per second (1920 samples at 24 kHz) when the bundle does not say
-# Measured / paper for a conv decoder on the HTP: Qualcomm AI Hub's MeloTTS EN HiFi-GAN decoder (w8a16) takes
-# 76.9 ms on the Snapdragon X Elite, where this rule puts its 20.1 GMAC at 0.895 ms (45 INT8 TOPS): 86x (38.3 ms
-# against 0.503 ms on the X2 Elite, 76x). The HTP reaches ~1% of its INT8 peak on long, narrow convolutions, where
-# LM matmuls reach ~1/1.7 of it. The decoder's compute term on the HTP is multiplied by it
-# (benchmarks/piper_decoder/README.md, "Paper against measured").
-CONV_DECODER_FACTOR = 86.0
+# A conv decoder's compute on the HTP, per SoC, from measurement: the published-TOPS rule is far off for long,
+# narrow convolutions (the HTP reaches ~1% of its INT8 peak there, where LM matmuls reach ~1/1.7 of it). The one
+# conv decoder measured on these SoCs is Qualcomm AI Hub's MeloTTS EN HiFi-GAN decoder (w8a16; its shapes give
+# MELO_DECODER_MACS, benchmarks/piper_decoder/paper_vs_aihub.py), timed with two runtimes (qnn_context_binary,
+# precompiled_qnn_onnx): qualcomm/ai-hub-models, qai_hub_models/models/melotts_en/perf.yaml at b61a009028de,
+# Decoder_EN. Its MACs / time is the SoC's conv-decoder rate; over the published INT8 TOPS (MACs/s = TOPS / 2) it
+# is the "conv factor": 86x on the X Elite, 76x on the X2 Elite (the 8-series publish no TOPS).
+MELO_DECODER_MACS = 20_131_905_536
+AIHUB_MELO_SOURCE = "AI Hub MeloTTS EN Decoder_EN w8a16 (qai_hub_models/models/melotts_en/perf.yaml at b61a009028de)"
+
+
+@dataclass(frozen=True)
+class ConvDecoderRate:
+    """A conv decoder's measured MAC rate on one SoC's HTP (AI Hub's two runtimes' times)."""
+
+    device: str  # AI Hub's device name
+    ms: tuple[float, float]  # qnn_context_binary, precompiled_qnn_onnx
+
+    @property
+    def macs_per_s(self) -> float:
+        return MELO_DECODER_MACS / (sum(self.ms) / len(self.ms) / 1e3)
+
+    @property
+    def spread(self) -> float:
+        """Relative half-range of the two runtimes' rates: the measurement's own uncertainty."""
+        return (max(self.ms) - min(self.ms)) / (max(self.ms) + min(self.ms))
+
+
+CONV_DECODER_RATES = {  # by SoC (Target.soc.name)
+    "SC8380XP": ConvDecoderRate("Snapdragon X Elite CRD", (76.912, 76.548)),
+    "SC8480XP": ConvDecoderRate("Snapdragon X2 Elite CRD", (38.27, 38.65)),
+    "SM8650": ConvDecoderRate("Samsung Galaxy S24", (57.204, 56.623)),
+    "SM8750": ConvDecoderRate("Samsung Galaxy S25", (47.511, 47.136)),
+}
+
+
+# The X Elite's rate as a factor over its 45 INT8 TOPS (85.8; kept for callers that scale a TOPS figure, e.g. the
+# vocoder study's paper ms). Per-target estimates use conv_decoder_rate instead: the factor differs per SoC.
+CONV_DECODER_FACTOR = (45e12 / 2) / CONV_DECODER_RATES["SC8380XP"].macs_per_s
+
+
+def conv_decoder_rate(target: Target) -> dict:
+    """The conv-decoder rate ``paper_estimate`` uses for ``target``'s decoder on the HTP, with its uncertainty and
+    what it rests on. A SoC with no measurement takes the slowest measured one (a bound, said so)."""
+    soc = target.soc.name
+    rate = CONV_DECODER_RATES.get(soc)
+    borrowed = rate is None
+    if borrowed:
+        soc, rate = min(CONV_DECODER_RATES.items(), key=lambda kv: kv[1].macs_per_s)
+    tops = (target.cost or {}).get("htp_int8_tops")
+    return {"gmacs_per_s": rate.macs_per_s / 1e9, "spread": rate.spread, "device": rate.device, "ms": list(rate.ms),
+            "soc": soc, "borrowed": borrowed, "source": AIHUB_MELO_SOURCE,
+            "factor_vs_int8_tops": (tops * 1e12 / 2) / rate.macs_per_s if tops else None}
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
               "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(double)": np.float64}
 
@@ -461,13 +508,14 @@ def paper_estimate(rows: list[GraphCost], target: Target, frame_rate: float = FR
         return est
     tops = cost.get("htp_int8_tops")
     kind = "effective" if cost.get("effective_gbps") else "dram"
+    conv = conv_decoder_rate(target)
     parts, total, total_peak, total_fp16 = [], 0.0, 0.0, 0.0
     for r in rows:
         if not r.calls_per_frame:
             continue
         compute = r.macs / (tops * 1e12 / 2) * 1e3 if (r.device == "htp" and tops) else None
-        if compute is not None and r.role == "decoder":
-            compute *= CONV_DECODER_FACTOR
+        if r.device == "htp" and r.role == "decoder":  # every target: its SoC's measured conv rate, not the TOPS
+            compute = r.macs / (conv["gmacs_per_s"] * 1e9) * 1e3
         terms = {}
         for key, gbps, nbytes in (("ms", bw, r.bytes_per_call), ("ms_at_dram_peak", cost.get("dram_gbps"),
                                                                     r.bytes_per_call),
@@ -489,14 +537,18 @@ def paper_estimate(rows: list[GraphCost], target: Target, frame_rate: float = FR
                sources={k: v for k, v in cost.items() if k.endswith("_source") or k == "note"},
                ms_per_frame=total, ms_per_frame_at_dram_peak=total_peak if cost.get("dram_gbps") else None,
                ms_per_frame_fp16_kv=total_fp16, frame_period_ms=period, realtime_factor=period / total,
-               parts=parts,
+               parts=parts, conv_decoder=conv if any(p["role"] == "decoder" and p["device"] == "htp"
+                                                     for p in parts) else None,
                assumptions=["bytes per call = weights read on the device (each use; gathered rows only) + "
                             "all graph inputs and outputs; "
                             "intermediates assumed on chip",
                             "HTP compute term uses the published INT8 TOPS (1 MAC = 2 ops); fp16 is not "
                             "published and is slower, so that term is a lower bound",
-                            f"the decoder's HTP compute term x {CONV_DECODER_FACTOR:g}: conv decoders measured on "
-                            "Qualcomm AI Hub run that much slower than this rule (MeloTTS HiFi-GAN, X Elite)",
+                            f"the decoder's HTP compute term at {conv['gmacs_per_s']:.0f} GMAC/s "
+                            f"(+-{conv['spread']:.1%}), the conv rate measured on {conv['device']} "
+                            f"({AIHUB_MELO_SOURCE}"
+                            + (f"; no measurement for {target.soc.name}: the slowest measured SoC's" if conv["borrowed"]
+                               else "") + "); another decoder's rate, or fp16's (slower on the HTP), is not measured",
                             "CPU graphs: bytes term only (no public CPU throughput figure in the target)"])
     return est
 
@@ -637,6 +689,14 @@ def format_cost(report: dict) -> str:
     else:
         lines.append(head + f"; a frame is {est['frame_period_ms']:.0f} ms of audio: {est['realtime_factor']:.1f}x "
                      "real time on paper")
+    conv = est.get("conv_decoder")
+    if conv:
+        factor = f", {conv['factor_vs_int8_tops']:.0f}x under the INT8 TOPS rule" if conv["factor_vs_int8_tops"] else ""
+        lines.append(f"  decoder on the HTP at the conv rate measured on {conv['device']}: {conv['gmacs_per_s']:.0f} "
+                     f"GMAC/s +-{conv['spread']:.1%} (two runtimes){factor}; one model (MeloTTS HiFi-GAN, w8a16): "
+                     "another decoder's rate and fp16's are not measured, fp16 is slower"
+                     + (f"; no measurement for this SoC, {conv['soc']}'s (the slowest measured) used"
+                        if conv["borrowed"] else ""))
     for p in est["parts"]:
         comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
         lines.append(f"  {p['role']:<16}{p['graph']:<{gw}}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,11 @@ import pytest
 onnx = pytest.importorskip("onnx")  # the export extra: the independent count reads the files with it
 from onnx import numpy_helper  # noqa: E402
 
-from kztts.htp.cost import CONV_DECODER_FACTOR, bundle_cost, format_cost, paper_estimate  # noqa: E402
+from kztts.htp.cost import (CONV_DECODER_RATES, GraphCost, bundle_cost, conv_decoder_rate, format_cost,  # noqa: E402
+                             paper_estimate)
 from kztts.htp.targets import TargetError, load_target  # noqa: E402
+
+from support import ROOT  # noqa: E402
 
 PROJ = pytest.mark.parametrize("variant", ["proj"], indirect=True)  # one tiny model is enough here
 
@@ -204,8 +209,8 @@ def test_the_paper_estimate_is_max_of_bytes_and_compute_per_graph(target_bundle,
     want = peak = 0.0
     for r in report["graphs"]:
         compute = r["macs"] / 20e12 * 1e3  # 40 TOPS = 20e12 MAC/s
-        if r["role"] == "decoder" and r["device"] == "htp":  # conv decoders: AI Hub's measured factor
-            compute *= CONV_DECODER_FACTOR
+        if r["role"] == "decoder" and r["device"] == "htp":  # conv decoders: the SoC's (X Elite's) measured rate
+            compute = r["macs"] / CONV_DECODER_RATES["SC8380XP"].macs_per_s * 1e3
         want += max(r["bytes_per_call"] / 50e9 * 1e3, compute) * r["calls_per_frame"]
         peak += max(r["bytes_per_call"] / 80e9 * 1e3, compute) * r["calls_per_frame"]
     assert est["ms_per_frame"] == pytest.approx(want) and est["ms_per_frame_at_dram_peak"] == pytest.approx(peak)
@@ -348,3 +353,47 @@ def test_a_fused_only_lm_bundle_is_counted_on_its_fused_graph(chat_bundle, tmp_p
     # the same layers; the plain graph also holds its rotary tables as constants (the fused one takes them as inputs)
     assert abs(rows["talker_decode"]["weight_bytes"] - base["weight_bytes"]) <= 0.01 * base["weight_bytes"]
     assert abs(rows["talker_decode"]["macs"] - base["macs"]) <= 0.02 * base["macs"]
+
+
+def test_the_conv_decoder_rate_is_measured_per_soc_with_its_uncertainty_and_applies_on_every_target(tmp_path):
+    """Each shipped device target's SoC has its own measured conv-decoder rate (AI Hub's MeloTTS decoder, two
+    runtimes), the X Elite's and X2 Elite's "conv factor" against their INT8 TOPS come out as published in
+    benchmarks/piper_decoder (86x, 76x), a target without TOPS still gets the decoder's compute term, and a SoC
+    with no measurement borrows the slowest one, saying so."""
+    rates = {name: conv_decoder_rate(load_target(name)) for name in ("x_elite", "x2_elite", "sm8650", "sm8750")}
+    assert {r["soc"] for r in rates.values()} == set(CONV_DECODER_RATES)
+    assert not any(r["borrowed"] for r in rates.values())
+    assert rates["x_elite"]["factor_vs_int8_tops"] == pytest.approx(86, abs=0.5)
+    assert rates["x2_elite"]["factor_vs_int8_tops"] == pytest.approx(76, abs=0.5)
+    assert rates["sm8650"]["factor_vs_int8_tops"] is None and rates["sm8750"]["factor_vs_int8_tops"] is None
+    for r in rates.values():  # the two runtimes agree within 1%: the rate's own uncertainty is small
+        assert 0 < r["spread"] < 0.01 and 200 < r["gmacs_per_s"] < 600, r
+    # a target without TOPS (the 8 Elite) with the decoder on the HTP: the decoder has a compute term
+    data = json.loads(Path(load_target("sm8750").path).read_text())
+    est = paper_estimate([GraphCost("talker_decode", "t", "cpu", "fp32", 1.0, {}),
+                          GraphCost("code_predictor", "c", "cpu", "fp32", 1.0, {}),
+                          GraphCost("decoder", "decoder_chunk", "htp", "fp16", 0.25, {}, macs=10**10)],
+                         load_target("sm8750"))
+    dec = next(p for p in est["parts"] if p["role"] == "decoder")
+    assert dec["compute_ms_per_call"] == pytest.approx(1e10 / CONV_DECODER_RATES["SM8750"].macs_per_s * 1e3)
+    assert dec["bound"] == "compute" and dec["compute_ms_per_call"] == pytest.approx(23.5, abs=0.1)
+    assert est["conv_decoder"]["device"] == "Samsung Galaxy S25"
+    data["soc"] = {"name": "SM8550", "soc_model": 43, "htp_arch": 73}  # the 8 Gen 2: not measured
+    (tmp_path / "sm8550.json").write_text(json.dumps(data))
+    borrowed = conv_decoder_rate(load_target(tmp_path / "sm8550.json"))
+    assert borrowed["borrowed"] and borrowed["soc"] == "SC8380XP"  # the slowest measured
+
+
+def test_the_rate_s_macs_are_the_melotts_decoder_s():
+    """MELO_DECODER_MACS is what kztts.htp.cost counts on the MeloTTS decoder's shapes (paper_vs_aihub.py)."""
+    import importlib.util
+
+    from kztts.htp.cost import MELO_DECODER_MACS
+
+    path = ROOT / "benchmarks" / "piper_decoder" / "paper_vs_aihub.py"
+    spec = importlib.util.spec_from_file_location("paper_vs_aihub", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory() as tmp:
+        macs, _, _ = mod.graph_counts(mod.hifigan_graph(Path(tmp) / "melo.onnx", mod.MELO))
+    assert macs == MELO_DECODER_MACS
