@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from kztts.bundle import precisions as P
 from kztts.export.common.qdq_ranges import QDQ_OPSET, minmax_ranges, quiet_root_warnings
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,14 @@ class QdqRecipe:
     summary: str
 
 
+# The HTP recipes are the registry's (kztts.bundle.precisions: its entries with a QDQ recipe); cpu_int8 is the CPU's.
 RECIPES = {r.name: r for r in (
-    QdqRecipe("w8a16", "QUInt16", "QInt8", True, "HTP: int8 per-channel weights, 16-bit activations"),
-    QdqRecipe("a8w8", "QUInt8", "QInt8", True, "HTP: int8 per-channel weights, 8-bit activations"),
-    QdqRecipe("a16w16", "QUInt16", "QInt16", True, "HTP: int16 per-channel weights, 16-bit activations"),
+    *(QdqRecipe(n, P.PRECISIONS[n].qdq_activation, P.PRECISIONS[n].qdq_weight, True, "HTP: " + P.PRECISIONS[n].help)
+      for n in P.GRAPH_RECIPES),
     QdqRecipe("cpu_int8", "QUInt8", "QInt8", False, "CPU: static int8, per-channel weights (QLinearConv)"),
 )}
 DYNAMIC = "dynamic_int8"
-PLAN_PRECISIONS = ("fp16", "w8a16", "a8w8")  # what a plan may give a quantizable node (besides "cpu")
+PLAN_PRECISIONS = P.PLAN_PRECISIONS  # what a plan may give a quantizable node (besides "cpu")
 
 
 def prepare(src: str | Path, dst: str | Path) -> Path:
@@ -182,14 +183,17 @@ def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
 def quantize_plan(prepared: str | Path, dst: str | Path, plan: dict[str, str], cache: str | Path) -> Path:
     """Write ``prepared`` quantized as ``plan`` ({node: fp16 | w8a16 | a8w8}) says: the w8a16 and a8w8 nodes in
     QDQ (8-bit weights; 8-bit activation tensors around the a8w8 ones), the others float."""
-    q = [n for n, p in plan.items() if p in ("w8a16", "a8w8")]
-    a8 = [n for n, p in plan.items() if p == "a8w8"]
+    entries = {n: P.precision(p) for n, p in plan.items() if p != P.CPU}
+    q = [n for n, e in entries.items() if e.quantized]
+    a8 = [n for n, e in entries.items() if e.quantized and e.activation_bits == 8]
     if not q:
         import shutil
 
         shutil.copyfile(prepared, dst)
         return Path(dst)
-    return quantize(prepared, dst, "w8a16", cache, nodes=q, a8_nodes=a8)
+    # the 16-bit-activation recipe of the plan's weights; its 8-bit-activation nodes by tensor overrides
+    base = next(r for r in P.PLAN_QUANTIZED if P.PRECISIONS[r].activation_bits == 16)
+    return quantize(prepared, dst, base, cache, nodes=q, a8_nodes=a8)
 
 
 __all__ = ["DYNAMIC", "PLAN_PRECISIONS", "QUANT_OPS", "RECIPES", "QdqRecipe", "graph_ranges", "prepare",
