@@ -24,6 +24,7 @@ every node's float tensors) and handed to each quantization as its calibration c
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,33 @@ def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Pa
     return Path(dst)
 
 
+_BIAS_ERROR = re.compile(r"when quantizing bias '([^']+)'")
+
+
+def quantize_skipping(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Path, *,
+                      nodes: list[str] | None = None, a8_nodes: Iterable[str] = (), exclude: Iterable[str] = (),
+                      limit: int = 64) -> tuple[Path, list[str]]:
+    """:func:`quantize`, leaving float each node whose bias ONNX Runtime's quantizer cannot range ("Unable to get
+    valid quantization scale ... when quantizing bias ... to int32": a weight or an input without a usable
+    range, e.g. an all-zero input or a contrib op's bias); returns the graph and those nodes."""
+    import onnx
+
+    g = onnx.load(str(prepared), load_external_data=False).graph
+    owner = {n.input[2]: n.name for n in g.node if len(n.input) > 2 and n.input[2]}
+    skipped: list[str] = []
+    while True:
+        try:
+            return quantize(prepared, dst, recipe, cache, nodes=nodes, a8_nodes=a8_nodes,
+                            exclude=[*exclude, *skipped]), skipped
+        except ValueError as exc:
+            m = _BIAS_ERROR.search(str(exc))
+            node = owner.get(m.group(1)) if m else None
+            if node is None or node in skipped or len(skipped) >= limit:
+                raise
+            log.info("%s: %s stays float (%s)", Path(prepared).name, node, str(exc).splitlines()[0][:160])
+            skipped.append(node)
+
+
 def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
     """``dynamic_int8``: ``quantize_dynamic`` of the Conv and MatMul nodes (per-tensor uint8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -193,8 +221,8 @@ def quantize_plan(prepared: str | Path, dst: str | Path, plan: dict[str, str], c
         return Path(dst)
     # the 16-bit-activation recipe of the plan's weights; its 8-bit-activation nodes by tensor overrides
     base = next(r for r in P.PLAN_QUANTIZED if P.PRECISIONS[r].activation_bits == 16)
-    return quantize(prepared, dst, base, cache, nodes=q, a8_nodes=a8)
+    return quantize_skipping(prepared, dst, base, cache, nodes=q, a8_nodes=a8)[0]
 
 
 __all__ = ["DYNAMIC", "PLAN_PRECISIONS", "QUANT_OPS", "RECIPES", "QdqRecipe", "graph_ranges", "prepare",
-           "quant_nodes", "quantize", "quantize_dynamic_int8", "quantize_plan"]
+           "quant_nodes", "quantize", "quantize_dynamic_int8", "quantize_plan", "quantize_skipping"]

@@ -63,6 +63,7 @@ SQNR_CAP = 120.0
 # lost FP16_LOSS_DB (10x in error amplitude) against its inputs amplifies rounding rather than carrying it
 FP16_MIN_DB = 40.0
 FP16_LOSS_DB = 20.0
+RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
 
 
 _ORT_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -303,7 +304,7 @@ def fp16_graph(prepared: str | Path, dst: str | Path) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    model = onnx.load(str(prepared))
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(prepared)))
     g = model.graph
     for i, t in enumerate(g.initializer):
         if t.data_type == TensorProto.FLOAT:
@@ -423,11 +424,15 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
             prepared = Q.prepare(graph, work / "prepared.onnx")
         except Exception as exc:  # ONNX's converters and ORT's pre-processing on a graph they do not take
             raise KzttsError(f"{graph}: cannot be prepared for quantization ({_first_line(exc)})") from None
-        foreign = dict(foreign_nodes(prepared))
+        foreign = dict(foreign_nodes(graph))  # the user's contrib ops (prepare adds its own, e.g. Gelu)
         if foreign:
             ops = sorted(set(foreign.values()))
-            notes.append(f"{len(foreign)} node(s) outside ONNX's domain ({', '.join(ops[:5])}) stay float: ONNX "
-                         "Runtime's quantizer does not range them")
+            notes.append(f"{len(foreign)} contrib node(s) ({', '.join(ops[:5])}) are not swept per node: the "
+                         "plan leaves them float (fp16 on the HTP, where its QNN EP takes them)")
+        random = {n for n, op in _node_ops(prepared).items() if op in RANDOM_OPS}
+        if random:
+            notes.append(f"{len(random)} random node(s) (first: {sorted(random)[0]}): every run draws anew, so "
+                         "what they feed is only comparable with its noise scaled to zero")
         nodes_out = _float_outputs(prepared)
         tensors = [t for _, _, t in nodes_out]
         fp32 = _Graph(prepared, tensors)
@@ -465,7 +470,11 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
                 if k == "fp16":
                     g = _Graph(fp16_graph(prepared, work / "fp16.onnx"), tensors)
                 else:
-                    g = _Graph(Q.quantize(prepared, work / f"{k}.onnx", k, cache, exclude=foreign), tensors)
+                    qpath, skipped = Q.quantize_skipping(prepared, work / f"{k}.onnx", k, cache)
+                    if skipped:
+                        notes.append(f"{k}: {len(skipped)} node(s) left float, ONNX Runtime's quantizer cannot range "
+                                     f"their bias (first: {skipped[0]})")
+                    g = _Graph(qpath, tensors)
             except Exception as exc:  # ORT's quantizer on a node it cannot take
                 notes.append(f"{k}: the whole graph cannot be quantized ({_first_line(exc)})")
                 continue
@@ -503,7 +512,7 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
         sweep: dict = {}
         if alone and recipes:
             sizes = _weight_sizes(prepared)
-            cands = [n for n, _op in Q.quant_nodes(prepared) if n not in foreign]
+            cands = [n for n, _op in Q.quant_nodes(prepared) if n not in foreign]  # the quantizer skips those
             cands.sort(key=lambda n: -sizes.get(n, 0))  # the largest weights first: what quantizing saves
             each = (float(np.median(quant_seconds)) if quant_seconds else 10.0) + run_seconds
             total = each * len(cands) * len(recipes)
@@ -521,7 +530,7 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
                     break
                 for r in recipes:
                     try:
-                        q = Q.quantize(prepared, work / "alone.onnx", r, cache, nodes=[n], exclude=foreign)
+                        q = Q.quantize(prepared, work / "alone.onnx", r, cache, nodes=[n])
                         g = _Graph(q, [final])
                         st = _Stats()
                         for f, ref in zip(feeds, refs_final):
@@ -545,7 +554,7 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
                 nname, op, t, m, float(math.log2(FP16_MAX / m)) if m > 0 else SQNR_CAP, m >= threshold,
                 {r: db[r].get(t, float("nan")) for r in WHOLE_RECIPES if r in db}, alone_db.get(nname, {}),
                 fp16_db=fp16_db.get(t, float("nan")), note=note))
-        _fp16_losses(prepared, reports, fp16_db)
+        _fp16_losses(prepared, reports, fp16_db, random)
     out = GraphAnalysis(str(graph), len(feeds), float(threshold), float(target_db), reports, output_db,
                         recipes=recipes, excluded=excluded, qnn_version=qnn_version, notes=notes,
                         output_fp16_db=fp16_db.get(final, float("nan")), sweep=sweep)
@@ -553,7 +562,13 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
     return out
 
 
-def _fp16_losses(prepared: Path, reports: list[NodeReport], fp16_db: dict[str, float]) -> None:
+def _node_ops(path: Path) -> dict[str, str]:
+    import onnx
+
+    return {n.name: n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def _fp16_losses(prepared: Path, reports: list[NodeReport], fp16_db: dict[str, float], random: set[str]) -> None:
     """Mark the nodes whose fp16 SQNR falls under ``FP16_MIN_DB`` at least ``FP16_LOSS_DB`` below their float
     inputs' (graph inputs: fp16's rounding alone), and the producers of those inputs (module docstring)."""
     if not fp16_db:
@@ -562,11 +577,14 @@ def _fp16_losses(prepared: Path, reports: list[NodeReport], fp16_db: dict[str, f
 
     g = onnx.load(str(prepared), load_external_data=False).graph
     producer = {o: n.name for n in g.node for o in n.output}
+    # a random node's output differs between any two runs: not judged (what it feeds is, as the samples make it:
+    # its noise scaled to zero gives the same values on every run)
+    noisy = set(random)
     by_name = {r.name: r for r in reports}
     by_out = {r.output: r for r in reports}
     for n in g.node:
         r = by_name.get(n.name)
-        if r is None or not math.isfinite(r.fp16_db) or r.fp16_db >= FP16_MIN_DB:
+        if r is None or n.name in noisy or not math.isfinite(r.fp16_db) or r.fp16_db >= FP16_MIN_DB:
             continue
         ins = [fp16_db[x] for x in n.input if x in fp16_db and x in by_out]
         base = min(ins) if ins else SQNR_CAP
@@ -574,7 +592,7 @@ def _fp16_losses(prepared: Path, reports: list[NodeReport], fp16_db: dict[str, f
             r.fp16_loss = True
             for x in n.input:
                 p = by_name.get(producer.get(x, ""))
-                if p is not None and x in fp16_db:
+                if p is not None and x in fp16_db and p.name not in noisy:
                     p.fp16_loss = True
 
 

@@ -195,6 +195,7 @@ def cmd_validate_graph(args: argparse.Namespace) -> int:
     report = validate_graph_plan(graph, plan, feeds, args.target, strict=args.strict, min_snr=args.min_snr)
     if args.json:
         print(json.dumps(report))
+        return 0 if report["passed"] else 1
     else:
         print(f"{report['graph']} on {report['target']}{' (strict)' if report['strict'] else ''}, plan {report['plan']}"
               f" ({report['cpu_nodes']} node(s) on the CPU), {report['samples']} samples")
