@@ -270,7 +270,7 @@ class _Graph:
             if n not in outs:
                 model.graph.output.append(onnx.ValueInfoProto(name=n))
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # a run that fails is reported in the analysis' notes, not ORT's log
         so.enable_cpu_mem_arena = False  # the arena keeps its peak: every recipe's graph would add to it
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
@@ -521,8 +521,9 @@ def analyse(graph: str | Path, feeds: list[dict], *, threshold: float = DEFAULT_
             sweep = {"nodes": len(cands), "recipes": list(recipes), "seconds_each": round(each, 2),
                      "estimate_minutes": round(total / 60, 1), "budget_minutes": max_minutes, "swept": 0}
             say(f"{name}: alone sweep: {len(cands)} nodes x {len(recipes)} recipe(s) ({', '.join(recipes)}) x "
-                f"~{each:.1f} s = ~{total / 60:.1f} min" + (f"; budget {max_minutes:g} min: the {fit} largest "
-                                                            "nodes" if fit < len(cands) else ""))
+                f"~{each:.1f} s = ~{total / 60:.1f} min" + (f"; budget {max_minutes:g} min: "
+                                                            f"{f'the {fit} largest nodes' if fit else 'none'}"
+                                                            if fit < len(cands) else ""))
             start = time.monotonic()
             for j, n in enumerate(cands):
                 if j >= fit or (budget is not None and time.monotonic() - start > budget):
