@@ -59,7 +59,7 @@ def _no_bug(text: str) -> None:
     assert "bug in kztts" not in text and "Traceback" not in text, text
 
 
-# measured 4.2 min at load 8 on 2 cores (three whole-graph quantizations of 2,755 nodes, the fp16 graph): slow stage
+# measured 279 s at load 30 on 2 cores (three whole-graph quantizations of 2,524 nodes, the fp16 graph): slow stage
 @pytest.mark.slow
 def test_piper_voice_rewritten_into_contrib_ops_is_calibrated(voice_dir, tmp_path, capsys):
     import onnxruntime as ort
@@ -82,7 +82,7 @@ def test_piper_voice_rewritten_into_contrib_ops_is_calibrated(voice_dir, tmp_pat
     assert "random node(s)" in out
     assert "output's shape depends on values (axis 3:" in out or "fails on sample 0" in out
     report = json.loads((tmp_path / "voice.plan.report.json").read_text())
-    assert len(report["nodes"]) > 2000 and read_plan_file(plan)["nodes"]
+    assert len(report["nodes"]) > 1000 and read_plan_file(plan)["nodes"]  # the nodes with a float output
     # fp16 precision loss in the duration predictor's spline flows (no overflow there): kept on the CPU
     lossy = [n for n in report["nodes"] if n["fp16_loss"]]
     assert lossy and all(not n["flagged"] for n in lossy) and any("/dp/" in n["name"] for n in lossy)
@@ -124,7 +124,8 @@ def test_piper_decoder_plan_passes_on_the_simulator_and_a_broken_one_fails_there
     assert "first node under 25 dB on simulator:" in out
 
 
-# measured 2.7 min at load 8 (three whole-graph quantizations over 9 s windows, the fp16 graph): slow stage
+# measured 175 s at load 30 with two tones (three whole-graph quantizations over 9 s windows, the fp16 graph); one
+# tone since (the 210 Hz one, whose power floor meets a zero bin): slow stage
 @pytest.mark.slow
 def test_dnsmos_log_power_is_flagged_by_the_fp16_precision_check(tmp_path, capsys):
     from kztts.cli.main import main
@@ -137,7 +138,7 @@ def test_dnsmos_log_power_is_flagged_by_the_fp16_precision_check(tmp_path, capsy
     rng = np.random.default_rng(0)
     name = onnx.load(str(path), load_external_data=False).graph.input[0].name
     feeds = [{name: (0.3 * np.sin(2 * np.pi * f0 * t) * (1 + np.sin(2 * np.pi * 3 * t))
-                     + 0.01 * rng.normal(size=t.size))[None].astype(np.float32)} for f0 in (120, 210)]
+                     + 0.01 * rng.normal(size=t.size))[None].astype(np.float32)} for f0 in (210,)]
     save_samples(tmp_path / "s.npz", feeds)
     plan = tmp_path / "dnsmos.plan.json"
     assert main(["calibrate", str(path), "--inputs", str(tmp_path / "s.npz"), "--plan", str(plan), "--no-alone"]) == 0
