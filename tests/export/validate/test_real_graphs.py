@@ -89,9 +89,10 @@ def test_piper_voice_rewritten_into_contrib_ops_is_calibrated(voice_dir, tmp_pat
     assert all(n["precision"] == "cpu" for n in lossy)
 
 
-# measured 3.5 min at load 8 (the budgeted sweep ~1.2 min, the plan's graph on the simulator): slow stage
+# measured 280 s at load 30 up to the failing plan's localisation (the sweep, the plan on the simulator, the
+# bisection's cut graphs); the fp16 plan's run since: slow stage
 @pytest.mark.slow
-def test_piper_decoder_plan_passes_on_the_simulator_and_a_broken_one_fails_there(voice_dir, tmp_path, capsys):
+def test_piper_decoder_plan_is_judged_on_the_simulator(voice_dir, tmp_path, capsys):
     pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
     from kztts.cli.main import main
     from kztts.export.validate.vocoder import cut_decoder
@@ -109,19 +110,24 @@ def test_piper_decoder_plan_passes_on_the_simulator_and_a_broken_one_fails_there
     assert "alone sweep: 23 nodes x 1 recipe(s) (w8a16)" in out and "never a8w8: measured broken" in out
     nodes = read_plan_file(plan)["nodes"]
     assert "a8w8" not in nodes.values() and list(nodes.values()).count("w8a16") >= 15
-    assert main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
-                 "simulator", "--json"]) == 0
-    good = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert good["passed"] and good["snr_db_target"] >= 25.0
-    # the study's broken plan: one node at a8w8 inside the 16-bit graph, on QNN 2.7.0: fails, and is located
-    data = read_plan_file(plan)
-    data["nodes"]["/dec/resblocks.6/convs.1/Conv"] = "a8w8"
-    plan.write_text(json.dumps(data))
+    # on onnxruntime-qnn 2.7.0 the plan's mixed graph (QDQ convs between float LeakyRelu / Add / ConvTranspose) is
+    # computed wrong on the HTP though the CPU EP computes it as planned: measured 0.6 dB on the simulator against
+    # 32.2 dB on the CPU EP (the two whole sentences), the first node under the goal resblocks.2.convs.1 (1.1 dB,
+    # 38.2 dB at the LeakyRelu before it). validate fails it and says where.
     code = main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
                  "simulator"])
     out = capsys.readouterr().out
-    assert code == 1 and "FAIL:" in out and "warning: the plan gives a8w8, measured broken" in out
-    assert "first node under 25 dB on simulator:" in out
+    _no_bug(out)
+    assert code == 1 and "FAIL:" in out and "(the plan's target_db)" in out
+    assert "first node under 25 dB on simulator: /dec/" in out
+    # the float plan (every node fp16: measured 31 dB on the simulator in the study) passes the same goal
+    data = read_plan_file(plan)
+    data["nodes"] = {k: "fp16" for k in data["nodes"]}
+    plan.write_text(json.dumps(data))
+    assert main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
+                 "simulator", "--strict", "--json"]) == 0
+    good = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert good["passed"] and good["snr_db_target"] >= 25.0 and good["failure"] is None
 
 
 # measured 175 s at load 30 with two tones (three whole-graph quantizations over 9 s windows, the fp16 graph); one
