@@ -48,7 +48,7 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
          "quantizations of 2,524 nodes and the fp16 graph, one sentence", 279, "alone here at load 30 (other jobs)"),
     "tests/export/validate/test_real_graphs.py::test_piper_decoder_plan_is_judged_on_the_simulator":
         ("the Piper decoder's budgeted calibrate, its plan on the simulator (failing there: the failure localised by "
-         "several cut graphs) and the float plan", DECODER_SECONDS, "alone here at load 30 (other jobs)"),
+         "several cut graphs) and the float plan", 400, "alone here at load 30 (other jobs)"),
     "tests/export/validate/test_real_graphs.py::test_dnsmos_log_power_is_flagged_by_the_fp16_precision_check":
         ("kztts calibrate on DNSMOS's sig_bak_ovr.onnx over a 9 s window: three whole-graph quantizations and the "
          "fp16 graph", 175, "alone here at load 30 with two windows (one since)"),
