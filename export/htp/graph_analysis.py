@@ -50,6 +50,7 @@ from kztts.bundle.segments import DEFAULT_THRESHOLD, FP16_MAX
 from kztts.core.cache import portable_path
 from kztts.core.errors import KzttsError
 from kztts.export.common import graph_qdq as Q
+from kztts.htp.qnn_package import find_package
 
 log = logging.getLogger(__name__)
 
@@ -391,8 +392,6 @@ def _weight_sizes(prepared: Path) -> dict[str, int]:
 def installed_qnn_version() -> str | None:
     """The installed onnxruntime-qnn's version (what runs a plan here), None without it."""
     try:
-        from kztts.htp.qnn_package import find_package
-
         pkg = find_package()
     except Exception:  # an unreadable package folder: no version to go by
         return None

@@ -28,6 +28,7 @@ from kztts.core.errors import KzttsError
 from kztts.core.metrics import snr_db
 from kztts.core.worker_process import run_worker, worker_main
 from kztts.export.common import graph_qdq as Q
+from kztts.export.htp.graph_analysis import DEFAULT_TARGET_DB, installed_qnn_version
 from kztts.htp.qnn import create_session
 from kztts.htp.targets import load_target
 
@@ -341,8 +342,6 @@ def validate_graph_plan(graph: str | Path, plan: dict, feeds: list[dict], target
     the CPU EP, against the fp32 graph on the CPU: output SNR per sample and overall, the verdict against the
     goal (``min_snr``, else the plan's ``target_db``) and, failing it (``locate``), where (module docstring).
     ``plan``: a plan file's content (``read_plan_file``) or {node: precision}."""
-    from kztts.export.htp.graph_analysis import DEFAULT_TARGET_DB, installed_qnn_version
-
     nodes = plan["nodes"] if "nodes" in plan and isinstance(plan["nodes"], dict) else plan
     goal = float(min_snr if min_snr is not None else plan.get("target_db", DEFAULT_TARGET_DB)
                  if "nodes" in plan else DEFAULT_TARGET_DB)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from kztts.bundle import graphs as G
+from kztts.bundle.precisions import PLAN_QUANTIZED as ALONE_RECIPES
 from kztts.core.atomic import atomic_outputs, check_writable
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
@@ -21,8 +22,8 @@ from kztts.eval.calibrate import (
     load_prompts,
 )
 from kztts.eval.sqnr import DEFAULT_FEEDS, DEFAULT_ROWS
-from kztts.bundle.precisions import PLAN_QUANTIZED as ALONE_RECIPES
 from kztts.htp.placement import write_placement
+from kztts.htp.targets import load_target
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -181,8 +182,6 @@ def cmd_validate_graph(args: argparse.Namespace) -> int:
     need_export_extra()
     from kztts.export.htp.graph_analysis import read_plan_file
     from kztts.export.validate.graph_plan import describe_shift, validate_graph_plan
-    from kztts.htp.targets import load_target
-
     graph = Path(args.bundle)
     if not args.plan:
         raise KzttsError(f"{graph.name}: validating one graph needs --plan P (kztts calibrate {graph.name} --inputs "
