@@ -24,11 +24,13 @@ every node's float tensors) and handed to each quantization as its calibration c
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from kztts.bundle import precisions as P
 from kztts.export.common.qdq_ranges import QDQ_OPSET, minmax_ranges, quiet_root_warnings
 
 log = logging.getLogger(__name__)
@@ -47,14 +49,14 @@ class QdqRecipe:
     summary: str
 
 
+# The HTP recipes are the registry's (kztts.bundle.precisions: its entries with a QDQ recipe); cpu_int8 is the CPU's.
 RECIPES = {r.name: r for r in (
-    QdqRecipe("w8a16", "QUInt16", "QInt8", True, "HTP: int8 per-channel weights, 16-bit activations"),
-    QdqRecipe("a8w8", "QUInt8", "QInt8", True, "HTP: int8 per-channel weights, 8-bit activations"),
-    QdqRecipe("a16w16", "QUInt16", "QInt16", True, "HTP: int16 per-channel weights, 16-bit activations"),
+    *(QdqRecipe(n, P.PRECISIONS[n].qdq_activation, P.PRECISIONS[n].qdq_weight, True, "HTP: " + P.PRECISIONS[n].help)
+      for n in P.GRAPH_RECIPES),
     QdqRecipe("cpu_int8", "QUInt8", "QInt8", False, "CPU: static int8, per-channel weights (QLinearConv)"),
 )}
 DYNAMIC = "dynamic_int8"
-PLAN_PRECISIONS = ("fp16", "w8a16", "a8w8")  # what a plan may give a quantizable node (besides "cpu")
+PLAN_PRECISIONS = P.PLAN_PRECISIONS  # what a plan may give a quantizable node (besides "cpu")
 
 
 def prepare(src: str | Path, dst: str | Path) -> Path:
@@ -170,6 +172,33 @@ def quantize(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Pa
     return Path(dst)
 
 
+_BIAS_ERROR = re.compile(r"when quantizing bias '([^']+)'")
+
+
+def quantize_skipping(prepared: str | Path, dst: str | Path, recipe: str, cache: str | Path, *,
+                      nodes: list[str] | None = None, a8_nodes: Iterable[str] = (), exclude: Iterable[str] = (),
+                      limit: int = 64) -> tuple[Path, list[str]]:
+    """:func:`quantize`, leaving float each node whose bias ONNX Runtime's quantizer cannot range ("Unable to get
+    valid quantization scale ... when quantizing bias ... to int32": a weight or an input without a usable
+    range, e.g. an all-zero input or a contrib op's bias); returns the graph and those nodes."""
+    import onnx
+
+    g = onnx.load(str(prepared), load_external_data=False).graph
+    owner = {n.input[2]: n.name for n in g.node if len(n.input) > 2 and n.input[2]}
+    skipped: list[str] = []
+    while True:
+        try:
+            return quantize(prepared, dst, recipe, cache, nodes=nodes, a8_nodes=a8_nodes,
+                            exclude=[*exclude, *skipped]), skipped
+        except ValueError as exc:
+            m = _BIAS_ERROR.search(str(exc))
+            node = owner.get(m.group(1)) if m else None
+            if node is None or node in skipped or len(skipped) >= limit:
+                raise
+            log.info("%s: %s stays float (%s)", Path(prepared).name, node, str(exc).splitlines()[0][:160])
+            skipped.append(node)
+
+
 def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
     """``dynamic_int8``: ``quantize_dynamic`` of the Conv and MatMul nodes (per-tensor uint8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -182,15 +211,18 @@ def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
 def quantize_plan(prepared: str | Path, dst: str | Path, plan: dict[str, str], cache: str | Path) -> Path:
     """Write ``prepared`` quantized as ``plan`` ({node: fp16 | w8a16 | a8w8}) says: the w8a16 and a8w8 nodes in
     QDQ (8-bit weights; 8-bit activation tensors around the a8w8 ones), the others float."""
-    q = [n for n, p in plan.items() if p in ("w8a16", "a8w8")]
-    a8 = [n for n, p in plan.items() if p == "a8w8"]
+    entries = {n: P.precision(p) for n, p in plan.items() if p != P.CPU}
+    q = [n for n, e in entries.items() if e.quantized]
+    a8 = [n for n, e in entries.items() if e.quantized and e.activation_bits == 8]
     if not q:
         import shutil
 
         shutil.copyfile(prepared, dst)
         return Path(dst)
-    return quantize(prepared, dst, "w8a16", cache, nodes=q, a8_nodes=a8)
+    # the 16-bit-activation recipe of the plan's weights; its 8-bit-activation nodes by tensor overrides
+    base = next(r for r in P.PLAN_QUANTIZED if P.PRECISIONS[r].activation_bits == 16)
+    return quantize_skipping(prepared, dst, base, cache, nodes=q, a8_nodes=a8)[0]
 
 
 __all__ = ["DYNAMIC", "PLAN_PRECISIONS", "QUANT_OPS", "RECIPES", "QdqRecipe", "graph_ranges", "prepare",
-           "quant_nodes", "quantize", "quantize_dynamic_int8", "quantize_plan"]
+           "quant_nodes", "quantize", "quantize_dynamic_int8", "quantize_plan", "quantize_skipping"]

@@ -91,7 +91,7 @@ def retype_bundle_kv(bundle_dir: str | Path, kv_dtype: str, graphs=("talker_pref
     data["graphs"] = dict(data["graphs"])
     for name in graphs:
         spec = m.graphs[name]
-        if spec.precision != "fp16":
+        if spec.precision != G.FLOAT_HTP_PRECISION:
             raise ValueError(f"{name}: only float (fp16) static graphs can be retyped, not {spec.precision}")
         G.htp_kv_dtype(spec.precision, kv_dtype)
         path = bundle_dir / spec.file

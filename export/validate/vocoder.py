@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kztts.bundle import precisions as P_
 from kztts.core.metrics import snr_db
 from kztts.eval import dnsmos
 from kztts.eval import piper_voice as P
@@ -52,8 +53,9 @@ CALIBRATION_TEXTS = (
     "The boy was there when the sun rose.",
     "Kick the ball straight and follow through.",
 )
-RECIPES = ("fp32", "fp16", "w8a16", "a8w8", "cpu_int8", "dynamic_int8", "plan")
-HTP_RECIPES = ("fp16", "w8a16", "a8w8", "plan")  # run on the simulated HTP
+# the HTP rows are the registry's plan precisions (kztts.bundle.precisions): fp16, w8a16, a8w8
+HTP_RECIPES = (*P_.PLAN_PRECISIONS, "plan")  # run on the simulated HTP
+RECIPES = ("fp32", *P_.PLAN_PRECISIONS, "cpu_int8", "dynamic_int8", "plan")
 WER_MARGIN = 0.01
 DNSMOS_MARGIN = 0.2
 LANGUAGE = "english"
@@ -118,8 +120,8 @@ def recipe_graphs(decoder: Path, calib: list[dict], work: Path, *, target_db: fl
     prepared = Q.prepare(decoder, work / "fp32.onnx")
     cache = work / "ranges.json"
     Q.graph_ranges(prepared, calib, cache)
-    out = {"fp32": prepared, "fp16": prepared}
-    for r in ("w8a16", "a8w8", "cpu_int8"):
+    out = {"fp32": prepared, P_.PLAN_FLOAT: prepared}
+    for r in (*P_.PLAN_QUANTIZED, "cpu_int8"):
         out[r] = Q.quantize(prepared, work / f"{r}.onnx", r, cache)
     out["dynamic_int8"] = Q.quantize_dynamic_int8(prepared, work / "dynamic_int8.onnx")
     analysis = None
@@ -199,7 +201,7 @@ def run_study(voice_dir: str | Path, work: str | Path, *, texts=TEXTS, calibrati
     feeds = record_latents(voice_dir, texts, work / "latents.npz")
     graphs, analysis = recipe_graphs(decoder, calib, work, target_db=target_db, with_plan="plan" in recipes)
     graphs = {k: v for k, v in graphs.items() if k in recipes}
-    wavs = {r: run_on_cpu(g, feeds) for r, g in graphs.items() if r != "fp16"}
+    wavs = {r: run_on_cpu(g, feeds) for r, g in graphs.items() if r != P_.PLAN_FLOAT}  # fp16: the HTP's only
     sample_rate = 22050
     rows = judge(wavs, sample_rate, texts)
     htp_rows: dict = {}
@@ -218,7 +220,7 @@ def run_study(voice_dir: str | Path, work: str | Path, *, texts=TEXTS, calibrati
                     np.concatenate([w.reshape(-1) for w in wavs[r][:n]]))
     seconds = sum(w.size for w in wavs["fp32"]) / sample_rate
     if timing:
-        cpu = time_cpu({r: g for r, g in graphs.items() if r != "fp16"}, feeds, rounds=rounds)
+        cpu = time_cpu({r: g for r, g in graphs.items() if r != P_.PLAN_FLOAT}, feeds, rounds=rounds)
         for r, ms in cpu.items():
             rows[r].cpu_ms_per_s = ms / seconds
     macs = sum(conv_macs(graphs["fp32"], f) for f in feeds) / seconds

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kztts.bundle import precisions as P
 from kztts.core import env
 from kztts.core.errors import BundleError
 
@@ -18,64 +19,10 @@ KV_PRECISIONS = ("fp32", "fp16")  # the host KV cache of the CPU graphs
 DECODER_PRECISIONS = ("fp32", "int8", "int8-static")
 
 
-@dataclass(frozen=True)
-class HtpPrecision:
-    """One precision of the static HTP graphs: everything the exporter, the cost on paper, ``kztts validate``
-    and the bench ask of it, so a new precision is one entry here (and no branch elsewhere).
-
-    ``quantized``: a QDQ graph (16-bit activations, MinMax ranges calibrated on real prompts,
-    ``kztts.export.htp.qdq``), else a float graph the HTP computes in fp16. MatMul weights: ``weight_bits``
-    per element (16: fp16), scales per output column (``granularity`` "channel"), or LPBQ (``"block"``:
-    one integer scale of ``block_scale_bits`` per ``block_size`` rows of K, times a float scale per
-    output column; a weight whose K the block does not divide into two or more blocks gets per-column
-    scales). ``other_float_bytes``: any other float constant of the graph on the device (norm weights,
-    tables, biases). ``kv_dtypes``: the static Talker's KV I/O types, first the default (target key
-    ``kv_dtype``). ``bounds`` / ``lm_bounds``: the ``kztts.eval.acceptance.BOUNDS`` tables of
-    ``validate --target`` on a TTS / an LM bundle; ``decoder_bounds``: that of the speech decoder's static graph
-    (``decoder_chunk``) at this precision, empty when the decoder is not exported at it."""
-
-    name: str
-    help: str
-    kv_dtypes: tuple[str, ...]
-    weight_bits: int
-    quantized: bool
-    other_float_bytes: float
-    bounds: str
-    lm_bounds: str
-    colour: str
-    granularity: str = "channel"
-    block_size: int = 0
-    block_scale_bits: int = 0
-    decoder_bounds: str = ""
-
-    def blocked(self, k: int) -> bool:
-        """Whether a MatMul weight with ``k`` input rows gets LPBQ block scales (two or more whole blocks)."""
-        return self.granularity == "block" and self.block_size > 0 and k % self.block_size == 0 \
-            and k >= 2 * self.block_size
-
-    def matmul_weight_bytes(self, k: int, n: int) -> float:
-        """Bytes a [k, n] MatMul weight holds on the device, its scales included (fp32 per column; LPBQ
-        also ``block_scale_bits`` per block)."""
-        if not self.quantized:
-            return k * n * self.weight_bits / 8
-        scales = n * 4 + (k // self.block_size * n * self.block_scale_bits / 8 if self.blocked(k) else 0)
-        return k * n * self.weight_bits / 8 + scales
-
-
-HTP_PRECISION_ENTRIES: dict[str, HtpPrecision] = {p.name: p for p in (
-    HtpPrecision("fp16", "float graphs, fp16 arithmetic on the HTP", ("fp16", "fp32"), 16, False, 2.0,
-                 "htp-fp16", "lm-placement", "tab:purple", granularity="tensor", decoder_bounds="htp-decoder"),
-    # QDQ graphs: fp32 KV I/O, or uint8 with one fixed symmetric scale per layer and kind shared by the past
-    # input and the new output (as Qualcomm's LLM exports tie their KV quantizers)
-    HtpPrecision("w8a16", "QDQ: 8-bit weights per output channel, 16-bit activations, calibrated on real prompts",
-                 ("fp32", "uint8"), 8, True, 1.0, "htp-w8a16", "lm-w8a16", "tab:red",
-                 decoder_bounds="htp-decoder-w8a16"),
-    # LPBQ blocks of 64 (Qualcomm AI Hub's w4a16 LLM exports use block quantization; QNN HTP takes it for
-    # MatMul from v73 on, measured on the simulator: kztts.export.htp.qdq)
-    HtpPrecision("w4a16", "QDQ: 4-bit weights (LPBQ: blocks of 64 with 4-bit scales, else per output channel), "
-                 "16-bit activations, calibrated on real prompts", ("fp32", "uint8"), 4, True, 1.0, "htp-w4a16",
-                 "lm-w4a16", "tab:brown", granularity="block", block_size=64, block_scale_bits=4),
-)}
+# One table of precisions for every route (kztts.bundle.precisions); the HTP precisions of a bundle's static
+# graphs are its ``bundle`` entries.
+HtpPrecision = P.Precision
+HTP_PRECISION_ENTRIES: dict[str, HtpPrecision] = {n: P.PRECISIONS[n] for n in P.BUNDLE_PRECISIONS}
 HTP_PRECISIONS = tuple(HTP_PRECISION_ENTRIES)  # most precise first
 FLOAT_HTP_PRECISION = next(n for n, p in HTP_PRECISION_ENTRIES.items() if not p.quantized)  # float graphs' (fp16)
 QUANTIZED_PRECISIONS = tuple(n for n, p in HTP_PRECISION_ENTRIES.items() if p.quantized)
@@ -104,7 +51,8 @@ PRECISION_COLOURS = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:gree
 
 
 def htp_precision(name: str) -> HtpPrecision:
-    """The registry entry of HTP precision ``name``; ValueError naming the known ones."""
+    """The registry entry of HTP precision ``name`` (a bundle's; ``kztts.bundle.precisions.precision`` for any);
+    ValueError naming the known ones."""
     try:
         return HTP_PRECISION_ENTRIES[name]
     except KeyError:
