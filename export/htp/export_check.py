@@ -53,11 +53,18 @@ def quantized_htp_steps(bundle_dir: str | Path, target: str | Path | Target) -> 
     """{plan role: precision} of the quantized graphs ``target`` places on the HTP (empty: nothing to check)."""
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     plan = resolve_plan(bundle, target=target)
+    return _quantized_steps(bundle, plan)
+
+
+def _quantized_steps(bundle, plan) -> dict[str, str]:
     out = {}
     for role, step in plan.steps.items():
-        entry = G.HTP_PRECISION_ENTRIES.get(step.precision)
-        if step.device == "htp" and entry is not None and entry.quantized:
-            out[role] = step.precision
+        if step.device != "htp":
+            continue
+        found = [bundle.manifest.graphs[g].precision for g in step.graphs if g in bundle.manifest.graphs]
+        quantized = [p for p in found if (e := G.HTP_PRECISION_ENTRIES.get(p)) is not None and e.quantized]
+        if quantized:
+            out[role] = G.least_precise(quantized)
     return out
 
 

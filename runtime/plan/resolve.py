@@ -383,8 +383,9 @@ def warn_unvalidated(plan: ExecutionPlan) -> bool:
     m = plan.bundle.manifest
     if not m.htp_unvalidated:
         return False
-    quantized = sorted(f"{role} {s.precision}" for role, s in plan.steps.items() if s.device == "htp"
-                       and (e := G.HTP_PRECISION_ENTRIES.get(s.precision)) is not None and e.quantized)
+    quantized = sorted({f"{role} {m.graphs[g].precision}" for role, s in plan.steps.items() if s.device == "htp"
+                        for g in s.graphs if g in m.graphs
+                        and (e := G.HTP_PRECISION_ENTRIES.get(m.graphs[g].precision)) is not None and e.quantized})
     key = str(Path(m.path).resolve())
     if not quantized or key in _WARNED_UNVALIDATED:
         return False
