@@ -96,3 +96,15 @@ def test_the_htp_computes_output_padding_late_and_the_rewrite_right(cfg, precisi
     assert asis < WRONG_DB and asis_late > RIGHT_DB, f"the HTP bug is gone? as written {asis:.1f} dB, " \
         f"one sample late {asis_late:.1f} dB: drop the rewrite (kztts.export.htp.tconv_rewrite)"
     assert rewritten > RIGHT_DB, res
+
+
+def test_kztts_decoder_graphs_have_no_such_node(htp_bundle):
+    """kztts's own decoder writes its ConvTransposes with pads and output_padding 0 (the trim is a Slice), and its
+    HTP graph (decoder_chunk) none at all: nothing for the HTP to get late; a change that introduces one must
+    rewrite it (``rewrite_output_padding``)."""
+    for name in ("decoder_chunk", "decoder_stream", "decoder"):
+        path = next((htp_bundle / "graphs").glob(f"{name}.onnx"))
+        model = onnx.load(str(path), load_external_data=False)
+        tconvs = [n for n in model.graph.node if n.op_type == "ConvTranspose"]
+        assert not any(needs_rewrite(n) for n in tconvs), name
+        assert bool(tconvs) == (name != "decoder_chunk"), name  # the HTP's: Conv + Reshape/Transpose instead
