@@ -39,12 +39,12 @@ def test_check_texts_are_not_calibration_prompts():
     assert not set(DEFAULT_TEXTS) & set(CHECK_TEXTS)
 
 
-def test_the_manifest_refuses_an_unknown_check_status(tmp_path, tiny_bundle_dir):
+def test_the_manifest_refuses_an_unknown_check_status(tmp_path, proj_bundle):
     from kztts.bundle.manifest import read_manifest
     from kztts.core.errors import BundleError
 
     b = tmp_path / "b"
-    shutil.copytree(tiny_bundle_dir, b)
+    shutil.copytree(proj_bundle, b)
     data = json.loads((b / "kztts.json").read_text())
     data["htp_check"] = {"status": "maybe"}
     (b / "kztts.json").write_text(json.dumps(data))
@@ -137,8 +137,13 @@ def test_without_qnn_the_manifest_says_unvalidated_and_synth_warns_once(w8a16_bu
     monkeypatch.setattr(export_check, "qnn_available", lambda: False)
     rec = export_check.htp_check_record(w8a16_bundle, decoder_target, check=True)
     assert rec["status"] == "unvalidated" and "no QNN execution provider" in rec["reason"]
+    from kztts.core.audio import synthetic_voice, write_wav
+
+    voice = tmp_path / "voice.wav"
+    write_wav(voice, synthetic_voice(), 24000, subtype="FLOAT")
     res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "Hello world.", "-o", tmp_path / "a.wav",
-                          "--bundle", w8a16_bundle, "--target", decoder_target, "--greedy", "--max-frames", "4"],
+                          "--bundle", w8a16_bundle, "--target", decoder_target, "--speaker-wav", voice, "--greedy",
+                          "--max-frames", "4"],
                          capture_output=True, text=True, env={**__import__("os").environ, "KZTTS_DISABLE_QNN": "1"})
     assert res.returncode == 0, res.stderr
     warned = [ln for ln in res.stderr.splitlines() if "unvalidated" in ln]
