@@ -82,6 +82,13 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
          "here, load 10"),
     "tests/export/htp/test_decoder_w8a16.py::test_a_wrong_weight_scale_fails_the_bound":
         ("the file's w8a16 export when run alone (28 s), then 5 frames on the simulator (3.2 s)", 3, "here, load 10"),
+    "tests/export/htp/test_export_check.py::test_a_good_w8a16_decoder_is_validated_and_a_wrong_scale_refused":
+        ("the tiny model's export --decoder w8a16 (shared with test_decoder_w8a16.py: 238 s when this test builds "
+         "it), then two export checks of 10 frames on the simulator", 30, "here, load 20-30, bundle cached"),
+    "tests/export/htp/test_export_check.py::test_export_validates_a_good_build_and_refuses_a_failing_one_leaving_nothing":
+        ("two exports of the tiny model through the CLI, each with its simulator check", 176, "here, load 20-30"),
+    "tests/export/htp/test_export_check.py::test_without_qnn_the_manifest_says_unvalidated_and_synth_warns_once":
+        ("the file's cached w8a16 export, then a synth of 4 frames in a child process", 10, "here, load 20-30"),
     "tests/export/htp/test_kv_io.py::test_uint8_kv_w8a16_on_the_simulator":
         ("a KV-scale pass and a w8a16 calibration of both graphs, then the simulator", 38, "CI run here: empty cache, load 5-11"),
     "tests/export/htp/test_w8a16_external.py::test_lm_export_w8a16_external_equals_inline":

@@ -72,7 +72,8 @@ class DecoderOptions:
 PLAIN = DecoderOptions()
 # What export_decoder writes for the CPU: benchmarks/decoder/bench_decoder.py on the 0.6B decoder, 1 thread,
 # chunk 4: 7-10% less CPU per frame than PLAIN at >= 109 dB SNR against it. The HTP export
-# (htp_export.export_decoder_chunk) uses fold_snake only: the HTP computes Pow inexactly in fp16.
+# (static_graphs.export_decoder_chunk) uses fold_snake (the HTP computes Pow inexactly in fp16) and tconv_as_conv (at
+# 0.6B widths the HTP computed the w8a16 graph's ConvTranspose nodes wrongly), not conv2d.
 DEFAULT_OPTIONS = DecoderOptions(conv2d=True, tconv_as_conv=True, fold_snake=True)
 
 

@@ -20,6 +20,7 @@ from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
 from kztts.export.graphs.gqa_graphs import export_gqa_graphs
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
 from kztts.export.graphs.talker_graph import export_talker
+from kztts.export.htp.export_check import htp_check_record
 from kztts.export.htp.static_graphs import check_decoder_precision, check_target_options, export_htp_graphs
 from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny_build import MARKER
@@ -33,11 +34,13 @@ log = logging.getLogger(__name__)
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
                   context_binary: bool = False, segments: bool = False, placement: str | None = None,
-                  decoder_precision: str = FLOAT_HTP_PRECISION) -> Path:
+                  decoder_precision: str = FLOAT_HTP_PRECISION, check_htp: bool = False) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
     when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan;
     ``decoder_precision``: the HTP decoder's, ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a
-    temp dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``)."""
+    temp dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``).
+    ``check_htp``: judge the quantized HTP graphs on the simulator and refuse the export below their bounds
+    (``kztts.export.htp.export_check``); without it the manifest says they are unvalidated."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
@@ -91,6 +94,12 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             "random_weights": random_weight_provenance(model_dir),
         }
         write_manifest(work, manifest)
+        if target is not None:
+            del model, tts  # the check's simulator runs need the memory more
+            record = htp_check_record(work, target, check=check_htp)
+            if record is not None:
+                manifest["htp_check"] = record
+                write_manifest(work, manifest)
         steps.update()
         steps.close()
     log.info("bundle written to %s", out_dir)

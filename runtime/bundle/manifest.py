@@ -147,6 +147,22 @@ class Manifest:
         such a bundle's audio is not speech, and any quality figure from it only shows the measuring works."""
         return self.data.get("random_weights")
 
+    @property
+    def htp_check(self) -> dict | None:
+        """How the export judged its quantized HTP graphs on the HTP simulator (``kztts.export.htp.export_check``):
+        ``{"status": "validated", "target", "figures", "bounds", ...}`` when they passed their bounds, ``{"status":
+        "unvalidated", "reason"}`` when nothing checked them (no QNN execution provider where it was exported, or
+        a build that skipped the check); None when the bundle has no quantized HTP graph (or predates the key)."""
+        return self.data.get("htp_check")
+
+    @property
+    def htp_unvalidated(self) -> bool:
+        """Quantized HTP graphs that no simulator run judged at export (``htp_check`` status "unvalidated")."""
+        return (self.htp_check or {}).get("status") == HTP_UNVALIDATED
+
+
+HTP_VALIDATED, HTP_UNVALIDATED = "validated", "unvalidated"  # htp_check statuses
+
 
 def random_weights_label(info: dict) -> str:
     """One phrase for a ``random_weights`` provenance, e.g. "kztts make-tiny, size 0.6b, seed 1234"."""
@@ -203,6 +219,11 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         raise BundleError(f"{path}: special_ids lacks {missing}")
     if not isinstance(data.get("random_weights"), (dict, type(None))):
         raise BundleError(f"{path}: random_weights should be an object or null; re-export the bundle")
+    check = data.get("htp_check")
+    if check is not None and (not isinstance(check, dict) or check.get("status") not in (HTP_VALIDATED,
+                                                                                          HTP_UNVALIDATED)):
+        raise BundleError(f"{path}: htp_check should be an object with status {HTP_VALIDATED!r} or "
+                          f"{HTP_UNVALIDATED!r}; re-export the bundle")
     graphs = {name: GraphSpec.from_json(name, g) for name, g in data["graphs"].items()}
     return Manifest(path, data, graphs)
 

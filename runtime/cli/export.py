@@ -86,7 +86,8 @@ def export_tts(args: argparse.Namespace) -> Path:
         export_bundle(Path(args.model_dir), fp32_out, overwrite=args.overwrite, target=args.target,
                       precision=args.precision, context_binary=args.context_binary, segments=args.segments,
                       placement=args.placement,
-                      decoder_precision=args.decoder if htp_decoder else G.FLOAT_HTP_PRECISION)
+                      decoder_precision=args.decoder if htp_decoder else G.FLOAT_HTP_PRECISION,
+                      check_htp=not args.no_htp_check)
     return out
 
 
@@ -129,6 +130,10 @@ def add_command(sub) -> None:
                         "static int8 QDQ, per-channel weights, calibrated activations (benchmarks/piper_decoder); "
                         "w8a16 = with --target placing the decoder on the HTP, its decoder_chunk in QDQ, 8-bit "
                         "per-channel weights and 16-bit activations calibrated on the model's speech (fp16 otherwise)")
+    s.add_argument("--no-htp-check", action="store_true",
+                   help="with --target at a quantized precision: do not run the quantized HTP graphs on the HTP "
+                        "simulator against the CPU graphs (and refuse the export below their bounds); the manifest "
+                        "then records them as unvalidated")
     # a bad value is one line (no usage block), like the command's other errors
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)

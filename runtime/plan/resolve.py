@@ -371,3 +371,26 @@ def resolve_plan(bundle, *, target: "str | Path | Target | None" = None,
                      speech_encoder=r.speech_encoder())
     return ExecutionPlan(bundle, r.target, r.placement, strict, cp_mode, attention, runner, steps,
                          check_saturation=check_saturation)
+
+
+_WARNED_UNVALIDATED: set[str] = set()
+
+
+def warn_unvalidated(plan: ExecutionPlan) -> bool:
+    """One warning per bundle and process when ``plan`` runs quantized HTP graphs that no simulator run judged at
+    export (the manifest's ``htp_check`` says unvalidated, ``kztts.export.htp.export_check``); True when it
+    warned."""
+    m = plan.bundle.manifest
+    if not m.htp_unvalidated:
+        return False
+    quantized = sorted({f"{role} {m.graphs[g].precision}" for role, s in plan.steps.items() if s.device == "htp"
+                        for g in s.graphs if g in m.graphs
+                        and (e := G.HTP_PRECISION_ENTRIES.get(m.graphs[g].precision)) is not None and e.quantized})
+    key = str(Path(m.path).resolve())
+    if not quantized or key in _WARNED_UNVALIDATED:
+        return False
+    _WARNED_UNVALIDATED.add(key)
+    log.warning("%s: its quantized HTP graphs (%s) are unvalidated: %s; check them with `kztts validate --target` "
+                "before trusting the audio", Path(m.path).parent, ", ".join(quantized),
+                m.htp_check.get("reason", "not checked at export"))
+    return True

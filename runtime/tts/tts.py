@@ -21,7 +21,7 @@ from kztts.generation.sampling import XorShift32
 from kztts.generation.settings import GenerationSettings, reference_settings, with_environment
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
-from kztts.plan.resolve import resolve_plan
+from kztts.plan.resolve import resolve_plan, warn_unvalidated
 from kztts.runners.codec import SAMPLES_PER_FRAME, Encoder, StaticChunkDecoder
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.speaker import SpeakerEncoder, load_xvector
@@ -93,6 +93,7 @@ class TTS:
         self.tokenizer = TextTokenizer(self.bundle.path)
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict, cp_mode=cp_mode,
                                  attention=attention, check_saturation=True)
+        warn_unvalidated(self.plan)
         self.target = self.plan.target
         log.info("%s", self.plan.table())
         try:

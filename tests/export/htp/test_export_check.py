@@ -1,0 +1,150 @@
+"""A quantized export checks its HTP graphs on the simulator (``kztts.export.htp.export_check``): a good one records
+"validated" with its figures, a bad one is refused with nothing written, and without the QNN execution provider the
+manifest says "unvalidated" and ``synth`` warns once."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+from support import kztts_main  # noqa: E402
+
+from kztts.export.htp.export_check import CHECK_TEXTS  # noqa: E402
+
+DECODER_TABLE = "htp-decoder-w8a16"
+CORRUPTED_SCALE = "dec.pre_conv.conv.weight_scale"  # as tests/export/htp/test_decoder_w8a16.py: every sample uses it
+
+
+def _qnn():
+    pytest.importorskip("onnxruntime_qnn", reason="onnxruntime-qnn is not installed: pip install 'kztts[qnn]'")
+    from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
+
+    if not qnn_available():
+        pytest.skip(f"the QNN execution provider is unavailable: {qnn_unavailable_reason()}")
+
+
+def test_check_texts_are_not_calibration_prompts():
+    from kztts.export.tts.prompt_calibration import CALIBRATION_PROMPTS
+    from kztts.export.validate.htp import DEFAULT_TEXTS
+
+    calibration = {t.casefold() for t, _, _ in CALIBRATION_PROMPTS}
+    assert len(CHECK_TEXTS) >= 2
+    assert not calibration & {t.casefold() for t in CHECK_TEXTS}
+    assert not set(DEFAULT_TEXTS) & set(CHECK_TEXTS)
+
+
+def test_the_manifest_refuses_an_unknown_check_status(tmp_path, proj_bundle):
+    from kztts.bundle.manifest import read_manifest
+    from kztts.core.errors import BundleError
+
+    b = tmp_path / "b"
+    shutil.copytree(proj_bundle, b)
+    data = json.loads((b / "kztts.json").read_text())
+    data["htp_check"] = {"status": "maybe"}
+    (b / "kztts.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="htp_check"):
+        read_manifest(b)
+
+
+@pytest.fixture(scope="module")
+def decoder_target(small_target, tmp_path_factory):
+    """``small_target`` with only the speech decoder on the HTP (as tests/export/htp/test_decoder_w8a16.py)."""
+    data = json.loads(small_target.read_text())
+    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="htp")
+    p = tmp_path_factory.mktemp("targets") / "simulator_small_decoder.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+@pytest.fixture(scope="module")
+def w8a16_bundle(tiny_dir, decoder_target):
+    """The cached ``--decoder w8a16`` bundle (built without the check: its manifest says unvalidated)."""
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+
+    return cached_target_bundle(tiny_dir, decoder_target, decoder_precision="w8a16")
+
+
+@pytest.mark.slow
+def test_a_good_w8a16_decoder_is_validated_and_a_wrong_scale_refused(w8a16_bundle, decoder_target, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    from kztts.eval.acceptance import BOUNDS
+    from kztts.export.htp.export_check import HtpCheckFailed, check_bundle, quantized_htp_steps
+
+    _qnn()
+    assert quantized_htp_steps(w8a16_bundle, decoder_target) == {"decoder": "w8a16"}
+    rec = check_bundle(w8a16_bundle, decoder_target)
+    bound = BOUNDS[DECODER_TABLE]["decoder_snr_db"]
+    assert rec["status"] == "validated" and rec["bounds"] == {"decoder_snr_db": list(bound)}
+    assert rec["figures"]["decoder_snr_db"] >= bound[1]
+    print(f"\ngood w8a16 decoder: {rec['figures']['decoder_snr_db']:.1f} dB (bound {bound[1]})")
+    bad = tmp_path / "bad"
+    shutil.copytree(w8a16_bundle, bad)
+    path = bad / "graphs" / "decoder_chunk.w8a16.onnx"
+    model = onnx.load(str(path))
+    (scale,) = [t for t in model.graph.initializer if t.name == CORRUPTED_SCALE]
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * np.float32(2), scale.name))
+    onnx.save(model, str(path))
+    with pytest.raises(HtpCheckFailed, match=r"refusing the export: .*decoder_snr_db") as e:
+        check_bundle(bad, decoder_target)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_export_validates_a_good_build_and_refuses_a_failing_one_leaving_nothing(tiny_dir, decoder_target, tmp_path,
+                                                                                 capsys, monkeypatch):
+    """Through the CLI: the good export records "validated" with its SNR; with the decoder's bound set above what the
+    build reaches (the check judged against a bound it cannot meet) the export exits 2 in one line and writes
+    nothing."""
+    from kztts.bundle.manifest import read_manifest
+    from kztts.eval import acceptance
+
+    _qnn()
+    good = tmp_path / "good"
+    code, out, err = kztts_main(capsys, "export", tiny_dir, "-o", good, "--target", decoder_target,
+                                "--decoder", "w8a16")
+    assert code == 0, err
+    check = read_manifest(good).htp_check
+    assert check["status"] == "validated" and check["figures"]["decoder_snr_db"] >= check["bounds"]["decoder_snr_db"][1]
+    assert check["texts"] == list(CHECK_TEXTS)
+    tight = {**acceptance.BOUNDS, DECODER_TABLE: {"decoder_snr_db": (">=", check["figures"]["decoder_snr_db"] + 10)}}
+    monkeypatch.setattr(acceptance, "BOUNDS", tight)
+    monkeypatch.setattr("kztts.export.htp.export_check.BOUNDS", tight)
+    bad = tmp_path / "refused"
+    code, out, err = kztts_main(capsys, "export", tiny_dir, "-o", bad, "--target", decoder_target,
+                                "--decoder", "w8a16")
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if "refusing the export" in ln]
+    assert len(lines) == 1 and "decoder_snr_db" in lines[0], err
+    assert not bad.exists() or not any(bad.iterdir())
+    assert not list(tmp_path.glob("*refused*tmp*")) and not list(tmp_path.glob(".refused*"))
+
+
+@pytest.mark.slow
+def test_without_qnn_the_manifest_says_unvalidated_and_synth_warns_once(w8a16_bundle, decoder_target, tmp_path,
+                                                                         monkeypatch):
+    from kztts.bundle.manifest import read_manifest
+    from kztts.export.htp import export_check
+
+    assert read_manifest(w8a16_bundle).htp_unvalidated  # built without the check
+    monkeypatch.setattr(export_check, "qnn_available", lambda: False)
+    rec = export_check.htp_check_record(w8a16_bundle, decoder_target, check=True)
+    assert rec["status"] == "unvalidated" and "no QNN execution provider" in rec["reason"]
+    from kztts.core.audio import synthetic_voice, write_wav
+
+    voice = tmp_path / "voice.wav"
+    write_wav(voice, synthetic_voice(), 24000, subtype="FLOAT")
+    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "Hello world.", "-o", tmp_path / "a.wav",
+                          "--bundle", w8a16_bundle, "--target", decoder_target, "--speaker-wav", voice, "--greedy",
+                          "--max-frames", "4"],
+                         capture_output=True, text=True, env={**__import__("os").environ, "KZTTS_DISABLE_QNN": "1"})
+    assert res.returncode == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if "unvalidated" in ln]
+    assert len(warned) == 1 and "decoder w8a16" in warned[0], res.stderr
