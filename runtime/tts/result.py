@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from kztts.tts.duration import FRAMES_PER_SECOND, expected_seconds
 from kztts.tts.frame_loop import FrameLoop, StageTimes
 from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
+
+if TYPE_CHECKING:
+    from kztts.tts.text_track import DualTrack
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class Run:
     label: str = "the text"  # "piece 2/5" for a long text's pieces
     codes: list = field(default_factory=list)
     audio: list = field(default_factory=list)  # decoded chunks (stream)
+    track: "DualTrack | None" = None  # the text track of a text still arriving (``TTS.stream_text``)
 
     @property
     def voice(self) -> Voice | None:

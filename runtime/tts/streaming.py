@@ -16,6 +16,7 @@ import numpy as np
 from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, StaticChunkDecoder, StreamingDecoder
 from kztts.core.errors import KzttsError
 from kztts.tts.result import Run
+from kztts.tts.text_track import TextSourceError
 
 
 def chunk_sizes(first_chunk: int, chunk_frames: int) -> Iterator[int]:
@@ -74,14 +75,21 @@ def _in_loop(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[
         return decoded(audio)
 
     size = next(sizes)
-    for frame in run.loop.frames(run.prompt):
-        run.codes.append(frame)
-        pending.append(frame)
-        if len(pending) == size:
-            size = next(sizes)
+    try:
+        for frame in run.loop.frames(run.prompt):
+            run.codes.append(frame)
+            pending.append(frame)
+            if len(pending) == size:
+                size = next(sizes)
+                audio = flush()
+                if audio.shape[0]:
+                    yield audio
+    except TextSourceError:  # the audio of the frames made so far, then the error
+        if pending:
             audio = flush()
             if audio.shape[0]:
                 yield audio
+        raise
     if pending:
         audio = flush()
         if audio.shape[0]:
@@ -121,16 +129,22 @@ def _pipelined(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterato
 
         pending: list[np.ndarray] = []
         size = next(sizes)
-        for frame in run.loop.frames(run.prompt):
-            run.codes.append(frame)
-            pending.append(frame)
-            if len(pending) == size:
-                size = next(sizes)
+        try:
+            for frame in run.loop.frames(run.prompt):
+                run.codes.append(frame)
+                pending.append(frame)
+                if len(pending) == size:
+                    size = next(sizes)
+                    worker.submit(np.stack(pending))
+                    pending = []
+                    yield from finished(block=not run.audio)  # the first chunk: as soon as possible
+                else:
+                    yield from finished(block=False)
+        except TextSourceError:  # the audio of the frames made so far, then the error
+            if pending:
                 worker.submit(np.stack(pending))
-                pending = []
-                yield from finished(block=not run.audio)  # the first chunk: as soon as possible
-            else:
-                yield from finished(block=False)
+            yield from finished(block=True)
+            raise
         if pending:
             worker.submit(np.stack(pending))
         yield from finished(block=True)

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -31,11 +31,12 @@ from kztts.tts.duration import runaway_frames
 from kztts.tts.frame_loop import FrameLoop
 from kztts.tts.long_text import split_for_context, stream_pieces, synthesize_pieces
 from kztts.tts.model_kind import ModelKind
-from kztts.tts.prompt import Prompt, build_prompt, speaker_language_id
+from kztts.tts.prompt import Prompt, build_prompt, build_track_prompt, speaker_language_id
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import Run, SynthesisResult
 from kztts.tts.streaming import chunk_sizes, stream_audio
 from kztts.tts.text import TextTokenizer
+from kztts.tts.text_track import DualTrack, TextTrack
 from kztts.tts.voice_file import load_voice, save_voice
 from kztts.tts.voice_prefix import VoicePrefixes
 
@@ -214,6 +215,40 @@ class TTS:
         loop.times.prompt = time.perf_counter() - started
         return Run(loop, prompt, r, started, limited_by, label)
 
+    def _start_track(self, r: SynthesisRequest, pieces: Iterable[str]) -> Run:
+        """``_start`` for a text still arriving (``stream_text``): the prompt waits for the text its prefill
+        holds, and the frame cap from the text's expected duration is decided as the text arrives."""
+        started = time.perf_counter()
+        voice = self._voice(r)
+        s = self._settings(r)
+        track = TextTrack(self.tokenizer, pieces)
+        icl = voice is not None and voice.icl
+        dual = DualTrack(self.tables, track, self.tokenizer.ref_body(self.tokenizer.ref_ids(voice.ref_text))
+                         if icl else None)
+        instruct_ids = self.tokenizer.instruct_ids(r.instruct) if r.instruct else None
+        prompt = build_track_prompt(self.tables, dual, special_ids=self.bundle.manifest.special_ids,
+                                    language_id=self._language_id(r, voice),
+                                    speaker=None if voice is None else voice.speaker,
+                                    mode="icl" if icl else "xvector", ref_codes=voice.ref_codes if icl else None,
+                                    instruct_ids=instruct_ids)
+        if prompt.embeds.shape[0] > self.talker.context:
+            raise ContextOverflowError(
+                f"the prompt takes {prompt.embeds.shape[0]} positions, the context holds {self.talker.context}; "
+                "use a shorter reference recording")
+        fit = self.talker.context - prompt.embeds.shape[0] + 1
+        limited_by = "max_frames"
+        if fit < s.max_frames:
+            s = replace(s, max_frames=fit)
+            limited_by = "context"
+        capped = None
+        if r.max_frames is None:  # a model that fails to stop ends at 3x the text's expected duration
+            capped = _DurationCap(track, r.language)
+        loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
+                         int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(r.seed),
+                         prefixes=self.voice_prefixes, capped=capped)
+        loop.times.prompt = time.perf_counter() - started
+        return Run(loop, prompt, r, started, limited_by, "the text", track=dual)
+
     def pieces(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> list[str]:
         """The utterances ``synthesize``/``stream`` speak a request's text in: ``[text]`` itself when its
         prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
@@ -342,6 +377,35 @@ class TTS:
             samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
             result["result"] = self._result(run, samples)
 
+    @one_call_at_a_time
+    def stream_text(self, pieces: Iterable[str], voice: Voice | None = None, *, chunk_frames: int = 4,
+                    first_chunk: int = 1, result: dict | None = None, pipeline: bool | None = None,
+                    **options) -> Iterator[np.ndarray]:
+        """Speak a text while it is written: ``pieces`` is any iterable of text pieces of any size (an LM's
+        tokens, characters, lines), pulled as the frames need them; audio chunks are yielded as ``stream``
+        yields them. Qwen3-TTS's streaming text mode reads one text token per frame: the speech starts once
+        the first token is known, and a frame whose token has not arrived waits for it (``kztts.tts.text_track``).
+        The codes and samples equal ``synthesize(whole_text, streaming_text=True)`` (and ``stream``'s) however
+        the text was cut and however slowly it came. ``options`` are ``stream``'s but ``text``; a failing source
+        ends the speech after the audio of the frames it allowed, with one ``TextSourceError``."""
+        chunk_sizes(first_chunk, chunk_frames)  # checks both
+        if options.get("streaming_text") is False:
+            raise KzttsError("stream_text speaks in the streaming text mode (streaming_text=True); "
+                             "for the other mode, give the whole text to synthesize or stream")
+        options["streaming_text"] = True
+        request = SynthesisRequest.make("", voice, options)
+        self.kind.check(request)
+        run = self._start_track(request, pieces)
+        try:
+            yield from self._stream_run(run, chunk_frames, None, pipeline, first_chunk)
+        finally:
+            run.request = replace(run.request, text=run.track.track.text)
+        if isinstance(run.loop.capped, _DurationCap) and run.loop.capped.stopped:
+            run.limited_by = "expected duration"
+        if result is not None:
+            samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
+            result["result"] = self._result(run, samples)
+
     def warm_up(self, voice: Voice | None = None, *, language: str | None = None, frames: int = 2) -> float:
         """Run every graph a stream runs once, before the first request: ONNX Runtime sizes its memory
         arenas and prepares its kernels on a session's first runs, which otherwise land in the first
@@ -375,3 +439,25 @@ class TTS:
         """Yield ``(request index, audio chunk)`` as each request's chunks are ready (its chunks are
         those of its ``stream`` alone); ``results`` receives each ``SynthesisResult`` by index."""
         yield from stream_many(self, requests, batch, chunk_frames, results)
+
+
+class _DurationCap:
+    """The frame cap of a text still arriving whose caller set none: 3x its expected duration
+    (``kztts.tts.duration.runaway_frames``), decided only once the text known so far allows more frames
+    or the text has ended, so that it equals the whole text's cap."""
+
+    def __init__(self, track: TextTrack, language: str | None):
+        self.track, self.language = track, language
+        self._known = (-1, 0)  # (characters, cap) of the text known when last computed
+        self.stopped = False
+
+    def __call__(self, n: int) -> bool:
+        while True:
+            if self._known[0] != len(self.track.text):
+                self._known = (len(self.track.text), runaway_frames(self.track.text, self.language))
+            if self._known[1] > n:
+                return False
+            if self.track.closed:
+                self.stopped = True
+                return True
+            self.track._pull()
