@@ -24,6 +24,7 @@ from kztts.runners.codec import SAMPLES_PER_FRAME
 from kztts.server.errors import ApiError
 from kztts.server.scheduler import Job
 from kztts.tts.batch_loop import BatchedRequest, BatchLoop
+from kztts.tts.prepared import PreparedSpeech
 from kztts.tts.request import SynthesisRequest
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
@@ -41,7 +42,7 @@ class SpeechSpec:
 
     request: SynthesisRequest
     stream: bool
-    prepared: BatchedRequest | None = None
+    prepared: BatchedRequest | PreparedSpeech | None = None
     chunk_frames: int = CHUNK_FRAMES
     first_chunk: int = 1
 
@@ -187,21 +188,21 @@ class SerialSpeech:
 
     def prepare(self, request: SynthesisRequest, stream: bool, chunk_frames: int = CHUNK_FRAMES,
                 first_chunk: int = 1) -> SpeechSpec:
-        self.tts.pieces(request)  # a request that cannot be spoken is refused before it waits
-        return SpeechSpec(request, stream, None, chunk_frames, first_chunk)
+        # a request that cannot be spoken is refused before it waits
+        return SpeechSpec(request, stream, self.tts.prepare(request), chunk_frames, first_chunk)
 
     def _run(self, job: Job) -> Iterator[np.ndarray]:
         spec: SpeechSpec = job.spec
         holder: dict = {}
         if spec.stream:
-            yield from self.tts.stream(spec.request, result=holder, chunk_frames=spec.chunk_frames,
+            yield from self.tts.stream(spec.prepared, result=holder, chunk_frames=spec.chunk_frames,
                                        first_chunk=spec.first_chunk)
             result = holder["result"]
         else:
             def frame(_n: int) -> None:
                 if job.cancelled:
                     raise _Left()
-            result = self.tts.synthesize(spec.request, on_frame=frame)
+            result = self.tts.synthesize(spec.prepared, on_frame=frame)
             yield result.samples
         job.state = result
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -28,10 +28,11 @@ import numpy as np
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import SAMPLES_PER_FRAME
 from kztts.tts.audio_join import PieceJoiner, join_pieces
-from kztts.tts.long_text import piece_label
+from kztts.tts.prepared import PreparedSpeech
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.result import Run, SynthesisResult, joined
+from kztts.tts.result import SynthesisResult, joined
 from kztts.tts.streaming import chunk_sizes
+from kztts.tts.utterance import Utterance
 
 # kztts.tts.tts imports this module: the TTS is named, not imported
 
@@ -40,10 +41,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)  # rows are found by identity
 class _Row:
-    """A request in the batch: its run (``kztts.tts.result.Run``) and where its frame loop stands."""
+    """A request in the batch: its utterance (``kztts.tts.utterance.Utterance``) and where its frame loop stands."""
 
     index: int
-    run: Run
+    run: Utterance
     logits: np.ndarray
     hidden: np.ndarray
     step: int = 0
@@ -57,21 +58,21 @@ def _check_batch(batch: int) -> int:
     return int(batch)
 
 
-def _ready(run: Run) -> Run:
+def _ready(run: Utterance) -> Utterance:
     run.loop._suppress = run.loop._suppressed()  # what FrameLoop.frames sets before choose_cb0
     return run
 
 
-def start_runs(tts: "TTS", requests: list) -> list[Run]:
+def start_runs(tts: "TTS", requests: list) -> list[Utterance]:
     """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
     runs = []
     for i, item in enumerate(requests):
-        r = SynthesisRequest.of(item, i)
-        if len(tts.pieces(r)) > 1:
+        prepared = tts.prepare(SynthesisRequest.of(item, i))
+        if len(prepared.texts) > 1:
             raise KzttsError(f"request {i}: its text needs more than the Talker's context of {tts.talker.context} "
                              "positions; batched synthesis speaks one utterance per request (split the text, or "
                              "use synthesize)")
-        runs.append(_ready(tts._start(r, f"request {i}")))
+        runs.append(_ready(prepared.utterance(0, f"request {i}")))
     return runs
 
 
@@ -108,7 +109,7 @@ class BatchLoop:
             self.talker.lengths[row] = n
         log.debug("batch KV capacity grown from %d to %d positions per row", old.capacity, capacity)
 
-    def join(self, key, run: Run) -> None:
+    def join(self, key, run: Utterance) -> None:
         """Prefill ``run`` (from ``start_runs`` or ``BatchedRequest``) into the next free row; its frames
         are reported under ``key``."""
         if not self.free:
@@ -175,7 +176,7 @@ class BatchLoop:
             row.run.loop.times.talker += spent
 
 
-def batch_frames(tts: "TTS", runs: list[Run], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
+def batch_frames(tts: "TTS", runs: list[Utterance], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
     """Yield ``(index, frame int64 [16])`` as rows produce frames and ``(index, None)`` when request
     ``index`` is finished (EOS or its ``max_frames``); frames go to ``runs[index].codes`` too."""
     batch = _check_batch(batch)
@@ -197,7 +198,7 @@ def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisRes
     results: list = [None] * len(runs)
     for index, frame in batch_frames(tts, runs, batch):
         if frame is None:
-            results[index] = tts._decoded_result(runs[index])
+            results[index] = runs[index].decode(tts.whole_decoder(), tts.sample_rate)
     return results
 
 
@@ -206,7 +207,7 @@ class _RowStream:
     ``chunk_sizes(first_chunk, chunk_frames)`` frames, an ICL reference decoded in front and its samples
     dropped."""
 
-    def __init__(self, tts: "TTS", run: Run, chunk_frames: int, first_chunk: int = 1):
+    def __init__(self, tts: "TTS", run: Utterance, chunk_frames: int, first_chunk: int = 1):
         self.run = run
         self._sizes = chunk_sizes(first_chunk, chunk_frames)
         self._size = next(self._sizes)  # frames of the chunk being gathered
@@ -265,7 +266,7 @@ def stream_many(tts: "TTS", requests: list, batch: int, chunk_frames: int = 4,
             yield index, audio
         if frame is None:
             if results is not None:
-                results[index] = tts._result(runs[index], streams[index].samples())
+                results[index] = runs[index].finish(streams[index].samples(), tts.sample_rate)
             del streams[index]
 
 
@@ -280,13 +281,14 @@ class BatchedRequest:
     ``result`` (the audio side), fed each piece's frames then its end, in order. The audio side reads
     a piece's codes only at its end, when the frame loop has finished with them."""
 
-    def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4,
+    def __init__(self, tts: "TTS", request: SynthesisRequest | PreparedSpeech, *, stream: bool, chunk_frames: int = 4,
                  first_chunk: int = 1):
         chunk_sizes(first_chunk, chunk_frames)  # checks both
-        self.tts, self.request, self.stream, self.chunk_frames = tts, request, bool(stream), chunk_frames
+        self.prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
+        self.tts, self.request, self.stream, self.chunk_frames = tts, self.prepared.request, bool(stream), chunk_frames
         self.first_chunk = first_chunk
         self.started = time.perf_counter()
-        self.texts = tts.pieces(request)
+        self.texts = self.prepared.texts
         self.index = -1  # the last piece handed to the frame loop
         self.results: list = []  # each finished piece's SynthesisResult (audio side)
         self.first_audio: float | None = None  # seconds from the start to the first audio out
@@ -299,16 +301,12 @@ class BatchedRequest:
         """Every piece has ended (audio side)."""
         return len(self.results) == len(self.texts)
 
-    def next_run(self) -> "Run | None":
-        """The next piece's run (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
+    def next_run(self) -> "Utterance | None":
+        """The next piece's utterance (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
         self.index += 1
         if self.index >= len(self.texts):
             return None
-        if len(self.texts) > 1:
-            run = self.tts._start(replace(self.request, text=self.texts[self.index]),
-                                  piece_label(self.index, len(self.texts)))
-        else:
-            run = self.tts._start(self.request)
+        run = self.prepared.utterance(self.index)
         self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames, self.first_chunk)
                                                    if self.stream else None))
         return run
@@ -332,12 +330,12 @@ class BatchedRequest:
             audio = row.frame(frame)
             out = [self._joiner.push(audio)] if audio.shape[0] else []
             if frame is None:
-                self.results.append(self.tts._result(run, row.samples()))
+                self.results.append(run.finish(row.samples(), self.tts.sample_rate))
                 out.append(self._joiner.end_piece())
             out = [a for a in out if a.shape[0]]
             return self._emit(np.concatenate(out) if len(out) > 1 else out[0] if out else empty)
         if frame is None:
-            self.results.append(self.tts._decoded_result(run))
+            self.results.append(run.decode(self.tts.whole_decoder(), self.tts.sample_rate))
             if self.done:
                 samples = self.results[0].samples if len(self.texts) == 1 else \
                     join_pieces([r.samples for r in self.results], self.tts.sample_rate)

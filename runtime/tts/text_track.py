@@ -63,7 +63,7 @@ class TextTrack:
         self.wait_seconds = 0.0  # time spent waiting for the source
 
     # ------------------------------------------------------------ the source
-    def _pull(self) -> None:
+    def pull(self) -> None:
         """One more piece from the source (blocking), or the end of the text."""
         t = time.perf_counter()
         try:
@@ -91,13 +91,13 @@ class TextTrack:
     def need(self, n: int) -> bool:
         """Wait until ``n`` tokens are committed (True) or the text has ended with fewer (False)."""
         while len(self.tokens) < n and not self.closed:
-            self._pull()
+            self.pull()
         return len(self.tokens) >= n
 
     def read_all(self) -> None:
         """Wait for the end of the text."""
         while not self.closed:
-            self._pull()
+            self.pull()
 
     # ------------------------------------------------------------ committing tokens
     def _normalized(self) -> str:

@@ -149,8 +149,11 @@ def voice(small):
 
 def test_prompt_length_matches_the_built_prompt(small, voice):
     from kztts.core.audio import synthetic_voice
-    from kztts.tts.long_text import text_tokens
     from kztts.tts.prompt import prompt_length
+    from kztts.tts.text import assistant_text
+
+    def text_tokens(tokenizer, text):
+        return len(tokenizer.text_body(tokenizer.encode(assistant_text(text))))
 
     icl = small.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
     for v in (voice, icl):

@@ -82,7 +82,7 @@ def test_committed_tokens_equal_the_whole_text_s_however_it_is_cut(tts, text):
         track = TextTrack(tts.tokenizer, pieces)
         seen = []
         while not track.closed:
-            track._pull()
+            track.pull()
             assert track.tokens == want[:len(track.tokens)], (pieces, track.text)
             seen.append(len(track.tokens))
         assert track.tokens == want, pieces
@@ -91,13 +91,13 @@ def test_committed_tokens_equal_the_whole_text_s_however_it_is_cut(tts, text):
 
 def test_a_token_is_committed_once_the_next_word_starts(tts):
     track = TextTrack(tts.tokenizer, ["Hello", " wor", "ld", ", again"])
-    track._pull()
+    track.pull()
     assert track.tokens == []  # "Hello" may still grow
-    track._pull()
+    track.pull()
     assert len(track.tokens) == 1  # " wor" started: "Hello" is final
-    track._pull()
+    track.pull()
     assert len(track.tokens) == 1
-    track._pull()
+    track.pull()
     assert len(track.tokens) == 3  # "Hello", " world", ",": " again" may still grow
 
 
@@ -205,7 +205,7 @@ def test_a_source_that_fails_mid_utterance_delivers_the_audio_so_far_then_one_er
     assert "text source failed" in str(err.value)
     # every frame made before the failure was decoded and delivered: as many as the text known allowed
     track = TextTrack(tts.tokenizer, [" ".join(text.split(" ")[:n_ok])])
-    track._pull()  # the text that came, its last word not committed: frame k took in token k
+    track.pull()  # the text that came, its last word not committed: frame k took in token k
     assert sum(c.shape[0] for c in chunks) == len(track.tokens) * 1920 > 0
     # the TTS serves the next call
     assert len(list(tts.stream_text(["Fine."], xvector, max_frames=3))) >= 1
@@ -230,3 +230,25 @@ def test_a_source_on_another_thread_queue(tts, xvector):
     codes, _ = whole(tts, request)
     got, _ = spoken(tts, pieces, request)
     assert np.array_equal(got, codes)
+
+
+# ------------------------------------------------------------------ the protocol: checked and tokenized once
+@pytest.mark.parametrize("how", ["synthesize", "stream", "batch"])
+def test_a_request_is_checked_and_its_text_tokenized_once(tts, xvector, monkeypatch, how):
+    """Every way of speaking drives one ``PreparedSpeech``: the kind's check and the text's tokenization run once."""
+    from kztts.tts.model_kind import ModelKind
+
+    checks, encodes = [], []
+    check, encode = ModelKind.check, tts.tokenizer.encode
+    monkeypatch.setattr(ModelKind, "check", lambda self, r: (checks.append(r), check(self, r))[1])
+    monkeypatch.setattr(tts.tokenizer, "encode", lambda s: (encodes.append(s), encode(s))[1])
+    request = SynthesisRequest("Once, only once.", xvector, language="english", greedy=True, max_frames=3)
+    if how == "synthesize":
+        tts.synthesize(request)
+    elif how == "stream":
+        list(tts.stream(request))
+    else:
+        tts.synthesize_many([request])
+    assert len(checks) == 1
+    assert [s for s in encodes if "Once, only once." in s] == ["<|im_start|>assistant\nOnce, only once.<|im_end|>\n"
+                                                             "<|im_start|>assistant\n"]
