@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -24,8 +24,8 @@ from kztts.tts.frame_loop import FrameLoop
 from kztts.tts.prompt import Prompt, build_prompt, build_track_prompt, prompt_length, speaker_language_id
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.text import assistant_text
-from kztts.tts.text_split import frames_per_token, split_text
-from kztts.tts.text_track import DualTrack, TextTrack
+from kztts.tts.text_split import WRITTEN_AUTO_FRAMES_PER_TOKEN, frames_per_token, split_text, split_written
+from kztts.tts.text_track import DualTrack, TextTrack, WrittenText
 from kztts.tts.utterance import Utterance
 
 if TYPE_CHECKING:
@@ -90,6 +90,13 @@ class PreparedSpeech:
             return len(tok.text_body(tok.encode(assistant_text(piece)))) if piece else 0
 
         tokens = len(tok.text_body(self._ids))
+        if r.streaming_text:  # cut as a text still being written is (TTS.stream_text)
+            limit = self.written_limit()
+            texts = [r.text] if limit is None else split_written(r.text, limit, count)
+            if len(texts) > 1:
+                log.info("text of %d tokens spoken in %d pieces of at most %d tokens (streaming text mode)",
+                         tokens, len(texts), limit)
+            return texts
         if needed(tokens) <= context:
             return [r.text]
         if needed(1) > context:
@@ -104,6 +111,36 @@ class PreparedSpeech:
         log.info("text of %d tokens spoken in %d pieces of at most %d tokens (%.1f frames per token expected, "
                  "context %d)", tokens, len(texts), lo, rate, context)
         return texts
+
+    def written_limit(self) -> int | None:
+        """The most text tokens a piece may hold in the streaming text mode (None: no limit), where the prompt's
+        positions do not grow with the text: its frames, at the language's frames per token (the largest
+        estimate for auto: the text's scripts may not be known yet) and at most ``max_frames``, must fit the
+        Talker's context beside the prompt."""
+        r, tok, context = self.request, self.tts.tokenizer, self.tts.talker.context
+        positions = prompt_length(1, language=self.language_id is not None, speaker=self.voice is not None,
+                                  mode="icl" if self.icl else "xvector", non_streaming=False,
+                                  ref_text_tokens=len(tok.ref_body(self.ref_ids)) if self.icl else 0,
+                                  ref_frames=self.voice.ref_codes.shape[0] if self.icl else 0,
+                                  instruct_tokens=len(self.instruct_ids) if self.instruct_ids is not None else 0)
+        language = (r.language or "auto").lower()
+        rate = WRITTEN_AUTO_FRAMES_PER_TOKEN if language == "auto" else frames_per_token(language, "")
+        max_frames = self.settings.max_frames
+
+        def needed(tokens: int) -> int:
+            return positions + min(math.ceil(rate * tokens), max_frames) - 1
+
+        if needed(max_frames) <= context:
+            return None
+        if needed(1) > context:
+            raise ContextOverflowError(
+                f"the Talker's context of {context} positions cannot hold the prompt and the frames of even one "
+                f"text token ({needed(1)} positions); use a shorter reference recording or a larger context")
+        lo, hi = 1, max_frames
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needed(mid) <= context else (lo, mid - 1)
+        return lo
 
     # ------------------------------------------------------------ utterances
     def label(self, index: int) -> str:
@@ -146,8 +183,16 @@ class PreparedSpeech:
         loop.times.prompt = time.perf_counter() - started
         return Utterance(loop, prompt, request, started, limited_by, label or self.label(index))
 
-    def written_utterance(self, pieces: Iterable[str]) -> Utterance:
-        """The one utterance of a text still arriving from ``pieces``: the prompt waits for the text rows its
+    def written_utterances(self, pieces: Iterable[str]) -> Iterator[Utterance]:
+        """The utterances of a text still arriving from ``pieces``: one, or a long text's pieces cut where
+        ``synthesize(whole_text, streaming_text=True)`` cuts them (``kztts.tts.text_track.WrittenText``), each
+        started when the one before has ended."""
+        written = WrittenText(self.tts.tokenizer, pieces, self.written_limit())
+        while (source := written.next_piece()) is not None:
+            yield self.written_utterance(source, f"piece {written.count}" if written.count > 1 else "the text")
+
+    def written_utterance(self, pieces: Iterable[str], label: str = "the text") -> Utterance:
+        """The utterance of a text still arriving from ``pieces``: the prompt waits for the text rows its
         prefill holds, and the frame cap from the text's expected duration is decided as the text arrives."""
         started = time.perf_counter()
         tts, r = self.tts, self.request
@@ -167,7 +212,7 @@ class PreparedSpeech:
             s, limited_by = replace(s, max_frames=context - prompt.embeds.shape[0] + 1), "context"
         loop = self._loop(s, DurationCap(track, r.language) if r.max_frames is None else None)
         loop.times.prompt = time.perf_counter() - started
-        return Utterance(loop, prompt, r, started, limited_by, "the text", track=dual)
+        return Utterance(loop, prompt, r, started, limited_by, label, track=dual)
 
     def _loop(self, settings: GenerationSettings, capped=None) -> FrameLoop:
         tts = self.tts

@@ -25,6 +25,7 @@ import numpy as np
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.core.errors import KzttsError
 from kztts.tts.text import TextTokenizer, assistant_text
+from kztts.tts.text_split import written_cut, written_safe
 
 # What precedes the text in its pre-tokenizer segment: the assistant template's "<|im_start|>" is a
 # special token, so the text is pre-tokenized together with "assistant\n" (a leading newline or space of
@@ -36,6 +37,48 @@ class TextSourceError(KzttsError):
     """The text source raised while the speech was under way (the error it raised is ``__cause__``)."""
 
 
+class TextSource:
+    """Text pieces pulled one at a time from any iterable, each checked: ``text`` (what has arrived),
+    ``closed`` (the iterable has ended), and when the first text came and how long was spent waiting."""
+
+    def __init__(self, pieces: Iterable[str]):
+        if isinstance(pieces, (str, bytes)):
+            raise KzttsError("give the text as an iterable of pieces (e.g. a list of strings or a generator); "
+                             "a single string is a whole text: use synthesize or stream")
+        try:
+            self._it: Iterator[str] = iter(pieces)
+        except TypeError:
+            raise KzttsError(f"the text pieces must be an iterable of strings, got {type(pieces).__name__}") from None
+        self.text = ""
+        self.closed = False
+        self.pieces = 0  # pieces received
+        self.first_text_at: float | None = None  # time.perf_counter() of the first non-empty piece
+        self.wait_seconds = 0.0  # time spent waiting for the source
+
+    def pull(self) -> None:
+        """One more piece (blocking), or the end of the text. A source that raises ends in one
+        ``TextSourceError`` (its own error is the cause); a piece that is not a string is refused."""
+        t = time.perf_counter()
+        try:
+            piece = next(self._it)
+        except StopIteration:
+            self.closed = True
+            return
+        except KzttsError:
+            raise
+        except Exception as exc:
+            raise TextSourceError(f"the text source failed after {len(self.text)} characters "
+                                  f"({type(exc).__name__}: {exc}); the speech stops there") from exc
+        finally:
+            self.wait_seconds += time.perf_counter() - t
+        if not isinstance(piece, str):
+            raise KzttsError(f"text piece {self.pieces + 1} must be a string, got {type(piece).__name__}")
+        self.pieces += 1
+        if piece and self.first_text_at is None:
+            self.first_text_at = time.perf_counter()
+        self.text += piece
+
+
 class TextTrack:
     """The committed text tokens of a text whose pieces arrive from ``pieces`` (module docstring).
 
@@ -45,48 +88,27 @@ class TextTrack:
     ``n`` tokens are committed or the text has ended."""
 
     def __init__(self, tokenizer: TextTokenizer, pieces: Iterable[str]):
-        if isinstance(pieces, (str, bytes)):
-            raise KzttsError("give the text as an iterable of pieces (e.g. a list of strings or a generator); "
-                             "a single string is a whole text: use synthesize or stream")
-        try:
-            self._source: Iterator[str] = iter(pieces)
-        except TypeError:
-            raise KzttsError(f"the text pieces must be an iterable of strings, got {type(pieces).__name__}") from None
+        self.source = TextSource(pieces)
         self._tokenizer = tokenizer
         self._raw = tokenizer._tok
-        self.text = ""
         self.tokens: list[int] = []
         self.role: list[int] | None = None  # ids[:3] of the template (known with the first token)
-        self.closed = False
-        self.pieces = 0  # pieces received
-        self.first_text_at: float | None = None  # time.perf_counter() of the first non-empty piece
-        self.wait_seconds = 0.0  # time spent waiting for the source
 
-    # ------------------------------------------------------------ the source
+    @property
+    def text(self) -> str:
+        return self.source.text
+
+    @property
+    def closed(self) -> bool:
+        return self.source.closed
+
     def pull(self) -> None:
-        """One more piece from the source (blocking), or the end of the text."""
-        t = time.perf_counter()
-        try:
-            piece = next(self._source)
-        except StopIteration:
-            self.wait_seconds += time.perf_counter() - t
+        """One more piece from the source (blocking), or the end of the text; commits what it allows."""
+        self.source.pull()
+        if self.source.closed:
             self._close()
-            return
-        except KzttsError:
-            raise
-        except Exception as exc:
-            raise TextSourceError(f"the text source failed after {len(self.text)} characters "
-                                  f"({type(exc).__name__}: {exc}); the speech stops there") from exc
-        self.wait_seconds += time.perf_counter() - t
-        if not isinstance(piece, str):
-            raise KzttsError(f"text piece {self.pieces + 1} must be a string, got {type(piece).__name__}")
-        self.pieces += 1
-        if not piece:
-            return
-        if self.first_text_at is None:
-            self.first_text_at = time.perf_counter()
-        self.text += piece
-        self._commit()
+        else:
+            self._commit()
 
     def need(self, n: int) -> bool:
         """Wait until ``n`` tokens are committed (True) or the text has ended with fewer (False)."""
@@ -127,11 +149,8 @@ class TextTrack:
             self.role = ids[:3]
 
     def _close(self) -> None:
-        self.closed = True
         if not self.text.strip():
-            raise KzttsError("the text is empty; give some text to speak" if not self.pieces else
-                             f"the text is empty (its {self.pieces} pieces held no characters to speak); "
-                             "give some text to speak")
+            raise KzttsError("the text is empty; give some text to speak")
         self._commit()
         if not self.tokens:
             raise KzttsError(f"text {self.text[:60]!r} gives no tokens to speak")
@@ -173,3 +192,59 @@ class DualTrack:
     def rows(self, n: int) -> np.ndarray:
         """Rows ``0..n-1``, [n, H]."""
         return np.stack([self.row(j) for j in range(n)]) if n else np.zeros((0, self.tables.hidden), np.float32)
+
+
+class WrittenText:
+    """A text still arriving from ``pieces``, cut into the pieces a text too long for one utterance is spoken
+    in (``kztts.tts.text_split.written_cut``, where ``split_written`` cuts the whole text): ``next_piece()``
+    gives the next piece's text as an iterable for its ``TextTrack`` (text the cut cannot move is given as it
+    comes, the rest once its cut is known), or None once the text has ended. ``max_tokens``: the most text
+    tokens a piece may hold (None: one piece, however long)."""
+
+    def __init__(self, tokenizer: TextTokenizer, pieces: Iterable[str], max_tokens: int | None):
+        self._source = TextSource(pieces)
+        self._tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.start = 0  # where the current piece starts
+        self.released = 0  # the text given to the current piece so far
+        self.count = 0  # pieces begun
+
+    @property
+    def text(self) -> str:
+        return self._source.text
+
+    def _tokens(self, s: str) -> int:
+        return len(self._tokenizer.text_body(self._tokenizer.encode(assistant_text(s)))) if s else 0
+
+    def _pull(self) -> None:
+        if not self._source.closed:
+            self._source.pull()
+
+    def next_piece(self) -> Iterator[str] | None:
+        """The next piece's text, or None when no text is left (waits until that is known)."""
+        src = self._source
+        while not self.text[self.start:].strip() and not src.closed:
+            self._pull()
+        if not self.text[self.start:].strip():
+            if self.count == 0:  # TextTrack refuses an empty text in its words
+                return iter(())
+            return None
+        self.count += 1
+        return self._piece()
+
+    def _piece(self) -> Iterator[str]:
+        src = self._source
+        while True:
+            if self.max_tokens is None:
+                cut = (len(self.text), len(self.text)) if src.closed else None
+                safe = len(self.text)
+            else:
+                cut = written_cut(self.text, self.start, src.closed, self.max_tokens, self._tokens)
+                safe = cut[0] if cut else written_safe(self.text, self.start, self.max_tokens, self._tokens)
+            if safe > self.released:
+                yield self.text[self.released:safe]
+                self.released = safe
+            if cut is not None:
+                self.start = self.released = cut[1]
+                return
+            self._pull()

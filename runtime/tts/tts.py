@@ -25,13 +25,15 @@ from kztts.runners.codec import Encoder, StaticChunkDecoder
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.speaker import SpeakerEncoder, load_xvector
 from kztts.runners.talker import DEFAULT_CONTEXT
+from kztts.tts.audio_join import OpenJoiner
 from kztts.tts.batch_loop import stream_many, synthesize_many
 from kztts.tts.long_text import stream_pieces, synthesize_pieces
 from kztts.tts.model_kind import ModelKind
 from kztts.tts.prepared import DurationCap, PreparedSpeech, as_prepared
 from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
-from kztts.tts.result import SynthesisResult
+from kztts.tts.result import SynthesisResult, joined
+from kztts.tts.text_track import TextSourceError
 from kztts.tts.streaming import chunk_sizes, stream_audio
 from kztts.tts.text import TextTokenizer
 from kztts.tts.utterance import Utterance
@@ -275,16 +277,40 @@ class TTS:
                              "for the other mode, give the whole text to synthesize or stream")
         options["streaming_text"] = True
         prepared = PreparedSpeech(self, SynthesisRequest.make("", voice, options), written=True)
-        utterance = prepared.written_utterance(pieces)
+        started = time.perf_counter()
+        joiner = OpenJoiner(self.sample_rate)  # a long text's pieces, joined as synthesize joins them
+        results: list[SynthesisResult] = []
+        out: list[np.ndarray] = []
+        first_audio = None
         try:
-            yield from self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk)
-        finally:
-            utterance.request = replace(utterance.request, text=utterance.track.track.text)
-        capped = utterance.loop.capped
-        if isinstance(capped, DurationCap) and capped.stopped:
-            utterance.limited_by = "expected duration"
+            for utterance in prepared.written_utterances(pieces):
+                try:
+                    for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
+                        audio = joiner.push(chunk)
+                        if audio.shape[0]:
+                            first_audio = first_audio or time.perf_counter() - started
+                            out.append(audio)
+                            yield audio
+                finally:
+                    utterance.request = replace(utterance.request, text=utterance.track.track.text)
+                capped = utterance.loop.capped
+                if isinstance(capped, DurationCap) and capped.stopped:
+                    utterance.limited_by = "expected duration"
+                results.append(utterance.finish(utterance.streamed_samples(), self.sample_rate))
+                joiner.end_piece()
+        except TextSourceError:
+            tail = joiner.finish()  # the audio made so far, all of it, then the error
+            if tail.shape[0]:
+                yield tail
+            raise
+        tail = joiner.finish()
+        if tail.shape[0]:
+            out.append(tail)
+            yield tail
         if result is not None:
-            result["result"] = utterance.finish(utterance.streamed_samples(), self.sample_rate)
+            samples = np.concatenate(out) if out else np.zeros(0, np.float32)
+            result["result"] = (results[0] if len(results) == 1 else
+                                joined(results, samples, self.sample_rate, started, first_audio))
 
     def warm_up(self, voice: Voice | None = None, *, language: str | None = None, frames: int = 2) -> float:
         """Run every graph a stream runs once, before the first request: ONNX Runtime sizes its memory

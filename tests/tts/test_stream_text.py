@@ -252,3 +252,68 @@ def test_a_request_is_checked_and_its_text_tokenized_once(tts, xvector, monkeypa
     assert len(checks) == 1
     assert [s for s in encodes if "Once, only once." in s] == ["<|im_start|>assistant\nOnce, only once.<|im_end|>\n"
                                                              "<|im_start|>assistant\n"]
+
+
+# ------------------------------------------------------------------ a long text
+LONG = ("The first sentence is short. A second one follows it, somewhat longer than the first. Then a third! "
+        "And a fourth, which asks a question? The fifth sentence has no end but a comma, then goes on and on "
+        "without any stop at all for a good many words until it must be cut somewhere; the sixth closes it.")
+
+
+@pytest.fixture(scope="module")
+def small(equal_bundle):
+    """A Talker context of 64 positions: a piece holds a dozen text tokens."""
+    return TTS(equal_bundle, context=64)
+
+
+def test_written_cuts_equal_the_whole_text_s_however_the_text_arrives(small):
+    from kztts.tts.text import assistant_text
+    from kztts.tts.text_split import split_written, written_cut, written_safe
+
+    tok = small.tokenizer
+
+    def count(s):
+        return len(tok.text_body(tok.encode(assistant_text(s)))) if s else 0
+
+    for limit in (6, 11, 25):
+        want = split_written(LONG, limit, count)
+        assert len(want) > 1 and "".join(w.replace(" ", "") for w in want) == LONG.replace(" ", "")
+        assert all(count(w.strip()) <= limit for w in want)
+        assert all(count(w.strip()) >= (limit + 1) // 2 for w in want[:-1])
+        for n in range(1, len(LONG) + 1, 7):  # a prefix: a cut it gives is final, and never before the safe point
+            start = 0
+            for piece in want:
+                cut = written_cut(LONG[:n], start, n == len(LONG), limit, count)
+                if cut is None:
+                    assert written_safe(LONG[:n], start, limit, count) <= start + len(piece)
+                    break
+                assert LONG[start:cut[0]] == piece
+                start = cut[1]
+
+
+SHORTER = ("The first sentence is short. A second one follows it, longer than the first. The third runs on "
+           "without any stop for a good many words until it must be cut; done.")
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_a_long_text_is_cut_where_synthesize_cuts_it(small, greedy):
+    """Pieces at sentence ends and, in a run-on sentence, at a clause or word end, each spoken as synthesize speaks
+    it, joined as it joins them."""
+    from kztts.core.audio import synthetic_voice
+
+    voice = small.voice_from_wav(synthetic_voice(), 24000)
+    # no max_frames: a piece's frames are capped by the context (or its runaway cap), so the text is cut
+    request = SynthesisRequest(SHORTER, voice, language="english", greedy=greedy, seed=5)
+    pieces = small.pieces(SynthesisRequest(**{**request.__dict__, "streaming_text": True}))
+    assert len(pieces) >= 3 and any(not p.rstrip().endswith((".", "!", "?")) for p in pieces[:-1])
+    codes, samples = whole(small, request)
+    words = SHORTER.split(" ")
+    cuts = [[words[0]] + [" " + w for w in words[1:]]] + (random_cuts(SHORTER, random.Random(4), 1) if greedy else [])
+    for cut in cuts:
+        holder: dict = {}
+        got = np.concatenate(list(small.stream_text(cut, voice, language="english", greedy=greedy, seed=5,
+                                                    result=holder)))
+        assert np.array_equal(holder["result"].codes, codes)
+        assert len(holder["result"].pieces) == len(pieces)
+        assert [p.text for p in holder["result"].pieces] == pieces
+        np.testing.assert_array_equal(got, samples)
