@@ -187,38 +187,74 @@ class PreparedSpeech:
         """The utterances of a text still arriving from ``pieces``: one, or a long text's pieces cut where
         ``synthesize(whole_text, streaming_text=True)`` cuts them (``kztts.tts.text_track.WrittenText``), each
         started when the one before has ended."""
-        written = WrittenText(self.tts.tokenizer, pieces, self.written_limit())
+        written = self.written_text(pieces)
         while (source := written.next_piece()) is not None:
-            yield self.written_utterance(source, f"piece {written.count}" if written.count > 1 else "the text")
+            yield self.written_utterance(source, written_label(written))
+
+    def written_text(self, pieces: Iterable[str]) -> WrittenText:
+        """``pieces`` as a text still arriving, cut where this request's text would be."""
+        return WrittenText(self.tts.tokenizer, pieces, self.written_limit())
 
     def written_utterance(self, pieces: Iterable[str], label: str = "the text") -> Utterance:
         """The utterance of a text still arriving from ``pieces``: the prompt waits for the text rows its
         prefill holds, and the frame cap from the text's expected duration is decided as the text arrives."""
-        started = time.perf_counter()
-        tts, r = self.tts, self.request
-        track = TextTrack(tts.tokenizer, pieces)
-        dual = DualTrack(tts.tables, track, tts.tokenizer.ref_body(self.ref_ids) if self.icl else None)
-        voice = self.voice
-        prompt = build_track_prompt(tts.tables, dual, special_ids=tts.bundle.manifest.special_ids,
-                                    language_id=self.language_id, speaker=None if voice is None else voice.speaker,
-                                    mode="icl" if self.icl else "xvector",
-                                    ref_codes=voice.ref_codes if self.icl else None, instruct_ids=self.instruct_ids)
-        context = tts.talker.context
-        if prompt.embeds.shape[0] > context:
-            raise ContextOverflowError(f"the prompt takes {prompt.embeds.shape[0]} positions, the context holds "
-                                       f"{context}; use a shorter reference recording")
-        s, limited_by = self.settings, "max_frames"
-        if context - prompt.embeds.shape[0] + 1 < s.max_frames:
-            s, limited_by = replace(s, max_frames=context - prompt.embeds.shape[0] + 1), "context"
-        loop = self._loop(s, DurationCap(track, r.language) if r.max_frames is None else None)
-        loop.times.prompt = time.perf_counter() - started
-        return Utterance(loop, prompt, r, started, limited_by, label, track=dual)
+        return self.pending_utterance(pieces, label).utterance()
+
+    def pending_utterance(self, pieces: Iterable[str], label: str = "the text") -> "PendingUtterance":
+        """``written_utterance`` in two steps: ``ready()`` tells without waiting whether its prompt's text has
+        come (a ``TextFeed``), then ``utterance()``."""
+        return PendingUtterance(self, pieces, label)
 
     def _loop(self, settings: GenerationSettings, capped=None) -> FrameLoop:
         tts = self.tts
         return FrameLoop(tts.talker, tts.code_predictor, tts.tables, settings,
                          int(tts.bundle.manifest.special_ids["codec_eos"]), XorShift32(self.request.seed),
                          prefixes=tts.voice_prefixes, capped=capped)
+
+
+class PendingUtterance:
+    """An utterance of a text still arriving, before its prompt is built (``PreparedSpeech.pending_utterance``)."""
+
+    def __init__(self, prepared: PreparedSpeech, pieces: Iterable[str], label: str):
+        self.prepared, self.label = prepared, label
+        self.started = time.perf_counter()
+        tts = prepared.tts
+        self.track = TextTrack(tts.tokenizer, pieces)
+        self.dual = DualTrack(tts.tables, self.track, tts.tokenizer.ref_body(prepared.ref_ids) if prepared.icl
+                              else None)
+
+    def _rows(self) -> int:
+        """The text rows the prompt holds: the first (x-vector), or one per reference codec position (ICL)."""
+        p = self.prepared
+        return 1 + p.voice.ref_codes.shape[0] if p.icl else 1
+
+    def ready(self) -> bool:
+        """Whether ``utterance()`` would not wait for text (pulls what a ``TextFeed`` holds)."""
+        self.track.poll()
+        return self.track.role is not None and self.dual.known(self._rows() - 1) or self.track.closed
+
+    def utterance(self) -> Utterance:
+        p, tts = self.prepared, self.prepared.tts
+        r, voice = p.request, p.voice
+        prompt = build_track_prompt(tts.tables, self.dual, special_ids=tts.bundle.manifest.special_ids,
+                                    language_id=p.language_id, speaker=None if voice is None else voice.speaker,
+                                    mode="icl" if p.icl else "xvector",
+                                    ref_codes=voice.ref_codes if p.icl else None, instruct_ids=p.instruct_ids)
+        context = tts.talker.context
+        if prompt.embeds.shape[0] > context:
+            raise ContextOverflowError(f"the prompt takes {prompt.embeds.shape[0]} positions, the context holds "
+                                       f"{context}; use a shorter reference recording")
+        s, limited_by = p.settings, "max_frames"
+        if context - prompt.embeds.shape[0] + 1 < s.max_frames:
+            s, limited_by = replace(s, max_frames=context - prompt.embeds.shape[0] + 1), "context"
+        loop = p._loop(s, DurationCap(self.track, r.language) if r.max_frames is None else None)
+        loop.times.prompt = time.perf_counter() - self.started
+        return Utterance(loop, prompt, r, self.started, limited_by, self.label, track=self.dual)
+
+
+def written_label(written: WrittenText) -> str:
+    """How warnings and limits name the piece ``written`` began last."""
+    return f"piece {written.count}" if written.count > 1 else "the text"
 
 
 class DurationCap:
@@ -231,11 +267,20 @@ class DurationCap:
         self._known = (-1, 0)  # (characters, cap) of the text known when last computed
         self.stopped = False
 
+    def _refresh(self) -> None:
+        if self._known[0] != len(self.track.text):
+            self._known = (len(self.track.text), runaway_frames(self.track.text, self.language))
+
+    def ready(self, n: int) -> bool:
+        """Whether ``self(n)`` would answer without waiting (pulls what a ``TextFeed`` holds)."""
+        self.track.poll()
+        self._refresh()
+        return self._known[1] > n or self.track.closed
+
     def __call__(self, n: int) -> bool:
         """Whether the utterance may hold no more than ``n`` frames."""
         while True:
-            if self._known[0] != len(self.track.text):
-                self._known = (len(self.track.text), runaway_frames(self.track.text, self.language))
+            self._refresh()
             if self._known[1] > n:
                 return False
             if self.track.closed:

@@ -37,6 +37,51 @@ class TextSourceError(KzttsError):
     """The text source raised while the speech was under way (the error it raised is ``__cause__``)."""
 
 
+class TextFeed:
+    """Text written by one thread and spoken by another (a server's connection, an LM's thread): ``write``
+    pieces, then ``close`` (or ``fail`` with the error that ended it). Iterating it yields the pieces, waiting
+    for each; ``ready()`` tells without waiting whether a piece or the end is there, so a loop serving many
+    texts (``kztts.tts.batch_loop``) reads only what has come."""
+
+    def __init__(self):
+        import queue
+
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._end = object()
+        self.closed = False  # the writer's side
+
+    def write(self, piece: str) -> None:
+        if self.closed:
+            raise KzttsError("this text has ended: no text may follow its end")
+        if not isinstance(piece, str):
+            raise KzttsError(f"a text piece must be a string, got {type(piece).__name__}")
+        self._queue.put(piece)
+
+    def close(self) -> None:
+        """The end of the text."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(self._end)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the text with ``exc``: the reader raises it (as ``TextSourceError``) after the text so far."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(exc)
+
+    def ready(self) -> bool:
+        return not self._queue.empty()
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            item = self._queue.get()
+            if item is self._end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
 class TextSource:
     """Text pieces pulled one at a time from any iterable, each checked: ``text`` (what has arrived),
     ``closed`` (the iterable has ended), and when the first text came and how long was spent waiting."""
@@ -54,6 +99,11 @@ class TextSource:
         self.pieces = 0  # pieces received
         self.first_text_at: float | None = None  # time.perf_counter() of the first non-empty piece
         self.wait_seconds = 0.0  # time spent waiting for the source
+        self._ready = getattr(pieces, "ready", None)  # a TextFeed tells whether a piece waits
+
+    def ready(self) -> bool:
+        """Whether ``pull`` would return without waiting (always True for a source that cannot tell)."""
+        return self.closed or self._ready is None or self._ready()
 
     def pull(self) -> None:
         """One more piece (blocking), or the end of the text. A source that raises ends in one
@@ -109,6 +159,11 @@ class TextTrack:
             self._close()
         else:
             self._commit()
+
+    def poll(self) -> None:
+        """Pull every piece that has come, without waiting (a ``TextFeed``'s; another source is never polled)."""
+        while not self.closed and self.source._ready is not None and self.source.ready():
+            self.pull()
 
     def need(self, n: int) -> bool:
         """Wait until ``n`` tokens are committed (True) or the text has ended with fewer (False)."""
@@ -170,7 +225,8 @@ class DualTrack:
         self.waited_rows = 0  # rows that had to wait for text
 
     def known(self, j: int) -> bool:
-        """Whether row ``j`` can be given without waiting."""
+        """Whether row ``j`` can be given without waiting (for a ``TextFeed``, once ``track.poll()`` has read what
+        came)."""
         k = j - len(self.ref)
         return k < len(self.track.tokens) or self.track.closed
 
@@ -220,31 +276,58 @@ class WrittenText:
         if not self._source.closed:
             self._source.pull()
 
-    def next_piece(self) -> Iterator[str] | None:
+    def next_ready(self) -> bool:
+        """Whether ``next_piece`` would answer without waiting (pulls what a ``TextFeed`` holds)."""
+        src = self._source
+        while not self.text[self.start:].strip() and not src.closed and src._ready is not None and src.ready():
+            self._pull()
+        return bool(self.text[self.start:].strip()) or src.closed
+
+    def next_piece(self) -> "PieceText | None":
         """The next piece's text, or None when no text is left (waits until that is known)."""
         src = self._source
         while not self.text[self.start:].strip() and not src.closed:
             self._pull()
         if not self.text[self.start:].strip():
             if self.count == 0:  # TextTrack refuses an empty text in its words
-                return iter(())
+                return PieceText(self, empty=True)
             return None
         self.count += 1
-        return self._piece()
+        return PieceText(self)
 
-    def _piece(self) -> Iterator[str]:
-        src = self._source
-        while True:
-            if self.max_tokens is None:
-                cut = (len(self.text), len(self.text)) if src.closed else None
-                safe = len(self.text)
-            else:
-                cut = written_cut(self.text, self.start, src.closed, self.max_tokens, self._tokens)
-                safe = cut[0] if cut else written_safe(self.text, self.start, self.max_tokens, self._tokens)
-            if safe > self.released:
-                yield self.text[self.released:safe]
-                self.released = safe
+    def _cut(self) -> tuple[tuple[int, int] | None, int]:
+        """The current piece's cut if known, and how far it may be read."""
+        if self.max_tokens is None:
+            return ((len(self.text), len(self.text)) if self._source.closed else None), len(self.text)
+        cut = written_cut(self.text, self.start, self._source.closed, self.max_tokens, self._tokens)
+        return cut, cut[0] if cut else written_safe(self.text, self.start, self.max_tokens, self._tokens)
+
+
+class PieceText:
+    """One piece of a ``WrittenText``: iterating it yields the piece's text as it may be read (waiting for
+    more), and ``ready()`` tells whether the next item would come without waiting (as ``TextFeed.ready``)."""
+
+    def __init__(self, written: WrittenText, empty: bool = False):
+        self._w = written
+        self._done = empty
+        self._ready = getattr(written._source, "_ready", None)
+
+    def __iter__(self) -> Iterator[str]:
+        w = self._w
+        while not self._done:
+            cut, safe = w._cut()
+            if safe > w.released:
+                text, w.released = w.text[w.released:safe], safe
+                yield text
             if cut is not None:
-                self.start = self.released = cut[1]
+                w.start = w.released = cut[1]
+                self._done = True
                 return
-            self._pull()
+            w._pull()
+
+    def ready(self) -> bool:
+        if self._done:
+            return True
+        w = self._w
+        cut, safe = w._cut()
+        return cut is not None or safe > w.released or w._source.ready()

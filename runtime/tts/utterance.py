@@ -77,6 +77,22 @@ class Utterance:
                     f"stop by itself; give max_frames (--max-frames) to allow more")
         return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
 
+    # ------------------------------------------------------------ a frame at a time (the batch loop)
+    def ready(self, step: int) -> bool:
+        """Whether frame ``step`` can be made and fed back without waiting for text (always, but for a text
+        still being written: its next text row and whether it may go on must be known)."""
+        if self.track is None:
+            return True
+        self.track.track.poll()
+        capped = self.loop.capped
+        return (self.track.known(self.prompt.first_row + step)
+                and (capped is None or capped.ready(step + 1)))
+
+    def last_frame(self, step: int) -> bool:
+        """Whether frame ``step`` is the last (its cap reached), as ``FrameLoop.frames`` decides."""
+        capped = self.loop.capped
+        return step == self.loop.settings.max_frames - 1 or (capped is not None and capped(step + 1))
+
     # ------------------------------------------------------------ speaking it
     def frames(self) -> Iterator[np.ndarray]:
         """Its frames, int64 [16] each, as the frame loop makes them (also appended to ``codes``)."""
