@@ -440,6 +440,7 @@ class WrittenRequest(BatchedRequest):
         run, row = self._pieces[0]
         if frame is None:
             self._pieces.popleft()
+            # the text its speech read (the audio side reads no source: the frame loop's side does)
             run.request = replace(run.request, text=run.track.track.text)
             capped = run.loop.capped
             if capped is not None and getattr(capped, "stopped", False):

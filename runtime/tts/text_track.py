@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -49,25 +49,31 @@ class TextFeed:
         self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._end = object()
         self.closed = False  # the writer's side
+        self.on_write: "Callable[[], object] | None" = None  # called after each write, close or fail (a reader's wake)
+
+    def _put(self, item) -> None:
+        self._queue.put(item)
+        if self.on_write is not None:
+            self.on_write()
 
     def write(self, piece: str) -> None:
         if self.closed:
             raise KzttsError("this text has ended: no text may follow its end")
         if not isinstance(piece, str):
             raise KzttsError(f"a text piece must be a string, got {type(piece).__name__}")
-        self._queue.put(piece)
+        self._put(piece)
 
     def close(self) -> None:
         """The end of the text."""
         if not self.closed:
             self.closed = True
-            self._queue.put(self._end)
+            self._put(self._end)
 
     def fail(self, exc: BaseException) -> None:
         """End the text with ``exc``: the reader raises it (as ``TextSourceError``) after the text so far."""
         if not self.closed:
             self.closed = True
-            self._queue.put(exc)
+            self._put(exc)
 
     def ready(self) -> bool:
         return not self._queue.empty()
@@ -100,6 +106,7 @@ class TextSource:
         self.first_text_at: float | None = None  # time.perf_counter() of the first non-empty piece
         self.wait_seconds = 0.0  # time spent waiting for the source
         self._ready = getattr(pieces, "ready", None)  # a TextFeed tells whether a piece waits
+        self.pieces_of = pieces  # what the pieces come from
 
     def ready(self) -> bool:
         """Whether ``pull`` would return without waiting (always True for a source that cannot tell)."""
@@ -264,6 +271,7 @@ class WrittenText:
         self.start = 0  # where the current piece starts
         self.released = 0  # the text given to the current piece so far
         self.count = 0  # pieces begun
+        self._current: PieceText | None = None
 
     @property
     def text(self) -> str:
@@ -276,16 +284,28 @@ class WrittenText:
         if not self._source.closed:
             self._source.pull()
 
+    def close_source(self) -> None:
+        """The reader has left: a ``TextFeed`` source is ended, so its writer is refused from now on."""
+        feed = self._source.pieces_of
+        if isinstance(feed, TextFeed):
+            feed.close()
+
     def next_ready(self) -> bool:
         """Whether ``next_piece`` would answer without waiting (pulls what a ``TextFeed`` holds)."""
         src = self._source
+        if self._current is not None and not self._current.skip_rest(wait=False):
+            return False
         while not self.text[self.start:].strip() and not src.closed and src._ready is not None and src.ready():
             self._pull()
         return bool(self.text[self.start:].strip()) or src.closed
 
     def next_piece(self) -> "PieceText | None":
-        """The next piece's text, or None when no text is left (waits until that is known)."""
+        """The next piece's text, or None when no text is left (waits until that is known). What the piece before
+        left unread (its speech ended first: its end of speech, or a frame cap) is skipped, as ``synthesize``
+        leaves the rest of a piece unspoken."""
         src = self._source
+        if self._current is not None:
+            self._current.skip_rest(wait=True)
         while not self.text[self.start:].strip() and not src.closed:
             self._pull()
         if not self.text[self.start:].strip():
@@ -293,7 +313,8 @@ class WrittenText:
                 return PieceText(self, empty=True)
             return None
         self.count += 1
-        return PieceText(self)
+        self._current = PieceText(self)
+        return self._current
 
     def _cut(self) -> tuple[tuple[int, int] | None, int]:
         """The current piece's cut if known, and how far it may be read."""
@@ -310,6 +331,8 @@ class PieceText:
     def __init__(self, written: WrittenText, empty: bool = False):
         self._w = written
         self._done = empty
+        self.start = written.start
+        self.end: int | None = None  # where the piece ends, once its cut is known
         self._ready = getattr(written._source, "_ready", None)
 
     def __iter__(self) -> Iterator[str]:
@@ -320,10 +343,24 @@ class PieceText:
                 text, w.released = w.text[w.released:safe], safe
                 yield text
             if cut is not None:
+                self.end = cut[0]
                 w.start = w.released = cut[1]
                 self._done = True
                 return
             w._pull()
+
+    @property
+    def text(self) -> str | None:
+        """The piece's whole text, once its cut is known."""
+        return None if self.end is None else self._w.text[self.start:self.end]
+
+    def skip_rest(self, wait: bool) -> bool:
+        """Read the piece to its cut without keeping it (``wait``: however long that takes, else only what has
+        come); whether the piece is done."""
+        it = iter(self)
+        while not self._done and (wait or self.ready()):
+            next(it, None)
+        return self._done
 
     def ready(self) -> bool:
         if self._done:

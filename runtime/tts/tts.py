@@ -284,15 +284,13 @@ class TTS:
         first_audio = None
         try:
             for utterance in prepared.written_utterances(pieces):
-                try:
-                    for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
-                        audio = joiner.push(chunk)
-                        if audio.shape[0]:
-                            first_audio = first_audio or time.perf_counter() - started
-                            out.append(audio)
-                            yield audio
-                finally:
-                    utterance.request = replace(utterance.request, text=utterance.track.track.text)
+                for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
+                    audio = joiner.push(chunk)
+                    if audio.shape[0]:
+                        first_audio = first_audio or time.perf_counter() - started
+                        out.append(audio)
+                        yield audio
+                utterance.request = replace(utterance.request, text=utterance.piece_text())
                 capped = utterance.loop.capped
                 if isinstance(capped, DurationCap) and capped.stopped:
                     utterance.limited_by = "expected duration"

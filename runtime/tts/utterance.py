@@ -88,6 +88,18 @@ class Utterance:
         return (self.track.known(self.prompt.first_row + step)
                 and (capped is None or capped.ready(step + 1)))
 
+    def piece_text(self) -> str:
+        """A text still being written: the whole text of its piece (read to its cut, however far the speech
+        got: what ``synthesize`` is given), else the request's text."""
+        if self.track is None:
+            return self.request.text
+        source = self.track.track.source.pieces_of
+        if hasattr(source, "skip_rest"):
+            source.skip_rest(wait=True)
+            return source.text
+        self.track.track.read_all()
+        return self.track.track.text
+
     def last_frame(self, step: int) -> bool:
         """Whether frame ``step`` is the last (its cap reached), as ``FrameLoop.frames`` decides."""
         capped = self.loop.capped
