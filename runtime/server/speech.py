@@ -47,6 +47,7 @@ class SpeechSpec:
     prepared: BatchedRequest | PreparedSpeech | None = None
     chunk_frames: int = CHUNK_FRAMES
     first_chunk: int = 1
+    text: "TextFeed | None" = None  # a text still being written (the request's text is empty)
 
 
 def summary(result: SynthesisResult) -> dict:
@@ -151,7 +152,7 @@ class BatchedSpeech:
                                  first_chunk=first_chunk)
         else:
             req = BatchedRequest(self.tts, request, stream=stream, chunk_frames=chunk_frames, first_chunk=first_chunk)
-        return SpeechSpec(request, stream, req, chunk_frames, first_chunk)
+        return SpeechSpec(request, stream, req, chunk_frames, first_chunk, text)
 
     def start(self, job: Job) -> None:
         self.running.append(job)
@@ -225,13 +226,22 @@ class SerialSpeech:
         self.mode = f"one request at a time, in arrival order ({why})"
 
     def prepare(self, request: SynthesisRequest, stream: bool, chunk_frames: int = CHUNK_FRAMES,
-                first_chunk: int = 1) -> SpeechSpec:
+                first_chunk: int = 1, text: "TextFeed | None" = None) -> SpeechSpec:
         # a request that cannot be spoken is refused before it waits
-        return SpeechSpec(request, stream, self.tts.prepare(request), chunk_frames, first_chunk)
+        prepared = PreparedSpeech(self.tts, request, written=text is not None)
+        return SpeechSpec(request, stream, prepared, chunk_frames, first_chunk, text)
 
     def _run(self, job: Job) -> Iterator[np.ndarray]:
         spec: SpeechSpec = job.spec
         holder: dict = {}
+        if spec.text is not None:  # a text still being written
+            r = spec.request
+            yield from self.tts.stream_text(spec.text, r.voice, result=holder, chunk_frames=spec.chunk_frames,
+                                            first_chunk=spec.first_chunk, language=r.language, seed=r.seed,
+                                            greedy=r.greedy, settings=r.settings, max_frames=r.max_frames,
+                                            speaker=r.speaker, instruct=r.instruct)
+            job.state = holder["result"]
+            return
         if spec.stream:
             yield from self.tts.stream(spec.prepared, result=holder, chunk_frames=spec.chunk_frames,
                                        first_chunk=spec.first_chunk)
