@@ -16,7 +16,6 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from kztts.assistant.reply_pieces import reply_pieces
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import random_weights_label
@@ -71,13 +70,13 @@ def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
     if not args.file and not args.text.strip():
         raise KzttsError("the text is empty; give the words to speak")
     if args.text == "-" and not args.file and args.sentences:
-        raise KzttsError("--sentences cannot be combined with TEXT '-': the text read from standard input is spoken "
+        raise KzttsError("--as-reply cannot be combined with TEXT '-': the text read from standard input is spoken "
                          "as it arrives, a token per frame")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
     if args.sentences and (args.file or args.codes_out or args.pipeline):
         flag = "--file" if args.file else "--codes-out" if args.codes_out else "--pipeline"
-        raise KzttsError(f"--sentences cannot be combined with {flag}: it speaks one text, piece by piece, streamed")
+        raise KzttsError(f"--as-reply cannot be combined with {flag}: it speaks one text as a reply is spoken")
     if args.pipeline and not args.stream:
         raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
     return out, lines
@@ -188,15 +187,15 @@ def speak_stdin(args: argparse.Namespace, tts: TTS, voice: Voice, settings: Gene
     return result
 
 
-def speak_sentences(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings, out: Path) -> int:
-    """``--sentences``: the text spoken as ``kztts chat --speak`` speaks a reply (each piece of
-    ``kztts.assistant.reply_pieces`` its own utterance, streamed, joined): the same samples."""
-    speak = SpeakSettings(voice, language=args.language, seed=args.seed, greedy=args.greedy, settings=settings)
+def speak_as_reply(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings, out: Path) -> int:
+    """``--as-reply``: the text spoken as ``kztts chat --speak`` speaks a reply (its markup dropped, read token by
+    token in the streaming text mode): the same samples."""
+    speak = SpeakSettings(voice, language=args.language, seed=args.seed, greedy=args.greedy, settings=settings,
+                          max_frames=args.max_frames)
     samples, playback = speak_text(tts, args.text, speak)
     write_wav(out, samples, tts.sample_rate)
     wall = time.perf_counter() - playback.started
-    pieces = len(reply_pieces(args.text))
-    print(f"{out}: {samples.shape[0] / tts.sample_rate:.2f} s of audio in {pieces} pieces")
+    print(f"{out}: {samples.shape[0] / tts.sample_rate:.2f} s of audio")
     print(f"real-time factor {wall / max(playback.audio, 1e-9):.3f}, time to first audio "
           f"{(playback.first_audio or float('nan')) * 1000:.0f} ms, total {wall * 1000:.0f} ms")
     return 0
@@ -235,7 +234,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.file:
         return synth_many.run(args, tts, settings, voice, lines)
     if args.sentences:
-        return speak_sentences(args, tts, voice, settings, out)
+        return speak_as_reply(args, tts, voice, settings, out)
     result = speak_stdin(args, tts, voice, settings) if args.text == "-" else speak(args, tts, voice, settings)
     write_wav(out, result.samples, result.sample_rate)
     if tts.bundle.manifest.random_weights and not demo:  # said once the WAV exists: errors stay one line
@@ -286,9 +285,9 @@ def add_command(sub) -> None:
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
     s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
-    s.add_argument("--sentences", action="store_true",
-                   help="speak the text as kztts chat --speak speaks a reply: each sentence its own utterance, "
-                        "streamed, joined (the same samples)")
+    s.add_argument("--as-reply", "--sentences", dest="sentences", action="store_true",
+                   help="speak the text as kztts chat --speak speaks a reply: markup dropped, read token by token "
+                        "in the streaming text mode (the same samples)")
     s.add_argument("--pipeline", action="store_true",
                    help="with --stream: decode on a background thread while the next frames are generated "
                         "(same audio; pair with --decoder-threads 1 on 2 cores)")

@@ -133,6 +133,7 @@ class BatchedSpeech:
         self.running: list[Job] = []
         self.parked: list[Job] = []  # running jobs whose text has not come far enough to take their row
         self.text_came = threading.Event()  # set by the feeds of written requests
+        self.wait_for_text = True  # sleep on the feeds when every running request waits for its text
         self.audio = _AudioWorker()
         self.mode = (f"continuous batching: up to {rows} requests share each frame "
                      "(talker_batched, cp_frame_batched; the audio decoded on a second thread)")
@@ -190,10 +191,14 @@ class BatchedSpeech:
             self.audio.end_step()
         for job in ended:  # the request's next piece joins at the next frame, in its row (or waits for its text)
             self._next_piece(job)
-        if not made and not ended and (self.parked or self.loop.waiting):
+        if self.wait_for_text and not made and not ended and (self.parked or self.loop.waiting):
             self.text_came.wait(0.05)  # every running request waits for its text: sleep until some comes
             self.text_came.clear()
         return made
+
+    def waiting_for_text(self, job: Job) -> bool:
+        """Whether ``job`` (a written request) could not make its last frame for want of text."""
+        return job in self.parked or job in self.loop.sat_out
 
     def drop(self, job: Job) -> None:
         if job in self.parked:

@@ -90,6 +90,7 @@ class BatchLoop:
         self.eos = int(tts.bundle.manifest.special_ids["codec_eos"])
         self.active: list[_Row] = []  # active[k] holds row k of the buffers
         self.waiting = 0  # rows that sat the last frame out, waiting for their text
+        self.sat_out: set = set()  # their keys
 
     @property
     def rows(self) -> int:
@@ -137,8 +138,10 @@ class BatchLoop:
         far (``Utterance.ready``) sits the frame out: the others go on without it."""
         tts, talker, cp = self.tts, self.talker, self.cp
         going, ended = [], set()
+        self.sat_out = set()
         for row in self.active:
             if not row.run.ready(row.step):
+                self.sat_out.add(row.index)
                 continue
             loop = row.run.loop
             row.c0 = loop.choose_cb0(row.logits, row.history, row.step)

@@ -59,8 +59,8 @@ def test_bad_standard_input_is_one_line_and_no_file(equal_bundle, voice_wav, tmp
     assert not (tmp_path / "x.wav").exists()
 
 
-def test_sentences_with_standard_input_is_refused_before_work(tmp_path):
+def test_as_reply_with_standard_input_is_refused_before_work(tmp_path):
     from support import run_kztts
 
-    res = run_kztts("synth", "-", "-o", tmp_path / "x.wav", "--sentences", stdin=subprocess.DEVNULL)
-    assert res.returncode == 2 and "--sentences cannot be combined with TEXT '-'" in res.stderr
+    res = run_kztts("synth", "-", "-o", tmp_path / "x.wav", "--as-reply", stdin=subprocess.DEVNULL)
+    assert res.returncode == 2 and "--as-reply cannot be combined with TEXT '-'" in res.stderr
