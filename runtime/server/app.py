@@ -111,6 +111,16 @@ class Api:
         if not hmac.compare_digest(given.strip().encode(), self._key):
             raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
+    def check_key(self, given) -> None:
+        """A key given other than in the Authorization header (a WebSocket setup's ``api_key``)."""
+        if self._key is None:
+            return
+        if not isinstance(given, str) or not given:
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer KEY' with the handshake, or "
+                                "'api_key' in the setup", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode(), self._key):
+            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+
     async def _body(self, request: Request) -> dict:
         limit = self.service.limits.max_body_bytes
         declared = request.headers.get("content-length")

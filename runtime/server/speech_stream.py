@@ -3,7 +3,8 @@
 The client sends, as JSON text messages:
   1. a setup: ``{"type": "setup", "model": ..., "voice": ..., "instructions": ..., "language": ...,
      "response_format": "pcm", "seed": ..., "greedy": ..., "max_frames": ..., sampling keys}`` (the keys of
-     ``POST /v1/audio/speech`` but ``input``; audio is pcm16, 24 kHz mono);
+     ``POST /v1/audio/speech`` but ``input``; audio is pcm16, 24 kHz mono), with ``"api_key"`` when the
+     handshake carried no ``Authorization`` header (a browser's WebSocket cannot send one);
   2. text deltas of any size: ``{"type": "text", "text": "..."}``;
   3. the end: ``{"type": "end"}``.
 The server answers ``{"type": "ready", "sample_rate": 24000, "format": "pcm16"}`` once the setup is accepted,
@@ -73,12 +74,15 @@ class SpeechSession:
     async def run(self) -> None:
         ws = self.ws
         started = time.perf_counter()
-        try:
-            self.api._authorize(ws)
-        except ApiError as exc:
-            await ws.close(code=CLOSE_POLICY, reason=exc.message[:120])
-            self._log(started, 401)
-            return
+        self.keyed = False  # the key came with the handshake (a browser's WebSocket cannot send one: its setup may)
+        if ws.headers.get("authorization") or self.api._key is None:
+            try:
+                self.api._authorize(ws)
+                self.keyed = True
+            except ApiError as exc:
+                await ws.close(code=CLOSE_POLICY, reason=exc.message[:120])
+                self._log(started, 401)
+                return
         await ws.accept()
         try:
             await self._session()
@@ -121,6 +125,9 @@ class SpeechSession:
         if setup["type"] != "setup":
             raise bad(f"the first message must be the setup ({{\"type\": \"setup\", \"model\": ...}}), not "
                       f"{setup['type']!r}", code="invalid_message")
+        key = setup.pop("api_key", None)
+        if not self.keyed:
+            self.api.check_key(key)
         body = written_speech_body({k: v for k, v in setup.items() if k != "type"}, s.limits)
         self.api._model(body.model, speech=True)
         if s.scheduler.draining:

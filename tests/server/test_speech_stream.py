@@ -127,8 +127,21 @@ def test_a_client_that_leaves_frees_its_row(server):
         time.sleep(0.1)
 
 
-def test_a_missing_key_is_refused_on_the_handshake(server):
+def test_the_key_on_the_handshake_or_in_the_setup(server):
+    """A wrong key on the handshake is refused there; without one (a browser's WebSocket sends none) the setup must
+    carry it as ``api_key``."""
     from websockets.exceptions import InvalidStatus
 
     with pytest.raises(InvalidStatus, match="403"):
-        websockets_sync.connect(ws_url(server), open_timeout=10)
+        websockets_sync.connect(ws_url(server), open_timeout=10, additional_headers={"Authorization": "Bearer no"})
+    for setup, ok in (({"model": "tts-1"}, False), ({"model": "tts-1", "api_key": "wrong"}, False),
+                      ({"model": "tts-1", "api_key": KEY, "max_frames": 3}, True)):
+        with websockets_sync.connect(ws_url(server), open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "setup", **setup}))
+            for m in words("Keyed."):
+                ws.send(json.dumps(m))
+            first = json.loads(ws.recv(timeout=60))
+            if ok:
+                assert first["type"] == "ready"
+            else:
+                assert first["type"] == "error" and first["error"]["code"] == "invalid_api_key", first
