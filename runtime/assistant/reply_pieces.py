@@ -1,7 +1,7 @@
 """A reply's text -> the utterances it is spoken in, as the text arrives (``ReplyCutter``) or whole
 (``reply_pieces``); both give the same pieces for the same text, however it was cut into tokens.
 
-A piece ends at a sentence end of ``kztts.tts.text_split.SENTENCE`` (``. ! ?`` followed by white
+A piece ends at a sentence end of ``kztts.tts.text.split.SENTENCE`` (``. ! ?`` followed by white
 space, CJK full stops, a blank line) or at a line end; a piece longer than ``MAX_WORDS`` words also
 ends at its next clause mark (``, ; :``). An end is only taken once the character after it has arrived
 (``3.5`` is no sentence end), so the pieces depend on the text alone. Markup a voice should not read
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from kztts.tts.text_split import CLAUSE, SENTENCE
+from kztts.tts.text.split import CLAUSE, SENTENCE
 
 MAX_WORDS = 30  # a piece this long ends at its next clause mark: the listener waits for a whole piece
 _LINE = re.compile(r"\n")

@@ -120,7 +120,7 @@ class EmbeddingTables:
         BLAS computes a one-row product with another kernel (gemv) than a product of several rows (gemm),
         and the two round differently; a row of a gemm does not depend on the others. So a single row is
         computed as a two-row product: a text whose tokens arrive one by one
-        (``kztts.tts.text_track``) then gets the very rows of the whole text projected at once."""
+        (``kztts.tts.text.track``) then gets the very rows of the whole text projected at once."""
         x = np.asarray(x, dtype=np.float32)
         one = x.ndim == 2 and x.shape[0] == 1
         if one:

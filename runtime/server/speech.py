@@ -25,7 +25,7 @@ from kztts.server.errors import ApiError
 from kztts.server.scheduler import Job
 from kztts.tts.batch_loop import BatchedRequest, BatchLoop, WrittenRequest
 from kztts.tts.prepared import PreparedSpeech
-from kztts.tts.text_track import TextFeed
+from kztts.tts.text.track import TextFeed
 from kztts.tts.request import SynthesisRequest
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS

@@ -33,7 +33,7 @@ from kztts.server.errors import ApiError, bad
 from kztts.server.scheduler import Job
 from kztts.tts.model_kind import KindError
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.text_track import TextFeed
+from kztts.tts.text.track import TextFeed
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("kztts.server.access")

@@ -31,7 +31,7 @@ from kztts.assistant.spoken_reply import LEAD_SECONDS, SpeakSettings
 from kztts.core.errors import KzttsError
 from kztts.server.errors import ApiError
 from kztts.server.scheduler import Job
-from kztts.tts.text_track import TextFeed
+from kztts.tts.text.track import TextFeed
 
 
 class _Part:

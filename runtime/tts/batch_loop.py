@@ -374,7 +374,7 @@ class BatchedRequest:
 
 
 class WrittenRequest(BatchedRequest):
-    """A ``BatchedRequest`` whose text is still being written (``text``: a ``kztts.tts.text_track.TextFeed``, or
+    """A ``BatchedRequest`` whose text is still being written (``text``: a ``kztts.tts.text.track.TextFeed``, or
     any iterable of pieces), spoken as ``TTS.stream_text`` speaks it: each piece (``WrittenText``) joins the
     row when its prompt's text has come (``ready``), and a row waiting for its text sits frames out
     (``Utterance.ready``) while the others go on. The number of pieces is known only at the end: the frame loop's

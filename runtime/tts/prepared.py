@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -23,13 +23,12 @@ from kztts.tts.duration import runaway_frames
 from kztts.tts.frame_loop import FrameLoop
 from kztts.tts.prompt import Prompt, build_prompt, build_track_prompt, prompt_length, speaker_language_id
 from kztts.tts.request import SynthesisRequest, Voice
-from kztts.tts.text import assistant_text
-from kztts.tts.text_split import WRITTEN_AUTO_FRAMES_PER_TOKEN, frames_per_token, split_text, split_written
-from kztts.tts.text_track import DualTrack, TextTrack, WrittenText
+from kztts.tts.text.tokenizer import assistant_text
+from kztts.tts.text.split import WRITTEN_AUTO_FRAMES_PER_TOKEN, frames_per_token, split_text, split_written
+from kztts.tts.text.track import DualTrack, TextTrack, WrittenText
 from kztts.tts.utterance import Utterance
 
-if TYPE_CHECKING:
-    from kztts.tts.tts import TTS
+# kztts.tts.tts imports this module: the TTS a request is prepared for is named, not imported
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class PreparedSpeech:
     # ------------------------------------------------------------ a long text's pieces
     def _split(self) -> list[str]:
         """``[text]`` when the prompt plus the frames the text is expected to need (at most ``max_frames``) fit
-        in the Talker's context, else the pieces of the text that each do (``kztts.tts.text_split``: sentences,
+        in the Talker's context, else the pieces of the text that each do (``kztts.tts.text.split``: sentences,
         clauses, words, characters). Expected frames: ``frames_per_token`` (an upper estimate for the language)
         times the text tokens; the bound is ``prompt + frames - 1 <= context``."""
         r, tok, context = self.request, self.tts.tokenizer, self.tts.talker.context
@@ -185,7 +184,7 @@ class PreparedSpeech:
 
     def written_utterances(self, pieces: Iterable[str]) -> Iterator[Utterance]:
         """The utterances of a text still arriving from ``pieces``: one, or a long text's pieces cut where
-        ``synthesize(whole_text, streaming_text=True)`` cuts them (``kztts.tts.text_track.WrittenText``), each
+        ``synthesize(whole_text, streaming_text=True)`` cuts them (``kztts.tts.text.track.WrittenText``), each
         started when the one before has ended."""
         written = self.written_text(pieces)
         while (source := written.next_piece()) is not None:

@@ -34,7 +34,7 @@ from kztts.bundle.embeddings import EmbeddingTables
 from kztts.core.errors import KzttsError
 
 if TYPE_CHECKING:
-    from kztts.tts.text_track import DualTrack
+    from kztts.tts.text.track import DualTrack
 
 MODES = ("xvector", "icl")
 
@@ -200,7 +200,7 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
 
 @dataclass
 class TrackPrompt(Prompt):
-    """The streaming text mode's prompt for a text still arriving (``kztts.tts.text_track``): its prefill
+    """The streaming text mode's prompt for a text still arriving (``kztts.tts.text.track``): its prefill
     holds the text rows it needs, and ``text_after(step)`` takes the next row of the track, waiting for
     the text it needs. Equal, row for row, to ``build_prompt(..., non_streaming=False)`` of the whole text."""
 

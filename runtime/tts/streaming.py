@@ -16,7 +16,7 @@ import numpy as np
 from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, StaticChunkDecoder, StreamingDecoder
 from kztts.core.errors import KzttsError
 from kztts.tts.utterance import Utterance
-from kztts.tts.text_track import TextSourceError
+from kztts.tts.text.track import TextSourceError
 
 
 def chunk_sizes(first_chunk: int, chunk_frames: int) -> Iterator[int]:

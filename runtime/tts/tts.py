@@ -33,9 +33,9 @@ from kztts.tts.prepared import DurationCap, PreparedSpeech, as_prepared
 from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult, joined
-from kztts.tts.text_track import TextSourceError
+from kztts.tts.text.track import TextSourceError
 from kztts.tts.streaming import chunk_sizes, stream_audio
-from kztts.tts.text import TextTokenizer
+from kztts.tts.text.tokenizer import TextTokenizer
 from kztts.tts.utterance import Utterance
 from kztts.tts.voice_file import load_voice, save_voice
 from kztts.tts.voice_prefix import VoicePrefixes
@@ -166,7 +166,7 @@ class TTS:
     def pieces(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> list[str]:
         """The utterances ``synthesize``/``stream`` speak a request's text in: ``[text]`` itself when its
         prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
-        at sentence, clause, word, then character boundaries (``kztts.tts.text_split``) that each do
+        at sentence, clause, word, then character boundaries (``kztts.tts.text.split``) that each do
         (``PreparedSpeech``)."""
         return list(as_prepared(self, text, voice, options).texts)
 
@@ -267,7 +267,7 @@ class TTS:
         """Speak a text while it is written: ``pieces`` is any iterable of text pieces of any size (an LM's
         tokens, characters, lines), pulled as the frames need them; audio chunks are yielded as ``stream``
         yields them. Qwen3-TTS's streaming text mode reads one text token per frame: the speech starts once
-        the first token is known, and a frame whose token has not arrived waits for it (``kztts.tts.text_track``).
+        the first token is known, and a frame whose token has not arrived waits for it (``kztts.tts.text.track``).
         The codes and samples equal ``synthesize(whole_text, streaming_text=True)`` (and ``stream``'s) however
         the text was cut and however slowly it came. ``options`` are ``stream``'s but ``text``; a failing source
         ends the speech after the audio of the frames it allowed, with one ``TextSourceError``."""

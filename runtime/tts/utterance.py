@@ -17,7 +17,7 @@ from kztts.tts.result import Piece, SynthesisResult
 
 if TYPE_CHECKING:
     from kztts.runners.codec import Decoder
-    from kztts.tts.text_track import DualTrack
+    from kztts.tts.text.track import DualTrack
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ import pytest
 
 from support import KEY, start_server, stop
 from kztts.server.audio_out import pcm16
+from kztts.server.speech_stream import PATH
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
 
@@ -29,7 +30,7 @@ def server(equal_bundle, tmp_path_factory):
 
 
 def ws_url(server) -> str:
-    return server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    return server.url.replace("http://", "ws://") + PATH
 
 
 def session(server, setup: dict, messages: list, pause: float = 0.0) -> tuple[list[dict], bytes]:

@@ -15,7 +15,7 @@ from kztts.core.errors import KzttsError
 from kztts.server.scheduler import Job
 from kztts.server.speech import BatchedSpeech
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.text_track import TextFeed
+from kztts.tts.text.track import TextFeed
 
 LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
         "some more words so that the whole text needs more than one context. A third sentence ends it all!")

@@ -1,4 +1,4 @@
-"""``TTS.stream_text``: speech from a text while it is written (``kztts.tts.text_track``).
+"""``TTS.stream_text``: speech from a text while it is written (``kztts.tts.text.track``).
 
 Whatever way the text is cut and however slowly it comes, the committed tokens equal the whole text's
 and the codes and samples equal ``synthesize(whole_text, streaming_text=True)`` (whose codes
@@ -17,7 +17,7 @@ import pytest
 
 from kztts import TTS, SynthesisRequest
 from kztts.core.errors import KzttsError
-from kztts.tts.text_track import TextSourceError, TextTrack
+from kztts.tts.text.track import TextSourceError, TextTrack
 
 SHORT = "Hi, it's 9 o'clock!"  # every character boundary of it is a cut below
 TEXTS = [SHORT, "Hello world, this is a tiny test.", "  Leading spaces\nand a newline;  two  spaces.",
@@ -267,8 +267,8 @@ def small(equal_bundle):
 
 
 def test_written_cuts_equal_the_whole_text_s_however_the_text_arrives(small):
-    from kztts.tts.text import assistant_text
-    from kztts.tts.text_split import split_written, written_cut, written_safe
+    from kztts.tts.text.tokenizer import assistant_text
+    from kztts.tts.text.split import split_written, written_cut, written_safe
 
     tok = small.tokenizer
 

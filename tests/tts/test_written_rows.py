@@ -1,5 +1,5 @@
 """The batch loop with rows whose text is still being written (``kztts.tts.batch_loop.WrittenRequest`` fed by a
-``kztts.tts.text_track.TextFeed`` from other threads): a row waiting for its text sits frames out while the
+``kztts.tts.text.track.TextFeed`` from other threads): a row waiting for its text sits frames out while the
 others go on, and every request's codes and audio equal its run alone (``TTS.stream_text`` / ``TTS.stream``)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from kztts.tts.batch_loop import BatchedRequest, BatchLoop, WrittenRequest
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.text_track import TextFeed
+from kztts.tts.text.track import TextFeed
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_written_request_spoken_whole_equals_stream_text(tts, voices):
 
 def test_a_feed_refuses_text_after_its_end_and_passes_a_failure_on():
     from kztts.core.errors import KzttsError
-    from kztts.tts.text_track import TextSource, TextSourceError
+    from kztts.tts.text.track import TextSource, TextSourceError
 
     feed = TextFeed()
     feed.write("Hello")

@@ -24,8 +24,8 @@ import numpy as np
 
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.core.errors import KzttsError
-from kztts.tts.text import TextTokenizer, assistant_text
-from kztts.tts.text_split import written_cut, written_safe
+from kztts.tts.text.tokenizer import TextTokenizer, assistant_text
+from kztts.tts.text.split import written_cut, written_safe
 
 # What precedes the text in its pre-tokenizer segment: the assistant template's "<|im_start|>" is a
 # special token, so the text is pre-tokenized together with "assistant\n" (a leading newline or space of
@@ -259,7 +259,7 @@ class DualTrack:
 
 class WrittenText:
     """A text still arriving from ``pieces``, cut into the pieces a text too long for one utterance is spoken
-    in (``kztts.tts.text_split.written_cut``, where ``split_written`` cuts the whole text): ``next_piece()``
+    in (``kztts.tts.text.split.written_cut``, where ``split_written`` cuts the whole text): ``next_piece()``
     gives the next piece's text as an iterable for its ``TextTrack`` (text the cut cannot move is given as it
     comes, the rest once its cut is known), or None once the text has ended. ``max_tokens``: the most text
     tokens a piece may hold (None: one piece, however long)."""
