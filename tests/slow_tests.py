@@ -59,6 +59,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     "tests/server/test_serve.py::test_page_speaks_chats_and_shows_errors":
         ("two servers start (speech; LM + TTS) and Debian's chromium, driven by Playwright, speaks, chats and "
          "shows an error on each", 12, "CI run here: empty cache, load 5-11"),
+    "tests/server/test_serve.py::test_page_speaks_while_typing":
+        ("Debian's chromium, driven by Playwright, types into the page's live box keystroke by keystroke over the "
+         "speech WebSocket", 47, "here, load 25-30"),
     "tests/server/test_serve.py::test_page_offers_what_each_kind_takes":
         ("three servers start (CustomVoice 1.7B and 0.6B, VoiceDesign) and Debian's chromium, driven by Playwright, "
          "speaks a preset speaker with an instruction and a designed voice, each equal to the server's own answer",

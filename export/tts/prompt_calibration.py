@@ -31,7 +31,7 @@ from kztts.export.htp.calibration import CP_FRAME, DECODER_CHUNK, chunk_decoder_
 from kztts.export.tts.tts_parts import model_config, special_ids
 from kztts.htp.targets import Target
 from kztts.tts.prompt import build_prompt, language_id
-from kztts.tts.text import TextTokenizer
+from kztts.tts.text.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from kztts.runners.rope import rope_tables
 from kztts.runners.talker_prefill_only import PrefillOnlyTalker
 from kztts.runners.talker_static import DECODE, PREFILL, StaticTalker
 from kztts.tts.prompt import build_prompt, language_id
-from kztts.tts.text import TextTokenizer
+from kztts.tts.text.tokenizer import TextTokenizer
 
 DEFAULT_TEXTS = ("Hello world, this is a tiny test.",
                  "The quick brown fox jumps over the lazy dog, twice.")

@@ -1,7 +1,7 @@
 """A reply's text -> the utterances it is spoken in, as the text arrives (``ReplyCutter``) or whole
 (``reply_pieces``); both give the same pieces for the same text, however it was cut into tokens.
 
-A piece ends at a sentence end of ``kztts.tts.text_split.SENTENCE`` (``. ! ?`` followed by white
+A piece ends at a sentence end of ``kztts.tts.text.split.SENTENCE`` (``. ! ?`` followed by white
 space, CJK full stops, a blank line) or at a line end; a piece longer than ``MAX_WORDS`` words also
 ends at its next clause mark (``, ; :``). An end is only taken once the character after it has arrived
 (``3.5`` is no sentence end), so the pieces depend on the text alone. Markup a voice should not read
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from kztts.tts.text_split import CLAUSE, SENTENCE
+from kztts.tts.text.split import CLAUSE, SENTENCE
 
 MAX_WORDS = 30  # a piece this long ends at its next clause mark: the listener waits for a whole piece
 _LINE = re.compile(r"\n")
@@ -76,3 +76,56 @@ def reply_pieces(text: str, max_words: int = MAX_WORDS) -> list[str]:
     """The pieces of a whole reply (``ReplyCutter`` fed it at once)."""
     cutter = ReplyCutter(max_words)
     return cutter.feed(text) + cutter.end()
+
+
+class SpokenText:
+    """A reply's text as it is spoken, cleaned as it arrives: markup a voice should not read (``*``, ``#``,
+    backquotes, runs of ``_``) dropped, white space collapsed to one space, none at the ends; what comes out of
+    ``feed`` and ``end``, joined, is ``spoken_text`` of the whole reply however it was cut. ``speakable``: a
+    letter or digit has come out (a reply without one is not spoken)."""
+
+    def __init__(self):
+        self._underscores = 0  # a run of "_" not yet known to be one (kept) or more (dropped)
+        self._space = False  # white space seen since the last character given out
+        self._started = False
+        self.speakable = False
+
+    def feed(self, piece: str) -> str:
+        out = []
+        for ch in piece:
+            if ch == "_":
+                self._underscores += 1
+                continue
+            self._flush_underscores(out)
+            if ch in "*#`":
+                continue
+            if ch.isspace():
+                self._space = True
+                continue
+            self._put(out, ch)
+        return "".join(out)
+
+    def end(self) -> str:
+        out: list[str] = []
+        self._flush_underscores(out)
+        return "".join(out)
+
+    def _flush_underscores(self, out: list[str]) -> None:
+        if self._underscores == 1:
+            self._put(out, "_")
+        self._underscores = 0
+
+    def _put(self, out: list[str], ch: str) -> None:
+        if self._space and self._started:
+            out.append(" ")
+        self._space = False
+        self._started = True
+        out.append(ch)
+        if not self.speakable and _SPOKEN.match(ch):
+            self.speakable = True
+
+
+def spoken_text(text: str) -> str:
+    """A whole reply's text as it is spoken (``SpokenText``)."""
+    cleaner = SpokenText()
+    return cleaner.feed(text) + cleaner.end()

@@ -1,14 +1,14 @@
-"""A reply spoken while it is written: one scheduler, in the caller's thread, takes turns between the
-LM (its next text piece) and the Talker (the next audio chunk of the utterance being spoken), so the two
-models' ONNX Runtime runs never compete for the cores.
+"""A reply spoken while it is written, token by token: its text, cleaned of markup as it comes
+(``kztts.assistant.reply_pieces.SpokenText``), is read by ``TTS.stream_text`` one token per frame, so the speech
+starts after the first words and never waits for a whole sentence.
 
-Which goes next: the Talker while audio is being spoken and less than ``lead`` seconds of it are
-buffered ahead of the listener (``kztts.assistant.playback``), or when the LM has finished; else the LM.
-Each complete piece of the reply (``kztts.assistant.reply_pieces``) becomes its own utterance
-(``TTS.stream`` of it with the reply's voice, seed and settings), their audio joined as a long text's
-(``kztts.tts.audio_join``). So the audio is a function of the reply's text, voice, seed and settings,
-never of when the text arrived: ``speak_text`` of the finished text gives the same samples
-(``kztts synth --sentences``)."""
+One scheduler, in the caller's thread, takes turns between the LM (its next text piece) and the Talker (its
+next audio chunk), so the two models' ONNX Runtime runs never compete for the cores: the Talker while less than
+``lead`` seconds of audio are buffered ahead of the listener (``kztts.assistant.playback``) or once the LM has
+finished, else the LM, which so keeps ahead of the Talker's need for text; a Talker that does reach a token the
+LM has not written runs the LM's next step itself. The audio is a function of the reply's text, voice, seed and
+settings, never of when the text arrived: ``speak_text`` of the finished text gives the same samples
+(``kztts synth --as-reply``), and so does ``TTS.stream_text`` of its spoken text."""
 from __future__ import annotations
 
 from collections import deque
@@ -18,9 +18,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from kztts.assistant.playback import Playback
-from kztts.assistant.reply_pieces import ReplyCutter
+from kztts.assistant.reply_pieces import SpokenText
 from kztts.generation.settings import GenerationSettings
-from kztts.tts.audio_join import OpenJoiner
 from kztts.tts.request import SynthesisRequest, Voice
 
 LEAD_SECONDS = 0.6  # audio buffered ahead of the listener before the LM gets its turn again
@@ -50,53 +49,64 @@ def spoken_reply(text: Iterable[str], tts, speak: SpeakSettings, playback: Playb
     as the reply is spoken; ``playback`` (if given) is told of every audio chunk."""
     playback = playback if playback is not None else Playback()
     source = iter(text)
-    cutter = ReplyCutter()
-    queue: deque[str] = deque()
-    joiner = OpenJoiner(tts.sample_rate)
-    speaking: Iterator[np.ndarray] | None = None
+    cleaner = SpokenText()
+    unread: deque[str] = deque()  # spoken text the Talker has not read yet
     written = False  # the LM has finished
+    pulled: list[str] = []  # the LM's pieces not yet yielded as text events
 
-    def audio(samples: np.ndarray):
-        playback.add(samples.shape[0] / tts.sample_rate)
-        return "audio", samples
+    def lm_step() -> None:
+        nonlocal written
+        piece = next(source, None)
+        if piece is None:
+            written = True
+            tail = cleaner.end()
+        else:
+            if piece:
+                pulled.append(piece)
+            tail = cleaner.feed(piece)
+        if tail:
+            unread.append(tail)
 
+    def reply_text() -> Iterator[str]:
+        """What the Talker reads: the text written so far, else the LM's next piece, written now."""
+        while True:
+            if unread:
+                yield unread.popleft()
+            elif written:
+                return
+            else:
+                lm_step()
+
+    speaking: Iterator[np.ndarray] | None = None
     try:
         while True:
-            if speaking is None and queue:
-                speaking = tts.stream(speak.request(queue.popleft()), chunk_frames=speak.chunk_frames,
-                                      first_chunk=speak.first_chunk)
+            yield from (("text", p) for p in pulled)
+            pulled.clear()
+            if speaking is None and cleaner.speakable:
+                speaking = tts.stream_text(reply_text(), speak.voice, language=speak.language, seed=speak.seed,
+                                           greedy=speak.greedy, settings=speak.settings,
+                                           max_frames=speak.max_frames, chunk_frames=speak.chunk_frames,
+                                           first_chunk=speak.first_chunk)
             if speaking is not None and (written or playback.ahead() < lead):
                 chunk = next(speaking, None)
-                if chunk is None:
-                    speaking = None
-                    joiner.end_piece()
-                    continue
-                samples = joiner.push(chunk)
-                if samples.shape[0]:
-                    yield audio(samples)
+                if chunk is None:  # the text was read to its end: the LM has finished
+                    yield from (("text", p) for p in pulled)
+                    return
+                playback.add(chunk.shape[0] / tts.sample_rate)
+                yield "audio", chunk
             elif not written:
-                piece = next(source, None)
-                if piece is None:
-                    written = True
-                    queue.extend(cutter.end())
-                else:
-                    if piece:
-                        yield "text", piece
-                    queue.extend(cutter.feed(piece))
-            else:
-                break
+                lm_step()
+            elif speaking is None:  # the LM has finished and wrote nothing to speak
+                return
     finally:  # closed early (a client left): the TTS call and the LM's generation end here
         if speaking is not None:
             speaking.close()
         if hasattr(source, "close"):
             source.close()
-    tail = joiner.finish()
-    if tail.shape[0]:
-        yield audio(tail)
 
 
 def speak_text(tts, text: str, speak: SpeakSettings) -> tuple[np.ndarray, Playback]:
-    """The samples ``spoken_reply`` gives for ``text`` arriving at once (``kztts synth --sentences``), and
+    """The samples ``spoken_reply`` gives for ``text`` arriving at once (``kztts synth --as-reply``), and
     the listener's clock from the call."""
     playback = Playback()
     chunks = [samples for kind, samples in spoken_reply([text], tts, speak, playback) if kind == "audio"]

@@ -34,7 +34,7 @@ from kztts.core.errors import KzttsError
 from kztts.eval import asr, dnsmos, quality
 from kztts.tts.prompt import prompt_length
 from kztts.tts.request import Voice
-from kztts.tts.text import TextTokenizer, assistant_text
+from kztts.tts.text.tokenizer import TextTokenizer, assistant_text
 from kztts.tts.tts import TTS
 
 log = logging.getLogger(__name__)

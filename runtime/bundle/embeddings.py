@@ -115,9 +115,19 @@ class EmbeddingTables:
         return bf16_to_f32(rows) if self.text_dtype == "bf16" else rows.astype(np.float32)
 
     def project(self, x: np.ndarray) -> np.ndarray:
-        """The text projection fc2(silu(fc1(x))), float32."""
-        h = np.asarray(x, dtype=np.float32) @ self.fc1_wt + self.fc1_b
-        return silu(h) @ self.fc2_wt + self.fc2_b
+        """The text projection fc2(silu(fc1(x))), float32, each row the same whatever rows come with it.
+
+        BLAS computes a one-row product with another kernel (gemv) than a product of several rows (gemm),
+        and the two round differently; a row of a gemm does not depend on the others. So a single row is
+        computed as a two-row product: a text whose tokens arrive one by one
+        (``kztts.tts.text.track``) then gets the very rows of the whole text projected at once."""
+        x = np.asarray(x, dtype=np.float32)
+        one = x.ndim == 2 and x.shape[0] == 1
+        if one:
+            x = np.concatenate([x, x])
+        h = x @ self.fc1_wt + self.fc1_b
+        out = silu(h) @ self.fc2_wt + self.fc2_b
+        return out[:1] if one else out
 
     def text(self, ids) -> np.ndarray:
         """T(ids): projected text embeddings, f32 [n, H]."""

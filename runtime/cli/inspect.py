@@ -28,7 +28,7 @@ from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_placement, resolve_plan
 from kztts.tts.model_kind import ModelKind
-from kztts.tts.text_split import DEFAULT_FRAMES_PER_TOKEN
+from kztts.tts.text.split import DEFAULT_FRAMES_PER_TOKEN
 
 
 def _graph_bytes(path: Path) -> int:

@@ -5,15 +5,17 @@ here beside the voice flags it shares, since ``kztts.cli`` holds the most module
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
-from kztts.assistant.reply_pieces import reply_pieces
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import random_weights_label
@@ -67,11 +69,14 @@ def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
     with_overrides(reference_settings(), *sampling_flags(args))  # a flag out of range fails now, not after loading
     if not args.file and not args.text.strip():
         raise KzttsError("the text is empty; give the words to speak")
+    if args.text == "-" and not args.file and args.sentences:
+        raise KzttsError("--as-reply cannot be combined with TEXT '-': the text read from standard input is spoken "
+                         "as it arrives, a token per frame")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise KzttsError("ICL voice cloning needs both --ref-audio and --ref-text")
     if args.sentences and (args.file or args.codes_out or args.pipeline):
         flag = "--file" if args.file else "--codes-out" if args.codes_out else "--pipeline"
-        raise KzttsError(f"--sentences cannot be combined with {flag}: it speaks one text, piece by piece, streamed")
+        raise KzttsError(f"--as-reply cannot be combined with {flag}: it speaks one text as a reply is spoken")
     if args.pipeline and not args.stream:
         raise KzttsError("--pipeline needs --stream (it overlaps the streaming decoder with generation)")
     return out, lines
@@ -140,21 +145,63 @@ def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: Generation
         bar.close()
 
 
-def speak_sentences(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings, out: Path) -> int:
-    """``--sentences``: the text spoken as ``kztts chat --speak`` speaks a reply (each piece of
-    ``kztts.assistant.reply_pieces`` its own utterance, streamed, joined): the same samples."""
-    speak = SpeakSettings(voice, language=args.language, seed=args.seed, greedy=args.greedy, settings=settings)
+def stdin_pieces(clock: dict) -> Iterator[str]:
+    """Standard input's text as it arrives (whatever the pipe gives at once, decoded as UTF-8 across reads);
+    ``clock["first_text"]`` gets the time its first byte came."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    fd = sys.stdin.fileno()
+    while True:
+        data = os.read(fd, 4096)
+        if data and "first_text" not in clock:
+            clock["first_text"] = time.perf_counter()
+        try:
+            text = decoder.decode(data, final=not data)
+        except UnicodeDecodeError as exc:
+            raise KzttsError(f"standard input: not UTF-8 text ({exc.reason} at byte {exc.start} of a read); "
+                             "give UTF-8 text") from None
+        if text:
+            yield text
+        if not data:
+            return
+
+
+def speak_stdin(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings) -> SynthesisResult:
+    """TEXT '-': the text read from standard input as it arrives, spoken while it comes (``TTS.stream_text``);
+    the time to first audio is counted from the first text byte."""
+    options = dict(language=args.language, seed=args.seed, greedy=args.greedy, max_frames=args.max_frames,
+                   settings=settings, speaker=args.speaker, instruct=args.instruct)
+    clock: dict = {}
+    holder: dict = {}
+    bar = tqdm(desc="frames", unit="frame", disable=None, leave=False, file=sys.stderr)
+    try:
+        for chunk in tts.stream_text(stdin_pieces(clock), voice, result=holder, pipeline=args.pipeline or None,
+                                     **options):
+            if "first_audio" not in clock:
+                clock["first_audio"] = time.perf_counter()
+            bar.update(len(chunk) // 1920)
+    finally:
+        bar.close()
+    result = holder["result"]
+    if "first_audio" in clock:  # the summary's time to first audio: from the first byte of text
+        result.times.first_audio = clock["first_audio"] - clock["first_text"]
+    return result
+
+
+def speak_as_reply(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings, out: Path) -> int:
+    """``--as-reply``: the text spoken as ``kztts chat --speak`` speaks a reply (its markup dropped, read token by
+    token in the streaming text mode): the same samples."""
+    speak = SpeakSettings(voice, language=args.language, seed=args.seed, greedy=args.greedy, settings=settings,
+                          max_frames=args.max_frames)
     samples, playback = speak_text(tts, args.text, speak)
     write_wav(out, samples, tts.sample_rate)
     wall = time.perf_counter() - playback.started
-    pieces = len(reply_pieces(args.text))
-    print(f"{out}: {samples.shape[0] / tts.sample_rate:.2f} s of audio in {pieces} pieces")
+    print(f"{out}: {samples.shape[0] / tts.sample_rate:.2f} s of audio")
     print(f"real-time factor {wall / max(playback.audio, 1e-9):.3f}, time to first audio "
           f"{(playback.first_audio or float('nan')) * 1000:.0f} ms, total {wall * 1000:.0f} ms")
     return 0
 
 
-def print_summary(out: Path, result: SynthesisResult) -> None:
+def print_summary(out: Path, result: SynthesisResult, from_what: str = "") -> None:
     summary = result.summary()
     ms = summary["ms"]
     # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
@@ -163,7 +210,7 @@ def print_summary(out: Path, result: SynthesisResult) -> None:
           f"{' (stopped at EOS)' if result.stopped_by_eos else ''}"
           f"{f' ({len(result.limits)} cut short by a limit: see the warnings)' if result.limits else ''}")
     print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
-          f"{ms.get('first_audio', float('nan')):.0f} ms, total {summary['total_ms']:.0f} ms")
+          f"{ms.get('first_audio', float('nan')):.0f} ms{from_what}, total {summary['total_ms']:.0f} ms")
     print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))
     if summary.get("fp16_saturations"):  # kztts.htp.saturation: the HTP graphs' magnitude probes
         print(f"fp16 saturation: {summary['fp16_saturations']} HTP graph calls reached the guard threshold")
@@ -187,8 +234,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.file:
         return synth_many.run(args, tts, settings, voice, lines)
     if args.sentences:
-        return speak_sentences(args, tts, voice, settings, out)
-    result = speak(args, tts, voice, settings)
+        return speak_as_reply(args, tts, voice, settings, out)
+    result = speak_stdin(args, tts, voice, settings) if args.text == "-" else speak(args, tts, voice, settings)
     write_wav(out, result.samples, result.sample_rate)
     if tts.bundle.manifest.random_weights and not demo:  # said once the WAV exists: errors stay one line
         print(f"kztts: {bundle} has random weights ({random_weights_label(tts.bundle.manifest.random_weights)}): "
@@ -197,13 +244,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
         with atomic_outputs([args.codes_out]) as (tmp,):
             with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy
                 np.save(f, result.codes)
-    print_summary(out, result)
+    print_summary(out, result, " (from the first text byte)" if args.text == "-" else "")
     return 0
 
 
 def add_command(sub) -> None:
     s = sub.add_parser("synth", help="text -> speech (WAV)")
-    s.add_argument("text", nargs="?")
+    s.add_argument("text", nargs="?", help="the text to speak; '-' reads it from standard input as it arrives and "
+                                          "speaks it while it comes (the streaming text mode, one token per frame)")
     s.add_argument("-o", "--output", help="WAV file to write")
     s.add_argument("--file", help="JSONL requests, one utterance per line (with --out-dir, --batch)")
     s.add_argument("--out-dir", help="with --file: one WAV per line and summary.json")
@@ -237,9 +285,9 @@ def add_command(sub) -> None:
                    help="code predictor: one graph per frame (default) or one run per codebook")
     s.add_argument("--codes-out", help="write the (frames, 16) int64 codes to this .npy file")
     s.add_argument("--stream", action="store_true", help="decode audio while frames are produced")
-    s.add_argument("--sentences", action="store_true",
-                   help="speak the text as kztts chat --speak speaks a reply: each sentence its own utterance, "
-                        "streamed, joined (the same samples)")
+    s.add_argument("--as-reply", "--sentences", dest="sentences", action="store_true",
+                   help="speak the text as kztts chat --speak speaks a reply: markup dropped, read token by token "
+                        "in the streaming text mode (the same samples)")
     s.add_argument("--pipeline", action="store_true",
                    help="with --stream: decode on a background thread while the next frames are generated "
                         "(same audio; pair with --decoder-threads 1 on 2 cores)")

@@ -94,6 +94,27 @@ class BatchedTalker:
         self.lengths[:n] += 1
         return logits, hidden
 
+    def decode_rows(self, rows: list[int], embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One position for each of ``rows`` (ascending; embeds [len(rows), H]), the others left as they are:
+        one run per stretch of consecutive rows (a row's numbers do not depend on the rows run with it)."""
+        if rows == list(range(len(rows))):
+            return self.decode(embeds)
+        logits = np.empty((len(rows), self.vocab), np.float32)
+        hidden = np.empty((len(rows), self.hidden_size), np.float32)
+        i = 0
+        while i < len(rows):
+            j = i
+            while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
+                j += 1
+            first, n = rows[i], j - i + 1
+            for row in range(first, first + n):
+                self._room(row, 1)
+            logits[i:j + 1], hidden[i:j + 1] = self._run(first, n, embeds[i:j + 1, None],
+                                                         self.lengths[first:first + n].copy())
+            self.lengths[first:first + n] += 1
+            i = j + 1
+        return logits, hidden
+
     def keep(self, rows: list[int]) -> None:
         """Keep ``rows`` (ascending), moved down to 0..len(rows)-1 in that order; the rest are free."""
         for dst, src in enumerate(rows):

@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from kztts.assistant.spoken_reply import SpeakSettings
 from kztts.core.errors import KzttsError
@@ -36,6 +36,8 @@ from kztts.server.chat import ChatSpec, params_of, prompt_of
 from kztts.server.errors import ApiError, bad, error_body
 from kztts.server.scheduler import Job
 from kztts.server.service import Service
+from kztts.server.speech_stream import PATH as SPEECH_STREAM_PATH
+from kztts.server.speech_stream import speech_stream
 from kztts.server.voices import offer
 from kztts.tts.model_kind import KindError
 from kztts.tts.request import SynthesisRequest
@@ -46,7 +48,7 @@ access_log = logging.getLogger("kztts.server.access")
 _KIND_PARAMS = {"speaker": "voice", "voice": "voice", "instruct": "instructions"}  # a request field -> its body key
 PAGE = Path(__file__).with_name("page") / "index.html"
 AUDIO_KEPT_SECONDS = 3600  # a spoken reply's expires_at: kztts keeps no audio, the id only names it
-ENDPOINTS = ("/v1/audio/speech", "/v1/audio/voices", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/audio/speech", "/v1/audio/speech/stream", "/v1/audio/voices", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
 
 class _ClientLeft(Exception):
@@ -106,6 +108,16 @@ class Api:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given:
             raise ApiError(401, "missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode(), self._key):
+            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+
+    def check_key(self, given) -> None:
+        """A key given other than in the Authorization header (a WebSocket setup's ``api_key``)."""
+        if self._key is None:
+            return
+        if not isinstance(given, str) or not given:
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer KEY' with the handshake, or "
+                                "'api_key' in the setup", code="invalid_api_key")
         if not hmac.compare_digest(given.strip().encode(), self._key):
             raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
@@ -522,6 +534,7 @@ def build_app(service: Service) -> Starlette:
 
     routes = [
         Route("/v1/audio/speech", api.route(api.speech, work=True), methods=["POST"]),
+        WebSocketRoute(SPEECH_STREAM_PATH, lambda ws: speech_stream(api, ws)),
         Route("/", api.route(api.page, auth=False), methods=["GET"]),
         Route("/v1/audio/voices", api.route(api.voices), methods=["GET"]),
         Route("/v1/chat/completions", api.route(api.chat, work=True), methods=["POST"]),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kztts.generation.settings import SAMPLING_FLAGS
@@ -143,6 +143,22 @@ class SpeechBody:
 
 _SPEECH_KEYS = {"model", "input", "voice", "response_format", "speed", "stream_format", "instructions", "stream",
                 "language", "seed", "greedy", "max_frames", "streaming_text", *SAMPLING_FLAGS}
+
+
+def written_speech_body(setup: dict, limits: Limits) -> SpeechBody:
+    """Check the setup of a speech stream whose text comes as it is written (``/v1/audio/speech/stream``): the
+    keys of a speech body but ``input`` (the text comes later), ``stream`` and ``stream_format``; pcm16 audio."""
+    for key, why in (("input", "send the text in 'text' messages after the setup"),
+                     ("stream", "the audio is always streamed"), ("stream_format", "the audio is always streamed"),
+                     ("streaming_text", "the text is always read as it comes")):
+        if key in setup:
+            raise bad(f"'{key}' is not a setup key here: {why}", param=key, code="unknown_parameter")
+    fmt = setup.get("response_format", "pcm")
+    if fmt != "pcm":
+        raise bad(f"'response_format' {fmt!r}: a speech stream sends pcm16 (give 'pcm' or leave it out)",
+                  param="response_format")
+    body = speech_body({**setup, "input": "(written)", "response_format": "pcm", "stream": True}, limits)
+    return replace(body, input="", streaming_text=True)
 
 
 def speech_body(body: dict, limits: Limits) -> SpeechBody:

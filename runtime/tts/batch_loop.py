@@ -27,11 +27,12 @@ import numpy as np
 
 from kztts.core.errors import KzttsError
 from kztts.runners.codec import SAMPLES_PER_FRAME
-from kztts.tts.audio_join import PieceJoiner, join_pieces
-from kztts.tts.long_text import piece_label
+from kztts.tts.audio_join import OpenJoiner, PieceJoiner, join_pieces
+from kztts.tts.prepared import PreparedSpeech, written_label
 from kztts.tts.request import SynthesisRequest
-from kztts.tts.result import Run, SynthesisResult, joined
+from kztts.tts.result import SynthesisResult, joined
 from kztts.tts.streaming import chunk_sizes
+from kztts.tts.utterance import Utterance
 
 # kztts.tts.tts imports this module: the TTS is named, not imported
 
@@ -40,10 +41,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)  # rows are found by identity
 class _Row:
-    """A request in the batch: its run (``kztts.tts.result.Run``) and where its frame loop stands."""
+    """A request in the batch: its utterance (``kztts.tts.utterance.Utterance``) and where its frame loop stands."""
 
     index: int
-    run: Run
+    run: Utterance
     logits: np.ndarray
     hidden: np.ndarray
     step: int = 0
@@ -57,21 +58,21 @@ def _check_batch(batch: int) -> int:
     return int(batch)
 
 
-def _ready(run: Run) -> Run:
+def _ready(run: Utterance) -> Utterance:
     run.loop._suppress = run.loop._suppressed()  # what FrameLoop.frames sets before choose_cb0
     return run
 
 
-def start_runs(tts: "TTS", requests: list) -> list[Run]:
+def start_runs(tts: "TTS", requests: list) -> list[Utterance]:
     """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
     runs = []
     for i, item in enumerate(requests):
-        r = SynthesisRequest.of(item, i)
-        if len(tts.pieces(r)) > 1:
+        prepared = tts.prepare(SynthesisRequest.of(item, i))
+        if len(prepared.texts) > 1:
             raise KzttsError(f"request {i}: its text needs more than the Talker's context of {tts.talker.context} "
                              "positions; batched synthesis speaks one utterance per request (split the text, or "
                              "use synthesize)")
-        runs.append(_ready(tts._start(r, f"request {i}")))
+        runs.append(_ready(prepared.utterance(0, f"request {i}")))
     return runs
 
 
@@ -88,6 +89,8 @@ class BatchLoop:
         self.talker, self.cp = tts.plan.open_batched(tts.tables, _check_batch(rows), max(1, int(capacity)))
         self.eos = int(tts.bundle.manifest.special_ids["codec_eos"])
         self.active: list[_Row] = []  # active[k] holds row k of the buffers
+        self.waiting = 0  # rows that sat the last frame out, waiting for their text
+        self.sat_out: set = set()  # their keys
 
     @property
     def rows(self) -> int:
@@ -108,7 +111,7 @@ class BatchLoop:
             self.talker.lengths[row] = n
         log.debug("batch KV capacity grown from %d to %d positions per row", old.capacity, capacity)
 
-    def join(self, key, run: Run) -> None:
+    def join(self, key, run: Utterance) -> None:
         """Prefill ``run`` (from ``start_runs`` or ``BatchedRequest``) into the next free row; its frames
         are reported under ``key``."""
         if not self.free:
@@ -129,53 +132,63 @@ class BatchLoop:
             self.active = [self.active[k] for k in staying]
 
     def step(self) -> Iterator[tuple[object, np.ndarray | None]]:
-        """One frame for every row: yield ``(key, frame int64 [16])`` per frame (also appended to the
-        run's codes) and ``(key, None)`` when a run ends (EOS or its ``max_frames``); its row is free
-        once the generator is exhausted."""
+        """One frame for every row that can make one now: yield ``(key, frame int64 [16])`` per frame (also
+        appended to the run's codes) and ``(key, None)`` when a run ends (EOS or its ``max_frames``); its row is
+        free once the generator is exhausted. A row whose text is still being written and has not come this
+        far (``Utterance.ready``) sits the frame out: the others go on without it."""
         tts, talker, cp = self.tts, self.talker, self.cp
-        going = []
+        going, ended = [], set()
+        self.sat_out = set()
         for row in self.active:
+            if not row.run.ready(row.step):
+                self.sat_out.add(row.index)
+                continue
             loop = row.run.loop
             row.c0 = loop.choose_cb0(row.logits, row.history, row.step)
             row.history.append(row.c0)
             if row.c0 == self.eos:
                 loop.stopped_by_eos = True
+                ended.add(id(row))
                 yield row.index, None
             else:
                 going.append(row)
+        self.waiting = len(self.active) - len(going) - len(ended)
         t = time.perf_counter()
         if going:
             uniforms = np.stack([r.run.loop.rng.uniforms(cp.num_groups) for r in going])
             codes, sums = cp.predict(np.stack([r.hidden for r in going]), [r.c0 for r in going],
                                      [r.run.loop.settings.code_predictor for r in going], uniforms)
         spent = time.perf_counter() - t
-        staying = []
+        fed = []  # (row, the embedding it takes in)
         for k, row in enumerate(going):
             row.run.loop.times.code_predictor += spent
             frame = np.empty(16, np.int64)
             frame[0], frame[1:] = row.c0, codes[k]
             row.run.codes.append(frame)
             yield row.index, frame
-            if row.step == row.run.loop.settings.max_frames - 1:  # the reference never feeds it back
+            if row.run.last_frame(row.step):  # the reference never feeds it back
+                ended.add(id(row))
                 yield row.index, None
             else:
-                staying.append(k)
-        talker.keep([self.active.index(going[k]) for k in staying])
-        self.active = active = [going[k] for k in staying]
-        if not active:
+                fed.append((row, k))
+        if ended:
+            staying = [k for k, row in enumerate(self.active) if id(row) not in ended]
+            talker.keep(staying)
+            self.active = [self.active[k] for k in staying]
+        if not fed:
             return
-        embeds = (tts.tables.codec([r.c0 for r in active]) + sums[staying]
-                  + np.stack([r.run.prompt.text_after(r.step) for r in active]))
+        embeds = (tts.tables.codec([r.c0 for r, _ in fed]) + sums[[k for _, k in fed]]
+                  + np.stack([r.run.prompt.text_after(r.step) for r, _ in fed]))
         t = time.perf_counter()
-        logits, hidden = talker.decode(embeds)
+        logits, hidden = talker.decode_rows([self.active.index(r) for r, _ in fed], embeds)
         spent = time.perf_counter() - t
-        for k, row in enumerate(active):
+        for k, (row, _) in enumerate(fed):
             row.logits, row.hidden = logits[k], hidden[k]
             row.step += 1
             row.run.loop.times.talker += spent
 
 
-def batch_frames(tts: "TTS", runs: list[Run], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
+def batch_frames(tts: "TTS", runs: list[Utterance], batch: int) -> Iterator[tuple[int, np.ndarray | None]]:
     """Yield ``(index, frame int64 [16])`` as rows produce frames and ``(index, None)`` when request
     ``index`` is finished (EOS or its ``max_frames``); frames go to ``runs[index].codes`` too."""
     batch = _check_batch(batch)
@@ -197,7 +210,7 @@ def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisRes
     results: list = [None] * len(runs)
     for index, frame in batch_frames(tts, runs, batch):
         if frame is None:
-            results[index] = tts._decoded_result(runs[index])
+            results[index] = runs[index].decode(tts.whole_decoder(), tts.sample_rate)
     return results
 
 
@@ -206,7 +219,7 @@ class _RowStream:
     ``chunk_sizes(first_chunk, chunk_frames)`` frames, an ICL reference decoded in front and its samples
     dropped."""
 
-    def __init__(self, tts: "TTS", run: Run, chunk_frames: int, first_chunk: int = 1):
+    def __init__(self, tts: "TTS", run: Utterance, chunk_frames: int, first_chunk: int = 1):
         self.run = run
         self._sizes = chunk_sizes(first_chunk, chunk_frames)
         self._size = next(self._sizes)  # frames of the chunk being gathered
@@ -265,7 +278,7 @@ def stream_many(tts: "TTS", requests: list, batch: int, chunk_frames: int = 4,
             yield index, audio
         if frame is None:
             if results is not None:
-                results[index] = tts._result(runs[index], streams[index].samples())
+                results[index] = runs[index].finish(streams[index].samples(), tts.sample_rate)
             del streams[index]
 
 
@@ -280,13 +293,14 @@ class BatchedRequest:
     ``result`` (the audio side), fed each piece's frames then its end, in order. The audio side reads
     a piece's codes only at its end, when the frame loop has finished with them."""
 
-    def __init__(self, tts: "TTS", request: SynthesisRequest, *, stream: bool, chunk_frames: int = 4,
+    def __init__(self, tts: "TTS", request: SynthesisRequest | PreparedSpeech, *, stream: bool, chunk_frames: int = 4,
                  first_chunk: int = 1):
         chunk_sizes(first_chunk, chunk_frames)  # checks both
-        self.tts, self.request, self.stream, self.chunk_frames = tts, request, bool(stream), chunk_frames
+        self.prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
+        self.tts, self.request, self.stream, self.chunk_frames = tts, self.prepared.request, bool(stream), chunk_frames
         self.first_chunk = first_chunk
         self.started = time.perf_counter()
-        self.texts = tts.pieces(request)
+        self.texts = self.prepared.texts
         self.index = -1  # the last piece handed to the frame loop
         self.results: list = []  # each finished piece's SynthesisResult (audio side)
         self.first_audio: float | None = None  # seconds from the start to the first audio out
@@ -299,16 +313,12 @@ class BatchedRequest:
         """Every piece has ended (audio side)."""
         return len(self.results) == len(self.texts)
 
-    def next_run(self) -> "Run | None":
-        """The next piece's run (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
+    def next_run(self) -> "Utterance | None":
+        """The next piece's utterance (for ``BatchLoop.join``), or None after the last piece (frame loop side)."""
         self.index += 1
         if self.index >= len(self.texts):
             return None
-        if len(self.texts) > 1:
-            run = self.tts._start(replace(self.request, text=self.texts[self.index]),
-                                  piece_label(self.index, len(self.texts)))
-        else:
-            run = self.tts._start(self.request)
+        run = self.prepared.utterance(self.index)
         self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames, self.first_chunk)
                                                    if self.stream else None))
         return run
@@ -332,12 +342,12 @@ class BatchedRequest:
             audio = row.frame(frame)
             out = [self._joiner.push(audio)] if audio.shape[0] else []
             if frame is None:
-                self.results.append(self.tts._result(run, row.samples()))
+                self.results.append(run.finish(row.samples(), self.tts.sample_rate))
                 out.append(self._joiner.end_piece())
             out = [a for a in out if a.shape[0]]
             return self._emit(np.concatenate(out) if len(out) > 1 else out[0] if out else empty)
         if frame is None:
-            self.results.append(self.tts._decoded_result(run))
+            self.results.append(run.decode(self.tts.whole_decoder(), self.tts.sample_rate))
             if self.done:
                 samples = self.results[0].samples if len(self.texts) == 1 else \
                     join_pieces([r.samples for r in self.results], self.tts.sample_rate)
@@ -349,6 +359,120 @@ class BatchedRequest:
         if not self.done:
             raise KzttsError(f"the request has {len(self.texts) - len(self.results)} pieces left to speak")
         if len(self.texts) == 1:
+            return self.results[0]
+        samples = np.concatenate(self._out) if self._out else np.zeros(0, np.float32)
+        return joined(self.results, samples, self.tts.sample_rate, self.started, self.first_audio)
+
+    def ready(self) -> bool:
+        """Whether ``next_run`` would not wait (frame loop side): always, for a text given whole."""
+        return True
+
+    def finish(self) -> np.ndarray:
+        """The audio held back once the frame loop has no piece left (audio side): none for a text given
+        whole, whose last piece is known as such."""
+        return np.zeros(0, np.float32)
+
+
+class WrittenRequest(BatchedRequest):
+    """A ``BatchedRequest`` whose text is still being written (``text``: a ``kztts.tts.text.track.TextFeed``, or
+    any iterable of pieces), spoken as ``TTS.stream_text`` speaks it: each piece (``WrittenText``) joins the
+    row when its prompt's text has come (``ready``), and a row waiting for its text sits frames out
+    (``Utterance.ready``) while the others go on. The number of pieces is known only at the end: the frame loop's
+    side calls ``next_run`` until None, then the audio side ``finish`` for the held-back end."""
+
+    def __init__(self, tts: "TTS", request: SynthesisRequest | PreparedSpeech, text, *, stream: bool,
+                 chunk_frames: int = 4, first_chunk: int = 1):
+        chunk_sizes(first_chunk, chunk_frames)  # checks both
+        if isinstance(request, PreparedSpeech):
+            prepared = request
+        else:
+            if request.streaming_text is False and request.text:
+                raise KzttsError("a text still being written is spoken in the streaming text mode")
+            prepared = PreparedSpeech(tts, replace(request, streaming_text=True), written=True)
+        self.prepared = prepared
+        self.tts, self.request, self.stream, self.chunk_frames = tts, prepared.request, bool(stream), chunk_frames
+        self.first_chunk = first_chunk
+        self.started = time.perf_counter()
+        self.written = prepared.written_text(text)
+        self._pending = None  # the next piece, before its prompt's text has come
+        self._ended = False  # the frame loop's side found no piece left
+        self._begun = 0  # pieces handed to the frame loop
+        self.results: list = []
+        self.first_audio: float | None = None
+        self._joiner = OpenJoiner(tts.sample_rate)
+        self._pieces: deque = deque()
+        self._out: list[np.ndarray] = []
+
+    @property
+    def texts(self) -> list[str]:
+        """The pieces' texts so far."""
+        return [r.pieces[0].text for r in self.results]
+
+    @property
+    def done(self) -> bool:
+        return self._ended and len(self.results) == self._begun
+
+    def ready(self) -> bool:
+        if self._ended:
+            return True
+        if self._pending is None:
+            if not self.written.next_ready():
+                return False
+            source = self.written.next_piece()
+            if source is None:
+                return True
+            self._pending = self.prepared.pending_utterance(source, written_label(self.written))
+        return self._pending.ready()
+
+    def next_run(self) -> "Utterance | None":
+        if self._pending is None and not self._ended:
+            source = self.written.next_piece()  # waits, when not ready
+            if source is not None:
+                self._pending = self.prepared.pending_utterance(source, written_label(self.written))
+        if self._pending is None:
+            self._ended = True
+            return None
+        run, self._pending = self._pending.utterance(), None
+        self._begun += 1
+        self._pieces.append((_ready(run), _RowStream(self.tts, run, self.chunk_frames, self.first_chunk)
+                                           if self.stream else None))
+        return run
+
+    def frame(self, frame: np.ndarray | None) -> np.ndarray:
+        empty = np.zeros(0, np.float32)
+        run, row = self._pieces[0]
+        if frame is None:
+            self._pieces.popleft()
+            # the text its speech read (the audio side reads no source: the frame loop's side does)
+            run.request = replace(run.request, text=run.track.track.text)
+            capped = run.loop.capped
+            if capped is not None and getattr(capped, "stopped", False):
+                run.limited_by = "expected duration"
+        if self.stream:
+            audio = row.frame(frame)
+            out = [self._joiner.push(audio)] if audio.shape[0] else []
+            if frame is None:
+                self.results.append(run.finish(row.samples(), self.tts.sample_rate))
+                self._joiner.end_piece()
+            out = [a for a in out if a.shape[0]]
+            return self._emit(np.concatenate(out) if len(out) > 1 else out[0] if out else empty)
+        if frame is None:
+            self.results.append(run.decode(self.tts.whole_decoder(), self.tts.sample_rate))
+        return empty
+
+    def finish(self) -> np.ndarray:
+        if self.stream:
+            return self._emit(self._joiner.finish())
+        if not self.results:
+            return np.zeros(0, np.float32)
+        samples = (self.results[0].samples if len(self.results) == 1 else
+                   join_pieces([r.samples for r in self.results], self.tts.sample_rate))
+        return self._emit(samples)
+
+    def result(self) -> SynthesisResult:
+        if not self.done:
+            raise KzttsError("the request's text has not been spoken to its end yet")
+        if len(self.results) == 1:
             return self.results[0]
         samples = np.concatenate(self._out) if self._out else np.zeros(0, np.float32)
         return joined(self.results, samples, self.tts.sample_rate, self.started, self.first_audio)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class FrameLoop:
     times: StageTimes = field(default_factory=StageTimes)
     stopped_by_eos: bool = False
     prefixes: "VoicePrefixes | None" = None  # the voice's prompt prefix kept between runs (kztts.tts.voice_prefix)
+    # a frame cap known only later (a text still arriving: its expected duration): ``capped(n)`` tells,
+    # waiting for the text if it must, whether the utterance may hold no more than ``n`` frames
+    capped: "Callable[[int], bool] | None" = None
 
     def _suppressed(self) -> np.ndarray:
         return sampling.control_ids(self.talker.vocab, keep=self.eos_id)
@@ -72,6 +75,8 @@ class FrameLoop:
         self.times.talker += time.perf_counter() - t
         history: list[int] = []
         for step in range(self.settings.max_frames):
+            if self.capped is not None and self.capped(step):
+                return
             c0 = self.choose_cb0(logits, history, step)
             history.append(c0)
             if c0 == self.eos_id:
@@ -83,7 +88,7 @@ class FrameLoop:
             frame = np.empty(16, dtype=np.int64)
             frame[0], frame[1:] = c0, rest
             yield frame
-            if step == self.settings.max_frames - 1:
+            if step == self.settings.max_frames - 1 or (self.capped is not None and self.capped(step + 1)):
                 return  # the reference never feeds the last frame back
             text = prompt.text_after(step)
             t = time.perf_counter()

@@ -26,11 +26,15 @@ then ``tts_pad``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.core.errors import KzttsError
+
+if TYPE_CHECKING:
+    from kztts.tts.text.track import DualTrack
 
 MODES = ("xvector", "icl")
 
@@ -148,6 +152,24 @@ def _xvector_text(tables: EmbeddingTables, sid: dict, ids: np.ndarray, c_bos: np
     return [tables.text(ids[3:4]) + c_bos], np.concatenate([tables.text(ids[4:-5]), tts_eos[None]], axis=0)
 
 
+def _head(tables: EmbeddingTables, ids: np.ndarray, sid: dict, language_id: int | None, speaker: np.ndarray | None,
+          instruct_ids) -> tuple[list[np.ndarray], np.ndarray]:
+    """The prompt's positions before the text (instruction, role, codec prefix) and the codec prefix."""
+    H = tables.hidden
+    codec_prefix = _codec_prefix(tables, sid, language_id, speaker)  # [n, H]
+    n = codec_prefix.shape[0]
+    text_side = np.concatenate([np.broadcast_to(tables.tts_pad, (n - 2, H)), tables.tts_bos[None]], axis=0)
+    embeds = [tables.text(ids[:3]), text_side + codec_prefix[:-1]]  # role, then the prefix
+    if instruct_ids is not None:
+        embeds.insert(0, tables.text(_ids_1d(instruct_ids, "instruct_ids")))
+    return embeds, codec_prefix
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise KzttsError(f"unknown prompt mode {mode!r}; expected one of {MODES}")
+
+
 def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, language_id: int | None,
                  speaker: np.ndarray | None, mode: str, non_streaming: bool,
                  ref_text_ids=None, ref_codes=None, instruct_ids=None) -> Prompt:
@@ -159,20 +181,13 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
     (then ``ref_text_ids`` = ``TextTokenizer.ref_ids(ref_text)`` and ``ref_codes`` [F, 16] are needed);
     ``instruct_ids``: ``TextTokenizer.instruct_ids(instruct)``, or None for no instruction.
     """
-    if mode not in MODES:
-        raise KzttsError(f"unknown prompt mode {mode!r}; expected one of {MODES}")
-    H = tables.hidden
+    _check_mode(mode)
     ids = _ids_1d(input_ids, "input_ids")
     if len(ids) < 9:
         raise KzttsError("the text is empty: the prompt needs at least one text token "
                          f"(got {len(ids)} template ids)")
     sid = {k: int(v) for k, v in special_ids.items()}
-    codec_prefix = _codec_prefix(tables, sid, language_id, speaker)  # [n, H]
-    n = codec_prefix.shape[0]
-    text_side = np.concatenate([np.broadcast_to(tables.tts_pad, (n - 2, H)), tables.tts_bos[None]], axis=0)
-    embeds = [tables.text(ids[:3]), text_side + codec_prefix[:-1]]  # role, then the prefix
-    if instruct_ids is not None:
-        embeds.insert(0, tables.text(_ids_1d(instruct_ids, "instruct_ids")))
+    embeds, codec_prefix = _head(tables, ids, sid, language_id, speaker, instruct_ids)
     if mode == "icl":
         text, trailing = _icl_text(tables, sid, ids, ref_text_ids, ref_codes, non_streaming)
     else:
@@ -180,4 +195,48 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
     embeds += text
     return Prompt(embeds=np.ascontiguousarray(np.concatenate(embeds, axis=0), dtype=np.float32),
                   trailing=np.ascontiguousarray(trailing, dtype=np.float32),
-                  tts_pad=np.array(tables.tts_pad, dtype=np.float32), voice_positions=3 + n - 1)
+                  tts_pad=np.array(tables.tts_pad, dtype=np.float32), voice_positions=3 + codec_prefix.shape[0] - 1)
+
+
+@dataclass
+class TrackPrompt(Prompt):
+    """The streaming text mode's prompt for a text still arriving (``kztts.tts.text.track``): its prefill
+    holds the text rows it needs, and ``text_after(step)`` takes the next row of the track, waiting for
+    the text it needs. Equal, row for row, to ``build_prompt(..., non_streaming=False)`` of the whole text."""
+
+    track: "DualTrack | None" = None
+    first_row: int = 0  # the track row added to the input after frame 0
+
+    def text_after(self, step: int) -> np.ndarray:
+        return self.track.row(self.first_row + step)
+
+
+def build_track_prompt(tables: EmbeddingTables, track: "DualTrack", *, special_ids: dict, language_id: int | None,
+                       speaker: np.ndarray | None, mode: str, ref_codes=None, instruct_ids=None) -> TrackPrompt:
+    """``build_prompt`` in the streaming text mode for a text still arriving: waits for the text rows the
+    prefill holds (x-vector: the first token; ICL: as many rows as the reference has codec positions, or
+    the end of a shorter text). ``track``'s ``ref`` holds an ICL voice's reference text tokens."""
+    _check_mode(mode)
+    sid = {k: int(v) for k, v in special_ids.items()}
+    track.track.need(1)  # the role's ids are known with the first text token
+    if not track.track.tokens:
+        track.track.read_all()  # an empty text is refused here, in one line
+    ids = np.asarray(track.track.role, dtype=np.int64)
+    embeds, codec_prefix = _head(tables, ids, sid, language_id, speaker, instruct_ids)
+    if mode == "icl":
+        codes = np.asarray(ref_codes) if ref_codes is not None else None
+        if codes is None or codes.ndim != 2 or codes.shape[1] != tables.num_cp_groups + 1 or codes.shape[0] == 0:
+            raise KzttsError(f"reference codes must be [frames > 0, {tables.num_cp_groups + 1}], "
+                             f"got {None if codes is None else list(codes.shape)}")
+        if len(track.ref) == 0:
+            raise KzttsError("the reference text is empty: ICL needs at least one reference text token")
+        codec = np.concatenate([tables.codec([sid["codec_bos"]]), tables.codec_sum(codes)], axis=0)
+        embeds.append(track.rows(len(codec)) + codec)
+        first = len(codec)
+    else:
+        embeds.append(track.row(0)[None] + codec_prefix[-1:])
+        first = 1
+    return TrackPrompt(embeds=np.ascontiguousarray(np.concatenate(embeds, axis=0), dtype=np.float32),
+                       trailing=np.zeros((0, tables.hidden), np.float32),
+                       tts_pad=np.array(tables.tts_pad, dtype=np.float32),
+                       voice_positions=3 + codec_prefix.shape[0] - 1, track=track, first_row=first)

@@ -1,6 +1,6 @@
 """What a synthesis gives: ``SynthesisResult`` (audio, codes, stage times, how each utterance ended, one
-``Piece`` each) and ``Run``, one utterance in progress that becomes one: what cut it short (``Run.limit``),
-its result once its audio is decoded (``Run.result``), and a long text's piece results joined (``joined``)."""
+``Piece`` each), and a long text's piece results joined into one (``joined``). An utterance in progress, which
+becomes one, is ``kztts.tts.utterance.Utterance``."""
 from __future__ import annotations
 
 import time
@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kztts.tts.duration import FRAMES_PER_SECOND, expected_seconds
-from kztts.tts.frame_loop import FrameLoop, StageTimes
-from kztts.tts.prompt import Prompt
-from kztts.tts.request import SynthesisRequest, Voice
+from kztts.tts.frame_loop import StageTimes
+
 
 
 @dataclass(frozen=True)
@@ -59,67 +57,6 @@ class SynthesisResult:
                 "ms": self.times.as_ms(), "total_ms": round(self.total_seconds * 1000, 1),
                 "pieces": len(self.pieces), "truncated": bool(self.limits), "limits": self.limits,
                 **({} if self.fp16_saturations is None else {"fp16_saturations": self.fp16_saturations})}
-
-
-@dataclass
-class Run:
-    """One utterance in progress (``TTS._start`` makes it): its frame loop, prompt and request, the frames
-    produced so far and, streamed, the audio decoded so far."""
-
-    loop: FrameLoop
-    prompt: Prompt
-    request: SynthesisRequest
-    started: float
-    limited_by: str  # what sets loop.settings.max_frames: "max_frames", "expected duration" or "context"
-    label: str = "the text"  # "piece 2/5" for a long text's pieces
-    codes: list = field(default_factory=list)
-    audio: list = field(default_factory=list)  # decoded chunks (stream)
-
-    @property
-    def voice(self) -> Voice | None:
-        """Who speaks (None for a VoiceDesign request: the instruction makes the voice)."""
-        return self.request.voice
-
-    @property
-    def reference_codes(self) -> np.ndarray | None:
-        """An ICL voice's reference codes (decoded in front of the new ones, their samples dropped), else None."""
-        voice = self.request.voice
-        return voice.ref_codes if voice is not None and voice.icl else None
-
-    @property
-    def text(self) -> str:
-        return self.request.text
-
-    def code_array(self) -> np.ndarray:
-        """The frames so far, [F, 16] int64."""
-        return np.array(self.codes, dtype=np.int64).reshape(-1, 16)
-
-    def limit(self) -> str | None:
-        """What cut the utterance before its end of speech, or None. A stop at ``max_frames`` that
-        the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked for."""
-        s = self.loop.settings
-        if self.loop.stopped_by_eos or len(self.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
-            return None
-        head = f"{self.label} ({self.text[:40]!r}{'...' if len(self.text) > 40 else ''})"
-        if self.limited_by == "context":
-            return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
-                    f"{self.loop.talker.context} positions holds its {self.prompt.embeds.shape[0]}-position prompt "
-                    f"and no more frames; the rest of its text may be unspoken")
-        if self.limited_by == "expected duration":
-            expected = expected_seconds(self.text, self.request.language)
-            return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
-                    f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
-                    f"stop by itself; give max_frames (--max-frames) to allow more")
-        return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
-
-    def result(self, samples: np.ndarray, sample_rate: int) -> SynthesisResult:
-        """The finished utterance with its decoded ``samples`` (what cut it short: ``pieces[0].limit``)."""
-        codes = self.code_array()
-        piece = Piece(self.text, codes.shape[0], self.loop.stopped_by_eos, self.limit())
-        guard = getattr(self.loop.talker, "guard", None)  # kztts.htp.saturation: probes of the HTP layer graphs
-        return SynthesisResult(samples.astype(np.float32, copy=False), sample_rate, codes, self.loop.times,
-                               time.perf_counter() - self.started, self.loop.stopped_by_eos, pieces=[piece],
-                               fp16_saturations=None if guard is None else guard.count)
 
 
 def joined(results: list[SynthesisResult], samples: np.ndarray, sample_rate: int, started: float,

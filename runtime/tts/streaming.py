@@ -15,7 +15,8 @@ import numpy as np
 
 from kztts.runners.codec import SAMPLES_PER_FRAME, BackgroundDecoder, StaticChunkDecoder, StreamingDecoder
 from kztts.core.errors import KzttsError
-from kztts.tts.result import Run
+from kztts.tts.utterance import Utterance
+from kztts.tts.text.track import TextSourceError
 
 
 def chunk_sizes(first_chunk: int, chunk_frames: int) -> Iterator[int]:
@@ -36,7 +37,7 @@ def chunk_sizes(first_chunk: int, chunk_frames: int) -> Iterator[int]:
     return sizes()
 
 
-def stream_audio(run: Run, decoder: StreamingDecoder, chunk_frames: int, *, pipelined: bool,
+def stream_audio(run: Utterance, decoder: StreamingDecoder, chunk_frames: int, *, pipelined: bool,
                  first_chunk: int = 1) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of ``run`` as its frames are produced (``decoder`` reset by the caller)."""
     sizes = chunk_sizes(first_chunk, chunk_frames)
@@ -45,7 +46,7 @@ def stream_audio(run: Run, decoder: StreamingDecoder, chunk_frames: int, *, pipe
     return _in_loop(run, decoder, sizes)
 
 
-def _in_loop(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
+def _in_loop(run: Utterance, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
     """Each chunk decoded in the frame loop's thread, between frames."""
     times = run.loop.times
     skip = 0  # samples of the ICL reference, which qwen-tts decodes in front and cuts
@@ -74,14 +75,20 @@ def _in_loop(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[
         return decoded(audio)
 
     size = next(sizes)
-    for frame in run.loop.frames(run.prompt):
-        run.codes.append(frame)
-        pending.append(frame)
-        if len(pending) == size:
-            size = next(sizes)
+    try:
+        for frame in run.frames():
+            pending.append(frame)
+            if len(pending) == size:
+                size = next(sizes)
+                audio = flush()
+                if audio.shape[0]:
+                    yield audio
+    except TextSourceError:  # the audio of the frames made so far, then the error
+        if pending:
             audio = flush()
             if audio.shape[0]:
                 yield audio
+        raise
     if pending:
         audio = flush()
         if audio.shape[0]:
@@ -94,7 +101,7 @@ def _in_loop(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[
             yield audio
 
 
-def _pipelined(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
+def _pipelined(run: Utterance, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterator[np.ndarray]:
     """``dec.push`` on a background thread. The first chunk is waited for (time to first audio); later
     ones are yielded when a poll after a frame finds them done, and all remaining ones at the end."""
     times = run.loop.times
@@ -121,16 +128,21 @@ def _pipelined(run: Run, dec: StreamingDecoder, sizes: Iterator[int]) -> Iterato
 
         pending: list[np.ndarray] = []
         size = next(sizes)
-        for frame in run.loop.frames(run.prompt):
-            run.codes.append(frame)
-            pending.append(frame)
-            if len(pending) == size:
-                size = next(sizes)
+        try:
+            for frame in run.frames():
+                pending.append(frame)
+                if len(pending) == size:
+                    size = next(sizes)
+                    worker.submit(np.stack(pending))
+                    pending = []
+                    yield from finished(block=not run.audio)  # the first chunk: as soon as possible
+                else:
+                    yield from finished(block=False)
+        except TextSourceError:  # the audio of the frames made so far, then the error
+            if pending:
                 worker.submit(np.stack(pending))
-                pending = []
-                yield from finished(block=not run.audio)  # the first chunk: as soon as possible
-            else:
-                yield from finished(block=False)
+            yield from finished(block=True)
+            raise
         if pending:
             worker.submit(np.stack(pending))
         yield from finished(block=True)

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -16,26 +16,27 @@ from kztts.bundle.bundle import Bundle
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.bundle.sessions import SessionConfig
 from kztts.core.call_lock import CallLock, one_call_at_a_time
-from kztts.core.errors import BundleError, ContextOverflowError, KzttsError
-from kztts.generation.sampling import XorShift32
+from kztts.core.errors import BundleError, KzttsError
 from kztts.generation.settings import GenerationSettings, reference_settings, with_environment
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
 from kztts.plan.resolve import resolve_plan, warn_unvalidated
-from kztts.runners.codec import SAMPLES_PER_FRAME, Encoder, StaticChunkDecoder
+from kztts.runners.codec import Encoder, StaticChunkDecoder
 from kztts.runners.protocol import TalkerRunner
 from kztts.runners.speaker import SpeakerEncoder, load_xvector
 from kztts.runners.talker import DEFAULT_CONTEXT
+from kztts.tts.audio_join import OpenJoiner
 from kztts.tts.batch_loop import stream_many, synthesize_many
-from kztts.tts.duration import runaway_frames
-from kztts.tts.frame_loop import FrameLoop
-from kztts.tts.long_text import split_for_context, stream_pieces, synthesize_pieces
+from kztts.tts.long_text import stream_pieces, synthesize_pieces
 from kztts.tts.model_kind import ModelKind
-from kztts.tts.prompt import Prompt, build_prompt, speaker_language_id
+from kztts.tts.prepared import DurationCap, PreparedSpeech, as_prepared
+from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
-from kztts.tts.result import Run, SynthesisResult
+from kztts.tts.result import SynthesisResult, joined
+from kztts.tts.text.track import TextSourceError
 from kztts.tts.streaming import chunk_sizes, stream_audio
-from kztts.tts.text import TextTokenizer
+from kztts.tts.text.tokenizer import TextTokenizer
+from kztts.tts.utterance import Utterance
 from kztts.tts.voice_file import load_voice, save_voice
 from kztts.tts.voice_prefix import VoicePrefixes
 
@@ -151,96 +152,33 @@ class TTS:
         """The checkpoint's generation settings (as qwen-tts merges them), then $KZTTS_* overrides."""
         return with_environment(reference_settings(self.bundle.manifest.generation))
 
-    # ------------------------------------------------------------ a request becomes a run
+    # ------------------------------------------------------------ a request, checked once
+    def prepare(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> PreparedSpeech:
+        """A request checked against this bundle (one line naming what is wrong), its text tokenized and cut
+        into the pieces that fit one Talker context (``kztts.tts.prepared``). Every speaking method takes one
+        in place of the text; a server prepares a request when it arrives and speaks it when its turn comes."""
+        return PreparedSpeech(self, SynthesisRequest.make(text, voice, options))
+
     def prompt(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> Prompt:
         """The Talker prompt a request is spoken from (prefill embeddings and trailing text), as
-        qwen-tts builds it; benchmarks and validation teacher-force from it."""
-        return self._prompt(SynthesisRequest.make(text, voice, options))
-
-    def _voice(self, r: SynthesisRequest) -> Voice | None:
-        """Who speaks ``r`` (checked against the bundle's kind): its voice, its preset speaker's, or None."""
-        self.kind.check(r)
-        return self.voice_from_speaker(r.speaker) if r.speaker is not None else r.voice
-
-    def _language_id(self, r: SynthesisRequest, voice: Voice | None) -> int | None:
-        """The codec language id of the prompt (a dialect speaker's for Chinese or auto, as qwen-tts)."""
-        dialect = self.kind.speaker(voice.preset).dialect if voice is not None and voice.preset else None
-        return speaker_language_id(self.bundle.manifest.languages, r.language, dialect)
-
-    def _prompt(self, r: SynthesisRequest) -> Prompt:
-        voice = self._voice(r)
-        ids = self.tokenizer.assistant_ids(r.text)
-        icl = voice is not None and voice.icl
-        ref_ids = self.tokenizer.ref_ids(voice.ref_text) if icl else None
-        instruct_ids = self.tokenizer.instruct_ids(r.instruct) if r.instruct else None
-        return build_prompt(self.tables, ids, special_ids=self.bundle.manifest.special_ids,
-                            language_id=self._language_id(r, voice), speaker=None if voice is None else voice.speaker,
-                            mode="icl" if icl else "xvector", non_streaming=not r.streaming_text,
-                            ref_text_ids=ref_ids, ref_codes=voice.ref_codes if icl else None,
-                            instruct_ids=instruct_ids)
-
-    def _settings(self, r: SynthesisRequest) -> GenerationSettings:
-        """The request's settings: its own or the checkpoint's, greedy and ``max_frames`` applied."""
-        s = r.settings or self.default_settings()
-        if r.greedy:
-            s = s.greedy()
-        if r.max_frames is not None:
-            s = replace(s, max_frames=int(r.max_frames))
-        return s.validate()
-
-    def _start(self, r: SynthesisRequest, label: str = "the text") -> Run:
-        """One utterance ready to run: its prompt, its settings with the frame cap that fits, its frame loop."""
-        started = time.perf_counter()
-        self.kind.check(r)
-        s = self._settings(r)
-        prompt = self._prompt(r)
-        needed = prompt.embeds.shape[0] + s.max_frames - 1
-        if prompt.embeds.shape[0] > self.talker.context:
-            raise ContextOverflowError(
-                f"the text is too long: its prompt takes {prompt.embeds.shape[0]} positions, the context holds "
-                f"{self.talker.context}; split the text into shorter pieces")
-        limited_by = "max_frames"
-        if r.max_frames is None and runaway_frames(r.text, r.language) < s.max_frames:
-            # no cap asked for: a model that fails to stop ends at 3x the text's expected duration
-            s = replace(s, max_frames=runaway_frames(r.text, r.language))
-            needed = prompt.embeds.shape[0] + s.max_frames - 1
-            limited_by = "expected duration"
-        if needed > self.talker.context:
-            s = replace(s, max_frames=self.talker.context - prompt.embeds.shape[0] + 1)
-            limited_by = "context"  # said (warning, result.limits) only if it cuts the speech: Run.limit
-            log.info("max frames lowered to %d to fit the context of %d", s.max_frames, self.talker.context)
-        loop = FrameLoop(self.talker, self.code_predictor, self.tables, s,
-                         int(self.bundle.manifest.special_ids["codec_eos"]), XorShift32(r.seed),
-                         prefixes=self.voice_prefixes)
-        loop.times.prompt = time.perf_counter() - started
-        return Run(loop, prompt, r, started, limited_by, label)
+        qwen-tts builds it, for its whole text; benchmarks and validation teacher-force from it."""
+        return self.prepare(text, voice, **options).prompt()
 
     def pieces(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> list[str]:
         """The utterances ``synthesize``/``stream`` speak a request's text in: ``[text]`` itself when its
         prompt plus the frames it is expected to need fit in the Talker's context, else pieces cut
-        at sentence, clause, word, then character boundaries (``kztts.tts.text_split``) that each do.
-
-        Expected frames: ``kztts.tts.text_split.frames_per_token`` (an upper estimate for the language)
-        times the text tokens, at most the utterance's ``max_frames``; the bound is
-        ``prompt + frames - 1 <= context``."""
-        r = SynthesisRequest.make(text, voice, options)
-        who = self._voice(r)
-        if not isinstance(r.text, str) or not r.text.strip():
-            return [r.text]  # _start rejects it with its usual message
-        s = r.settings or self.default_settings()
-        max_frames = int(r.max_frames) if r.max_frames is not None else s.max_frames
-        language_tag = self._language_id(r, who) is not None
-        instruct_tokens = len(self.tokenizer.instruct_ids(r.instruct)) if r.instruct else 0
-        return split_for_context(r, who, max_frames, tokenizer=self.tokenizer, language_tag=language_tag,
-                                 context=self.talker.context, instruct_tokens=instruct_tokens)
+        at sentence, clause, word, then character boundaries (``kztts.tts.text.split``) that each do
+        (``PreparedSpeech``)."""
+        return list(as_prepared(self, text, voice, options).texts)
 
     # ------------------------------------------------------------ decoders, opened on first use
-    def _streaming_decoder(self):
+    def streaming_decoder(self):
+        """The stateful decoder ``stream`` pushes frames through (``decoder_stream``, or the HTP's chunks)."""
         if self._streaming is None:
             self._streaming = self.plan.open_streaming_decoder()
         return self._streaming
 
-    def _full_decoder(self):
+    def whole_decoder(self):
         """The whole-utterance decoder, on the graph the stream uses (one copy of the weights)."""
         if self._decoder is None:
             self._decoder = self.plan.open_decoder()
@@ -248,23 +186,27 @@ class TTS:
 
     # ------------------------------------------------------------ speaking
     @one_call_at_a_time
-    def generate_codes(self, text: str | SynthesisRequest, voice: Voice | None = None, **options) -> np.ndarray:
+    def generate_codes(self, text: str | SynthesisRequest | PreparedSpeech, voice: Voice | None = None,
+                       **options) -> np.ndarray:
         """The frames only ([F, 16] int64), no audio decoding (calibration, code comparisons); one
         utterance, never split; a cut by the context is a warning (``max_frames`` is the caller's own
         choice here: calibration and comparisons ask for a fixed number of frames)."""
-        run = self._start(SynthesisRequest.make(text, voice, options))
-        run.codes.extend(run.loop.frames(run.prompt))
-        limit = run.limit()
-        if limit and run.limited_by == "context":
+        prepared = as_prepared(self, text, voice, options)
+        prepared.texts = [prepared.request.text]  # one utterance, however long
+        utterance = prepared.utterance(0)
+        for _ in utterance.frames():
+            pass
+        limit = utterance.limit()
+        if limit and utterance.limited_by == "context":
             log.warning("%s", limit)
-        return run.code_array()
+        return utterance.code_array()
 
     @one_call_at_a_time
-    def synthesize(self, text: str | SynthesisRequest, voice: Voice | None = None, *,
+    def synthesize(self, text: str | SynthesisRequest | PreparedSpeech, voice: Voice | None = None, *,
                    on_frame: Callable[[int], object] | None = None, **options) -> SynthesisResult:
         """Generate all frames, then decode them (the reference's chunked decode). ``text``,
         ``voice`` and ``options`` (language, seed, greedy, settings, max_frames, streaming_text)
-        make a :class:`SynthesisRequest`, or pass one instead.
+        make a :class:`SynthesisRequest`, or pass one (or a ``prepare``d one) instead.
 
         For ICL voices the reference codes are decoded in front of the new ones and
         their samples dropped, as qwen-tts does; kztts drops exactly ``ref frames * 1920``
@@ -273,75 +215,101 @@ class TTS:
 
         A text longer than one context is spoken in pieces (``pieces``; ``result.pieces``), each
         as its own ``synthesize`` call would, their audio joined by ``kztts.tts.audio_join``."""
-        request = SynthesisRequest.make(text, voice, options)
-        texts = self.pieces(request)
-        if len(texts) > 1:
-            return synthesize_pieces(self, texts, request, on_frame)
-        return self._synthesize_run(self._start(request), on_frame)
+        prepared = as_prepared(self, text, voice, options)
+        if len(prepared.texts) > 1:
+            return synthesize_pieces(self, prepared, on_frame)
+        return self.speak_whole(prepared.utterance(0), on_frame)
 
-    def _synthesize_run(self, run: Run, on_frame) -> SynthesisResult:
-        """``synthesize`` of one utterance (one piece)."""
-        for frame in run.loop.frames(run.prompt):
-            run.codes.append(frame)
+    def speak_whole(self, utterance: Utterance, on_frame: Callable[[int], object] | None = None) -> SynthesisResult:
+        """All of ``utterance``'s frames, then their whole-utterance decode."""
+        for frame in utterance.frames():
             if on_frame is not None:
-                on_frame(len(run.codes))
-        return self._decoded_result(run)
-
-    def _decoded_result(self, run: Run) -> SynthesisResult:
-        """The result of a run whose frames are all in ``run.codes``: the whole-utterance decode."""
-        decoder = self._full_decoder()
-        t = time.perf_counter()
-        codes = run.code_array()
-        ref = run.reference_codes
-        if ref is not None:
-            samples = decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
-        else:
-            samples = decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
-        run.loop.times.decoder += time.perf_counter() - t
-        run.loop.times.first_audio = time.perf_counter() - run.started
-        return self._result(run, samples)
-
-    def _result(self, run: Run, samples: np.ndarray) -> SynthesisResult:
-        """``run``'s result; a limit that cut it short is logged (one warning per utterance)."""
-        result = run.result(samples, self.sample_rate)
-        if result.pieces[0].limit:
-            log.warning("%s", result.pieces[0].limit)
-        return result
+                on_frame(len(utterance.codes))
+        return utterance.decode(self.whole_decoder(), self.sample_rate)
 
     @one_call_at_a_time
-    def stream(self, text: str | SynthesisRequest, voice: Voice | None = None, *, chunk_frames: int = 4,
-               first_chunk: int = 1, result: dict | None = None, pipeline: bool | None = None,
-               **options) -> Iterator[np.ndarray]:
+    def stream(self, text: str | SynthesisRequest | PreparedSpeech, voice: Voice | None = None, *,
+               chunk_frames: int = 4, first_chunk: int = 1, result: dict | None = None,
+               pipeline: bool | None = None, **options) -> Iterator[np.ndarray]:
         """Yield float32 audio chunks as frames are produced: ``first_chunk`` frames, then twice as many
         each time up to ``chunk_frames`` (1, 2, 4, 4, ...; the last may be shorter), so the first
         audio waits for one frame; ``first_chunk=chunk_frames`` gives equal chunks. The chunking
         changes no code and the samples only by float rounding. ``text``, ``voice`` and ``options`` (language, seed, greedy, settings,
-        max_frames, streaming_text) make a :class:`SynthesisRequest`, or pass one instead.
+        max_frames, streaming_text) make a :class:`SynthesisRequest`, or pass one (or a ``prepare``d one) instead.
         If ``result`` is a dict it receives the SynthesisResult at the end.
         ``pipeline`` (default: the constructor's) decodes each chunk on a background thread while
         the next frames are generated; the samples are the same, a chunk is yielded once decoded.
         A text longer than one context is streamed piece by piece (``pieces``)."""
         chunk_sizes(first_chunk, chunk_frames)  # checks both
-        request = SynthesisRequest.make(text, voice, options)
-        texts = self.pieces(request)
-        if len(texts) > 1:
-            yield from stream_pieces(self, texts, request, chunk_frames, result, pipeline, first_chunk)
+        prepared = as_prepared(self, text, voice, options)
+        if len(prepared.texts) > 1:
+            yield from stream_pieces(self, prepared, chunk_frames, result, pipeline, first_chunk)
             return
-        yield from self._stream_run(self._start(request), chunk_frames, result, pipeline, first_chunk)
+        yield from self.speak_streamed(prepared.utterance(0), chunk_frames, result, pipeline, first_chunk)
 
-    def _stream_run(self, run: Run, chunk_frames: int, result: dict | None,
-                    pipeline: bool | None, first_chunk: int = 1) -> Iterator[np.ndarray]:
-        """``stream`` of one utterance (one piece)."""
-        dec = self._streaming_decoder()
+    def speak_streamed(self, utterance: Utterance, chunk_frames: int = 4, result: dict | None = None,
+                       pipeline: bool | None = None, first_chunk: int = 1) -> Iterator[np.ndarray]:
+        """``utterance``'s audio chunks as its frames are produced (``stream``); ``result`` (a dict) receives its
+        ``SynthesisResult`` at the end."""
+        dec = self.streaming_decoder()
         dec.reset()
         pipelined = self.pipeline if pipeline is None else pipeline
         if pipelined and isinstance(dec, StaticChunkDecoder):
             raise KzttsError(f"the pipelined stream decodes on a CPU thread, but target {self.target.name} "
                              "places the decoder on the HTP; stream without --pipeline")
-        yield from stream_audio(run, dec, chunk_frames, pipelined=pipelined, first_chunk=first_chunk)
+        yield from stream_audio(utterance, dec, chunk_frames, pipelined=pipelined, first_chunk=first_chunk)
         if result is not None:
-            samples = np.concatenate(run.audio) if run.audio else np.zeros(0, np.float32)
-            result["result"] = self._result(run, samples)
+            result["result"] = utterance.finish(utterance.streamed_samples(), self.sample_rate)
+
+    @one_call_at_a_time
+    def stream_text(self, pieces: Iterable[str], voice: Voice | None = None, *, chunk_frames: int = 4,
+                    first_chunk: int = 1, result: dict | None = None, pipeline: bool | None = None,
+                    **options) -> Iterator[np.ndarray]:
+        """Speak a text while it is written: ``pieces`` is any iterable of text pieces of any size (an LM's
+        tokens, characters, lines), pulled as the frames need them; audio chunks are yielded as ``stream``
+        yields them. Qwen3-TTS's streaming text mode reads one text token per frame: the speech starts once
+        the first token is known, and a frame whose token has not arrived waits for it (``kztts.tts.text.track``).
+        The codes and samples equal ``synthesize(whole_text, streaming_text=True)`` (and ``stream``'s) however
+        the text was cut and however slowly it came. ``options`` are ``stream``'s but ``text``; a failing source
+        ends the speech after the audio of the frames it allowed, with one ``TextSourceError``."""
+        chunk_sizes(first_chunk, chunk_frames)  # checks both
+        if options.get("streaming_text") is False:
+            raise KzttsError("stream_text speaks in the streaming text mode (streaming_text=True); "
+                             "for the other mode, give the whole text to synthesize or stream")
+        options["streaming_text"] = True
+        prepared = PreparedSpeech(self, SynthesisRequest.make("", voice, options), written=True)
+        started = time.perf_counter()
+        joiner = OpenJoiner(self.sample_rate)  # a long text's pieces, joined as synthesize joins them
+        results: list[SynthesisResult] = []
+        out: list[np.ndarray] = []
+        first_audio = None
+        try:
+            for utterance in prepared.written_utterances(pieces):
+                for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
+                    audio = joiner.push(chunk)
+                    if audio.shape[0]:
+                        first_audio = first_audio or time.perf_counter() - started
+                        out.append(audio)
+                        yield audio
+                utterance.request = replace(utterance.request, text=utterance.piece_text())
+                capped = utterance.loop.capped
+                if isinstance(capped, DurationCap) and capped.stopped:
+                    utterance.limited_by = "expected duration"
+                results.append(utterance.finish(utterance.streamed_samples(), self.sample_rate))
+                joiner.end_piece()
+        except TextSourceError:
+            tail = joiner.finish()  # the audio made so far, all of it, then the error
+            if tail.shape[0]:
+                yield tail
+            raise
+        tail = joiner.finish()
+        if tail.shape[0]:
+            out.append(tail)
+            yield tail
+        if result is not None:
+            samples = np.concatenate(out) if out else np.zeros(0, np.float32)
+            result["result"] = (results[0] if len(results) == 1 else
+                                joined(results, samples, self.sample_rate, started, first_audio))
 
     def warm_up(self, voice: Voice | None = None, *, language: str | None = None, frames: int = 2) -> float:
         """Run every graph a stream runs once, before the first request: ONNX Runtime sizes its memory

@@ -40,3 +40,20 @@ def test_long_pieces_end_at_a_clause_and_markup_is_not_spoken():
     assert reply_pieces(f"{words}, and the rest.", max_words=30) == [f"{words},", "and the rest."]
     assert clean("** # ``") is None and clean("  a   *b*  ") == "a b"
     assert reply_pieces("```\n---\n```") == []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_spoken_text_is_the_same_however_the_reply_is_cut(seed):
+    from kztts.assistant.reply_pieces import SpokenText, spoken_text
+
+    text = "  **Bold** and __under__ a_b `code`\n\n# Title  with   spaces ___ end.  "
+    want = spoken_text(text)
+    assert want == "Bold and under a_b code Title with spaces end."
+    rng = random.Random(seed)
+    cleaner, got, i = SpokenText(), "", 0
+    while i < len(text):
+        n = rng.randint(1, 5)
+        got += cleaner.feed(text[i:i + n])
+        i += n
+    assert got + cleaner.end() == want and cleaner.speakable
+    assert not SpokenText().speakable and spoken_text("``` --- ```") == "---"

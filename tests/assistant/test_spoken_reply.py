@@ -1,6 +1,7 @@
-"""A reply spoken while written: the audio is a function of the text, voice, seed and settings, never of
-timing (slowing the LM or the Talker changes nothing); it equals ``kztts synth --sentences`` of the reply;
-one scheduler interleaves the LM's text and the Talker's frames."""
+"""A reply spoken while written, token by token: the audio is a function of the text, voice, seed and settings,
+never of timing (slowing the LM or the Talker changes nothing); it equals ``kztts synth --as-reply`` of the reply
+and ``TTS.stream_text`` of its spoken text; one scheduler interleaves the LM's text and the Talker's frames, and the
+first audio comes before the LM has written its first sentence."""
 from __future__ import annotations
 
 import time
@@ -12,7 +13,7 @@ import soundfile as sf
 
 from kztts import TTS
 from kztts.assistant.playback import Playback
-from kztts.assistant.reply_pieces import reply_pieces
+from kztts.assistant.reply_pieces import spoken_text
 from kztts.assistant.spoken_chat import SpokenChat
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text, spoken_reply
 from kztts.core.audio import synthetic_voice
@@ -20,8 +21,8 @@ from kztts.lm.lm import LM
 
 from support import run_kztts
 
-REPLY = "Sure. A codec turns audio into codes, small ones! That is all."
-FRAMES = 6  # per piece
+REPLY = "Sure, *a codec* turns audio into codes, small ones! That is `all`."
+FRAMES = 20  # per reply
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,10 @@ def words(text: str, delay: float = 0.0):
 
 def test_audio_does_not_depend_on_timing(tts, speak, monkeypatch):
     want, _ = speak_text(tts, REPLY, speak)
-    assert want.shape[0] == len(reply_pieces(REPLY)) * FRAMES * 1920 + 2 * 1920  # 3 pieces, 2 gaps of 80 ms
+    assert want.shape[0] == FRAMES * 1920  # one utterance, the random model never stops
+    alone = tts.stream_text([spoken_text(REPLY)], speak.voice, language="english", seed=4, max_frames=FRAMES)
+    np.testing.assert_array_equal(np.concatenate(list(alone)), want)
+    assert spoken_text(REPLY) == "Sure, a codec turns audio into codes, small ones! That is all."
     fast = [v for k, v in spoken_reply(words(REPLY), tts, speak) if k == "audio"]
     np.testing.assert_array_equal(np.concatenate(fast), want)
     slow_lm = [v for k, v in spoken_reply(words(REPLY, 0.02), tts, speak) if k == "audio"]
@@ -64,10 +68,10 @@ def test_one_scheduler_interleaves_text_and_audio(tts, speak):
     playback = Playback()
     kinds = [k for k, _ in spoken_reply(words(REPLY), tts, speak, playback, lead=10.0)]
     first_audio = kinds.index("audio")
-    # the first piece is spoken as soon as it is complete, while the LM still writes the rest
-    assert first_audio < len(kinds) - 1 - kinds[::-1].index("text")
+    # the speech starts after the first words, long before the first sentence is written
+    assert 0 < first_audio <= 4 and kinds.count("text") > first_audio + 5
     assert "".join(v for k, v in spoken_reply(words(REPLY), tts, speak) if k == "text") == REPLY
-    assert playback.first_audio > 0 and playback.audio == pytest.approx(3 * FRAMES * 0.08 + 0.16, abs=1e-6)
+    assert playback.first_audio > 0 and playback.audio == pytest.approx(FRAMES * 0.08, abs=1e-6)
 
 
 def test_spoken_chat_turns_with_the_tiny_lm(chat_bundle, tts, speak):
@@ -80,7 +84,7 @@ def test_spoken_chat_turns_with_the_tiny_lm(chat_bundle, tts, speak):
         assert done.text == chat.session.replies[-1].text == "".join(v for k, v in events if k == "text")
         want, _ = speak_text(tts, done.text, replace(speak, seed=speak.seed + turn))
         np.testing.assert_array_equal(done.audio, want)
-        assert done.playback.first_audio is not None or not reply_pieces(done.text)
+        assert done.playback.first_audio is not None or not any(c.isalnum() for c in spoken_text(done.text))
 
 
 def test_chat_speak_cli_writes_each_reply_as_synth_says(chat_bundle, equal_bundle, voice_wav, tmp_path):
@@ -94,7 +98,7 @@ def test_chat_speak_cli_writes_each_reply_as_synth_says(chat_bundle, equal_bundl
     assert res.stdout.startswith(reply)
     got, sr = sf.read(out / "reply-01.wav", dtype="int16")
     synth = run_kztts("synth", reply, "-o", str(tmp_path / "s.wav"), "--bundle", str(equal_bundle), "--speaker-wav",
-                      str(voice_wav), "--sentences", "--language", "english", "--seed", "2")
+                      str(voice_wav), "--as-reply", "--language", "english", "--seed", "2")
     assert synth.returncode == 0, synth.stderr[-2000:]
     want, _ = sf.read(tmp_path / "s.wav", dtype="int16")
     np.testing.assert_array_equal(got, want)

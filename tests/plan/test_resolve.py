@@ -107,7 +107,7 @@ def test_decoder_runs_on_the_htp_when_the_target_says_so(htp_bundle, decoder_tar
     assert pl.cpu_nodes == 0 and pl.qnn_nodes > 0
     voice = tts.voice_from_wav(synthetic_voice(), 24000)
     res = tts.synthesize("Hello.", voice, greedy=True, max_frames=7)  # 7 frames: one run of 5 and a padded one
-    assert isinstance(tts._full_decoder(), StaticChunkDecoder) and res.frames == 7
+    assert isinstance(tts.whole_decoder(), StaticChunkDecoder) and res.frames == 7
     assert res.samples.shape == (res.frames * 1920,) and np.isfinite(res.samples).all()
     cpu = Decoder(tts.bundle.session("decoder_stream")).decode(res.codes)
     snr = snr_db(res.samples, cpu)

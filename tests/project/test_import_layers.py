@@ -14,7 +14,7 @@ from support import ROOT
 # other.
 RANKS = {
     "kztts.core": 0, "kztts.bundle": 1, "kztts.generation": 2, "kztts.htp": 3, "kztts.runners": 4,
-    "kztts.plan": 5, "kztts.tts": 6, "kztts.lm": 6, "kztts.assistant": 6.4, "kztts.eval": 7,
+    "kztts.plan": 5, "kztts.tts.text": 5.5, "kztts.tts": 6, "kztts.lm": 6, "kztts.assistant": 6.4, "kztts.eval": 7,
     "kztts.server": 6.5,
     "kztts.export.common": 8.0, "kztts.export.graphs": 8.1, "kztts.export.htp": 8.2, "kztts.export.tts": 8.3,
     "kztts.export.lm": 8.3, "kztts.export.validate": 8.5,

@@ -764,6 +764,54 @@ def test_page_speaks_chats_and_shows_errors(spoken_server, server, tmp_path):
             browser.close()
 
 
+LIVE_TEXT = "Spoken while it is typed."
+
+
+@pytest.mark.slow  # a real browser: Debian's chromium types into the page (~15 s here)
+def test_page_speaks_while_typing(server, tts, voices, tmp_path):
+    """The page's live box sends each keystroke's text over /v1/audio/speech/stream as it is typed (a browser's
+    WebSocket carries the key in the setup); the audio it receives is ``TTS.stream_text`` of the typed text, and
+    it arrives before the typing is done."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    shots = _shots(tmp_path)
+    with sync_playwright() as p:
+        browser = _browser(p, chromium)
+        try:
+            page = browser.new_page()
+            frames: list[bytes] = []
+            sent: list[str] = []
+
+            def on_socket(ws):
+                ws.on("framereceived", lambda payload: frames.append(payload) if isinstance(payload, bytes) else None)
+                ws.on("framesent", lambda payload: sent.append(payload))
+
+            page.on("websocket", on_socket)
+            page.goto(server.url + "/")
+            page.fill("#key", KEY)
+            page.dispatch_event("#key", "change")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            page.select_option("#voice", "default")
+            page.click("#live")
+            page.keyboard.type(LIVE_TEXT, delay=80)
+            audio_while_typing = page.evaluate("window.kztts.stats.bytes")
+            page.keyboard.press("Enter")
+            page.wait_for_function("window.kztts.stats.done && window.kztts.stats.played > 0", timeout=180_000)
+            assert "first audio" in page.inner_text("#live-state")
+            page.screenshot(path=str(shots / "page-live.png"))
+            print(f"\npage screenshot: {shots / 'page-live.png'}")
+        finally:
+            browser.close()
+    texts = [json.loads(m) for m in sent]
+    assert texts[0]["type"] == "setup" and texts[0]["api_key"] == KEY and texts[-1] == {"type": "end"}
+    typed = "".join(m["text"] for m in texts if m["type"] == "text")
+    assert typed == LIVE_TEXT and sum(m["type"] == "text" for m in texts) > 5  # keystroke by keystroke
+    want = np.concatenate(list(tts.stream_text([LIVE_TEXT], voices["default"])))
+    assert b"".join(frames) == pcm16(want)
+    assert audio_while_typing > 0  # heard before the typing was done
+
+
 PAGE_TEXT = "Hello from a preset speaker."
 
 

@@ -1,5 +1,6 @@
 """The spoken chat engine (``kztts.server.spoken_chat``) driven by the server's scheduler without HTTP:
-conversations share the LM's batched rows and their pieces the TTS's batched rows, and each reply's text
+conversations share the LM's batched rows and their spoken replies (read token by token as written) the TTS's
+batched rows, and each reply's text
 and samples equal the same reply served alone and ``speak_text`` of its transcript, whatever the turns
 between the two models; text-only chats batch as on an LM-only server. Over HTTP with the openai client:
 tests/server/test_serve.py."""
@@ -11,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from kztts.assistant.reply_pieces import reply_pieces
+from kztts.assistant.reply_pieces import spoken_text
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.core.audio import synthetic_voice
 from kztts.runners.codec import SAMPLES_PER_FRAME
@@ -21,7 +22,7 @@ from kztts.server.scheduler import Job, Scheduler
 from kztts.server.speech import BatchedSpeech
 from kztts.server.spoken_chat import SpokenChatEngine
 
-FRAMES = 8  # per spoken piece: short replies, the same joins
+FRAMES = 8  # per spoken reply: short replies
 
 CONVERSATIONS = [[{"role": "user", "content": "Say something."}],
                  [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
@@ -87,16 +88,15 @@ def test_spoken_replies_share_the_batch_and_equal_their_solo_replies(engine, lm,
     metrics = Metrics()
     together = serve(engine, specs, metrics)
     assert max(lm_rows) == 3 and max(tts_rows) == 3, (lm_rows, tts_rows)  # three replies written and spoken at once
-    pieces = frames = 0
+    frames = 0
     for s, (text, audio, done), (text1, audio1, _) in zip(specs, together, alone):
         assert text == done["text"] == text1 == "".join(lm.generate(s.prompt, s.max_tokens, params=s.params,
                                                                     seed=s.seed))
         np.testing.assert_array_equal(audio, audio1)
         np.testing.assert_array_equal(audio, speak_text(tts, text, s.speak)[0])
-        n = len(reply_pieces(text))
-        pieces += n
-        frames += audio.shape[0] // SAMPLES_PER_FRAME - max(n - 1, 0)  # an 80 ms gap (one frame) between pieces
-    assert pieces > 3, [t for t, _, _ in together]  # some reply is spoken in more than one piece
+        assert audio.shape[0] % SAMPLES_PER_FRAME == 0
+        frames += audio.shape[0] // SAMPLES_PER_FRAME
+    assert all(any(c.isalnum() for c in spoken_text(t)) for t, _, _ in together)  # every reply was spoken
     # the scheduler counts both models' work: every token sampled (a stop token too) and every frame
     count = metrics.registry.get_sample_value
     assert count("kztts_tokens_total") == sum(done["completion_tokens"] for _, _, done in together)
@@ -105,8 +105,8 @@ def test_spoken_replies_share_the_batch_and_equal_their_solo_replies(engine, lm,
 
 def test_turns_follow_the_listeners_lead_and_never_change_the_audio(lm, tts, monkeypatch):
     """``lead`` 0: every listener is always far enough ahead, so the LM writes the whole reply before the
-    Talker's first frame. A lead beyond reach: the Talker steps alone while a piece is spoken and the LM has
-    spoken text waiting, so the reply is spoken while written. The same samples either way."""
+    Talker's first frame. A lead beyond reach: the Talker steps whenever its row has text, the LM when it waits
+    for more, so the reply is spoken while written. The same samples either way."""
     speak = SpeakSettings(tts.voice_from_wav(synthetic_voice(seed=5), 24000), seed=1, max_frames=FRAMES)
     s = spec(lm, CONVERSATIONS[2], 0, speak)
     audios = []
@@ -121,8 +121,7 @@ def test_turns_follow_the_listeners_lead_and_never_change_the_audio(lm, tts, mon
         if lead == 0:
             assert last_token < first_frame, turns
         else:
-            assert first_frame < last_token and turns[first_frame + 1] == "tts", turns
-    assert len(reply_pieces(text)) > 1  # a piece is spoken while the LM writes the next
+            assert first_frame < last_token, turns  # spoken while written
     np.testing.assert_array_equal(audios[0], audios[1])
     np.testing.assert_array_equal(audios[0], speak_text(tts, text, speak)[0])
 

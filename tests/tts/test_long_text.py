@@ -1,4 +1,4 @@
-"""Text longer than one Talker context: split at sentence/clause boundaries (``kztts.tts.text_split``), each
+"""Text longer than one Talker context: split at sentence/clause boundaries (``kztts.tts.text.split``), each
 piece spoken as its own synthesis would be, the audio joined without clicks (``kztts.tts.audio_join``), and
 a limit that cuts a piece's speech said on stderr and in the result, never silently."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kztts.tts.audio_join import PieceJoiner, join_pieces
-from kztts.tts.text_split import frames_per_token, split_text
+from kztts.tts.text.split import frames_per_token, split_text
 
 from support import run_kztts
 
@@ -149,8 +149,11 @@ def voice(small):
 
 def test_prompt_length_matches_the_built_prompt(small, voice):
     from kztts.core.audio import synthetic_voice
-    from kztts.tts.long_text import text_tokens
     from kztts.tts.prompt import prompt_length
+    from kztts.tts.text.tokenizer import assistant_text
+
+    def text_tokens(tokenizer, text):
+        return len(tokenizer.text_body(tokenizer.encode(assistant_text(text))))
 
     icl = small.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
     for v in (voice, icl):

@@ -92,12 +92,12 @@ def test_prompt_length_counts_the_instruction(bundles):
                                         ("Slowly.", "auto", "serena")]:
         for streaming in (False, True):
             r = SynthesisRequest(EN, speaker=speaker, instruct=instruct, language=language, streaming_text=streaming)
-            voice = tts._voice(r)
+            prepared = tts.prepare(r)
             n = prompt_length(len(tts.tokenizer.text_body(tts.tokenizer.assistant_ids(EN))),
-                              language=tts._language_id(r, voice) is not None, speaker=True, mode="xvector",
+                              language=prepared.language_id is not None, speaker=True, mode="xvector",
                               non_streaming=not streaming,
                               instruct_tokens=len(tts.tokenizer.instruct_ids(instruct)) if instruct else 0)
-            assert n == tts.prompt(r).embeds.shape[0]
+            assert n == prepared.prompt().embeds.shape[0] == tts.prompt(r).embeds.shape[0]
 
 
 def test_long_text_pieces_carry_speaker_and_instruction(bundles):

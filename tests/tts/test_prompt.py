@@ -18,7 +18,7 @@ from kztts.bundle.embeddings import EmbeddingTables, bf16_to_f32
 from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
 from kztts.tts.prompt import build_prompt, language_id
-from kztts.tts.text import TextTokenizer
+from kztts.tts.text.tokenizer import TextTokenizer
 
 TOL = 1e-5
 MODES = ("xvec_stream", "xvec_nonstream", "icl_stream", "icl_nonstream")

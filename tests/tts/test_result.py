@@ -1,4 +1,4 @@
-"""kztts.tts.result: ``Run``, one utterance in progress, says what cut it short (the context, the runaway cap or
+"""kztts.tts.utterance: ``Utterance``, one utterance in progress, says what cut it short (the context, the runaway cap or
 ``max_frames``, never the asked-for length) and becomes a ``SynthesisResult``; ``joined`` makes one result of a
 long text's pieces (codes in order, stage times summed); a result's summary (through synthesis:
 tests/tts/test_long_text.py, test_tts.py)."""
@@ -12,17 +12,18 @@ import pytest
 
 from kztts.tts.duration import expected_seconds
 from kztts.tts.frame_loop import StageTimes
-from kztts.tts.result import Piece, Run, SynthesisResult, joined
+from kztts.tts.result import Piece, SynthesisResult, joined
+from kztts.tts.utterance import Utterance
 
 TEXT = "A sentence long enough to be cut in the message, and more."
 
 
 def run(frames: int, *, max_frames: int = 10, min_new: int = 2, eos: bool = False, limited_by: str = "max_frames",
-        guard=None, label: str = "the text") -> Run:
+        guard=None, label: str = "the text") -> Utterance:
     talker = SimpleNamespace(context=64, **({} if guard is None else {"guard": guard}))
     loop = SimpleNamespace(settings=SimpleNamespace(max_frames=max_frames, min_new_tokens=min_new),
                            stopped_by_eos=eos, talker=talker, times=StageTimes(talker=0.5))
-    r = Run(loop, SimpleNamespace(embeds=np.zeros((12, 4))), SimpleNamespace(text=TEXT, language="english",
+    r = Utterance(loop, SimpleNamespace(embeds=np.zeros((12, 4))), SimpleNamespace(text=TEXT, language="english",
                                                                              voice="v"),
             time.perf_counter(), limited_by, label)
     r.codes = [np.full(16, k, np.int64) for k in range(frames)]

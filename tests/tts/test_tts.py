@@ -102,7 +102,7 @@ def _decoder_threads() -> list[str]:
 
 
 def test_pipelined_decoder_error_surfaces_in_the_caller(tts, monkeypatch):
-    dec = tts._streaming_decoder()
+    dec = tts.streaming_decoder()
     real, calls = dec.push, []
 
     def broken(codes):

@@ -33,6 +33,8 @@ WORD = re.compile(r"\s+")
 # makes a piece hit the context before its end of speech, which kztts.tts.tts then reports.
 FRAMES_PER_TOKEN = {"chinese": 6.0, "japanese": 6.0, "korean": 5.0}
 DEFAULT_FRAMES_PER_TOKEN = 5.0
+# a text still being written in no given language: its scripts are not known yet, so the largest estimate
+WRITTEN_AUTO_FRAMES_PER_TOKEN = max(DEFAULT_FRAMES_PER_TOKEN, *FRAMES_PER_TOKEN.values())
 
 
 _SCRIPTS = (("CJK UNIFIED", "chinese"), ("HIRAGANA", "japanese"), ("KATAKANA", "japanese"), ("HANGUL", "korean"))
@@ -110,3 +112,93 @@ def _cut_characters(text: str, start: int, end: int, limit: int,
                 hi = mid - 1
         yield start, lo
         start = lo
+
+
+# ------------------------------------------------------------------ a text still being written
+def written_cut(text: str, start: int, closed: bool, max_tokens: int,
+                count_tokens: Callable[[str], int]) -> tuple[int, int] | None:
+    """Where the piece of ``text`` that starts at ``start`` ends, decided from what has arrived: ``(end, next)``
+    (the piece is ``text[start:end]``, the next one starts at ``next``), or None when more text is needed to
+    tell. ``closed``: the text has ended. The rule reads the text only forwards, so a text still being written
+    (``TTS.stream_text``) is cut where the whole text is (``split_written``), however it arrived:
+
+    1. the first sentence end at which the piece holds at least half of ``max_tokens`` (and at most all of it);
+    2. at the end of the text, the rest;
+    3. a piece past ``max_tokens`` with no such sentence end: its last clause end, else its last word end, at
+       which it holds at least half, else the longest prefix that fits.
+
+    Every cut holds at least half of ``max_tokens`` but a text's last, so the text before that point
+    (``written_safe``) is never cut and may be read before the cut is known."""
+    half = (max_tokens + 1) // 2
+    rest = count_tokens(text[start:].strip())
+    if rest < half:  # no cut holds fewer than half: the rest, once the text has ended
+        return (len(text), len(text)) if closed else None
+    for m in SENTENCE.finditer(text, start):
+        end = m.end()
+        n = count_tokens(text[start:end].strip())
+        if n > max_tokens:
+            break
+        if n >= half:
+            if end == len(text) and not closed:
+                return None  # "Hi." may become "Hi.." or "Hi.x"
+            return _after(text, start, end)
+    if rest <= max_tokens:
+        return (len(text), len(text)) if closed else None
+    for pattern in (CLAUSE, WORD):
+        best = None
+        for m in pattern.finditer(text, start):
+            end = m.end() if pattern is CLAUSE else m.start()
+            if end <= start:
+                continue
+            if pattern is CLAUSE and end == len(text) and not closed:
+                return None  # "3," may become "3,000"
+            n = count_tokens(text[start:end].strip())
+            if n > max_tokens:
+                break
+            if n >= half:
+                best = end
+        if best is not None:
+            return _after(text, start, best)
+    lo, hi = start + 1, len(text)  # the longest prefix that fits (one character at least)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count_tokens(text[start:mid].strip()) <= max_tokens else (lo, mid - 1)
+    return _after(text, start, lo)
+
+
+def _after(text: str, start: int, end: int) -> tuple[int, int]:
+    """The piece ``text[start:end]`` without its trailing whitespace, and the next piece's start past it."""
+    nxt = end
+    while nxt < len(text) and text[nxt].isspace():
+        nxt += 1
+    stop = end
+    while stop > start and text[stop - 1].isspace():
+        stop -= 1
+    return stop, nxt
+
+
+def written_safe(text: str, start: int, max_tokens: int, count_tokens: Callable[[str], int]) -> int:
+    """How far the piece that starts at ``start`` may be read before its cut is known: the text before the
+    point where it holds half of ``max_tokens`` (``written_cut`` never cuts sooner)."""
+    half = (max_tokens + 1) // 2
+    if count_tokens(text[start:].strip()) < half:
+        return len(text)
+    lo, hi = start, len(text)  # the longest prefix holding fewer than half
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count_tokens(text[start:mid].strip()) < half else (lo, mid - 1)
+    return lo
+
+
+def split_written(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> list[str]:
+    """``text`` in the pieces ``written_cut`` cuts it into (the streaming text mode's long text): the first keeps
+    its leading whitespace and the last its trailing whitespace, as a text spoken in one piece does."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    out, start = [], 0
+    while start < len(text):
+        end, nxt = written_cut(text, start, True, max_tokens, count_tokens)
+        if text[start:end].strip():
+            out.append(text[start:end])
+        start = nxt
+    return out

@@ -1,0 +1,148 @@
+"""One utterance on its way to audio (``Utterance``): what every way of speaking a text drives."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from kztts.runners.codec import SAMPLES_PER_FRAME
+from kztts.tts.duration import FRAMES_PER_SECOND, expected_seconds
+from kztts.tts.frame_loop import FrameLoop
+from kztts.tts.prompt import Prompt
+from kztts.tts.request import SynthesisRequest, Voice
+from kztts.tts.result import Piece, SynthesisResult
+
+if TYPE_CHECKING:
+    from kztts.runners.codec import Decoder
+    from kztts.tts.text.track import DualTrack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Utterance:
+    """One utterance on its way to audio: its request (checked), prompt (its text tokenized once), frame loop,
+    the frames produced so far (``codes``) and, streamed, the audio decoded so far (``audio``).
+    ``kztts.tts.prepared.PreparedSpeech.utterance`` makes one; ``frames``, ``decode`` and ``stream`` speak it,
+    and every way of speaking drives it the same way: ``TTS.synthesize``/``stream``/``stream_text``, a long
+    text's pieces (``kztts.tts.long_text``), the batch loop (``kztts.tts.batch_loop``) and the server."""
+
+    loop: FrameLoop
+    prompt: Prompt
+    request: SynthesisRequest
+    started: float
+    limited_by: str  # what sets loop.settings.max_frames: "max_frames", "expected duration" or "context"
+    label: str = "the text"  # "piece 2/5" for a long text's pieces
+    codes: list = field(default_factory=list)
+    audio: list = field(default_factory=list)  # decoded chunks (stream)
+    track: "DualTrack | None" = None  # the text track of a text still arriving (``TTS.stream_text``)
+
+    @property
+    def voice(self) -> Voice | None:
+        """Who speaks (None for a VoiceDesign request: the instruction makes the voice)."""
+        return self.request.voice
+
+    @property
+    def reference_codes(self) -> np.ndarray | None:
+        """An ICL voice's reference codes (decoded in front of the new ones, their samples dropped), else None."""
+        voice = self.request.voice
+        return voice.ref_codes if voice is not None and voice.icl else None
+
+    @property
+    def text(self) -> str:
+        return self.request.text
+
+    def code_array(self) -> np.ndarray:
+        """The frames so far, [F, 16] int64."""
+        return np.array(self.codes, dtype=np.int64).reshape(-1, 16)
+
+    def limit(self) -> str | None:
+        """What cut the utterance before its end of speech, or None. A stop at ``max_frames`` that
+        the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked for."""
+        s = self.loop.settings
+        if self.loop.stopped_by_eos or len(self.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
+            return None
+        head = f"{self.label} ({self.text[:40]!r}{'...' if len(self.text) > 40 else ''})"
+        if self.limited_by == "context":
+            return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
+                    f"{self.loop.talker.context} positions holds its {self.prompt.embeds.shape[0]}-position prompt "
+                    f"and no more frames; the rest of its text may be unspoken")
+        if self.limited_by == "expected duration":
+            expected = expected_seconds(self.text, self.request.language)
+            return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
+                    f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
+                    f"stop by itself; give max_frames (--max-frames) to allow more")
+        return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
+
+    # ------------------------------------------------------------ a frame at a time (the batch loop)
+    def ready(self, step: int) -> bool:
+        """Whether frame ``step`` can be made and fed back without waiting for text (always, but for a text
+        still being written: its next text row and whether it may go on must be known)."""
+        if self.track is None:
+            return True
+        self.track.track.poll()
+        capped = self.loop.capped
+        return (self.track.known(self.prompt.first_row + step)
+                and (capped is None or capped.ready(step + 1)))
+
+    def piece_text(self) -> str:
+        """A text still being written: the whole text of its piece (read to its cut, however far the speech
+        got: what ``synthesize`` is given), else the request's text."""
+        if self.track is None:
+            return self.request.text
+        source = self.track.track.source.pieces_of
+        if hasattr(source, "skip_rest"):
+            source.skip_rest(wait=True)
+            return source.text
+        self.track.track.read_all()
+        return self.track.track.text
+
+    def last_frame(self, step: int) -> bool:
+        """Whether frame ``step`` is the last (its cap reached), as ``FrameLoop.frames`` decides."""
+        capped = self.loop.capped
+        return step == self.loop.settings.max_frames - 1 or (capped is not None and capped(step + 1))
+
+    # ------------------------------------------------------------ speaking it
+    def frames(self) -> Iterator[np.ndarray]:
+        """Its frames, int64 [16] each, as the frame loop makes them (also appended to ``codes``)."""
+        for frame in self.loop.frames(self.prompt):
+            self.codes.append(frame)
+            yield frame
+
+    def decode(self, decoder: "Decoder", sample_rate: int) -> SynthesisResult:
+        """The result of an utterance whose frames are all in ``codes``: the whole-utterance decode. An ICL
+        voice's reference codes are decoded in front of the new ones and their samples dropped, as qwen-tts
+        does (kztts drops exactly ``ref frames * 1920`` samples)."""
+        t = time.perf_counter()
+        codes = self.code_array()
+        ref = self.reference_codes
+        if ref is not None:
+            samples = decoder.decode(np.concatenate([ref, codes]))[ref.shape[0] * SAMPLES_PER_FRAME:]
+        else:
+            samples = decoder.decode(codes) if len(codes) else np.zeros(0, np.float32)
+        self.loop.times.decoder += time.perf_counter() - t
+        self.loop.times.first_audio = time.perf_counter() - self.started
+        return self.finish(samples, sample_rate)
+
+    def finish(self, samples: np.ndarray, sample_rate: int) -> SynthesisResult:
+        """``result``, and a limit that cut it short logged (one warning per utterance)."""
+        result = self.result(samples, sample_rate)
+        if result.pieces[0].limit:
+            log.warning("%s", result.pieces[0].limit)
+        return result
+
+    def streamed_samples(self) -> np.ndarray:
+        """The audio streamed so far, in one array."""
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
+
+    def result(self, samples: np.ndarray, sample_rate: int) -> SynthesisResult:
+        """The finished utterance with its decoded ``samples`` (what cut it short: ``pieces[0].limit``)."""
+        codes = self.code_array()
+        piece = Piece(self.text, codes.shape[0], self.loop.stopped_by_eos, self.limit())
+        guard = getattr(self.loop.talker, "guard", None)  # kztts.htp.saturation: probes of the HTP layer graphs
+        return SynthesisResult(samples.astype(np.float32, copy=False), sample_rate, codes, self.loop.times,
+                               time.perf_counter() - self.started, self.loop.stopped_by_eos, pieces=[piece],
+                               fp16_saturations=None if guard is None else guard.count)
