@@ -144,7 +144,7 @@ def accuracy(tts: TTS, spec: dict, voice: Voice, codes: np.ndarray, audio: np.nd
     step = resolve_plan(tts.bundle, cp_mode="step").open_code_predictor(tts.tables)
     tf_cp = np.stack([step.teacher_forced_logits(base["talker_hidden"][k], int(g[k, 0]), g[k, 1:])
                       for k in range(len(g))])
-    dec = tts._streaming_decoder()
+    dec = tts.streaming_decoder()
     wav_on_g = Decoder(tts.plan.session(tts.plan.decoder_graph(), "cpu"), chunk_size=dec.chunk_size,
                        left_context=dec.left_context).decode(g)
     row.update(metrics.accuracy(codes, tf_talker, tf_cp, wav_on_g, audio, base))

@@ -91,7 +91,7 @@ def run(spec: dict) -> dict:
         cp = greedy_cp_codes(tts.code_predictor,
                              base["talker_hidden"][:len(g)].astype(np.float32), g[:, 0])
         cp_match = float((cp == g[:, 1:]).mean())
-    stream = tts._streaming_decoder()
+    stream = tts.streaming_decoder()
     cpu_decoder = Decoder(tts.plan.session("decoder_stream", "cpu"), chunk_size=stream.chunk_size,
                           left_context=stream.left_context)
     wav_own = cpu_decoder.decode(codes)
@@ -105,7 +105,7 @@ def run(spec: dict) -> dict:
     row["cp_codes_match"] = cp_match
     # the decoder of the plan (decoder_chunk on the HTP when the target puts it there) on G, against the
     # fp32 CPU decoder's audio of G (the baseline's)
-    row["snr_db"] = metrics.snr_db(tts._full_decoder().decode(g), base["wav"])
+    row["snr_db"] = metrics.snr_db(tts.whole_decoder().decode(g), base["wav"])
     row["decoder_snr_db"] = row["snr_db"] if decoder_device == "htp" else None
     row["peak_rss_mb"] = metrics.peak_rss_mb()
     return row

@@ -110,7 +110,7 @@ def open_instrumented(spec: dict) -> Instrumented:
     _timed(run.tts.talker, "prefill", run.times["prefill"])
     _timed(run.tts.talker, "decode", run.times["talker"])
     _timed(run.tts.code_predictor, "predict", run.times["code_predictor"])
-    dec = run.tts._streaming_decoder()
+    dec = run.tts.streaming_decoder()
     push = dec.push
 
     def counted_push(codes):
@@ -181,7 +181,7 @@ def accuracy(tts: TTS, spec: dict, prompt, codes: np.ndarray, audio: np.ndarray)
     step = resolve_plan(tts.bundle, cp_mode="step").open_code_predictor(tts.tables)  # logits: the step graph
     hidden_for_cp = base["talker_hidden"] if base is not None else tf_hidden
     tf_cp = np.stack([step.teacher_forced_logits(hidden_for_cp[k], int(g[k, 0]), g[k, 1:]) for k in range(len(g))])
-    dec = tts._streaming_decoder()
+    dec = tts.streaming_decoder()
     wav_on_g = Decoder(tts.plan.session("decoder_stream", "cpu"), chunk_size=dec.chunk_size,
                        left_context=dec.left_context).decode(g)
     if base is None:
