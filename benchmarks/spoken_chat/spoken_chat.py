@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     for name in ("prefill", "decode"):
         timed(tts.talker, name, busy["talker_cp"])
     timed(tts.code_predictor, "predict", busy["talker_cp"])
-    timed(tts._streaming_decoder(), "push", busy["decoder"])
+    timed(tts.streaming_decoder(), "push", busy["decoder"])
     turns = []
     for k, message in enumerate(MESSAGES[:args.turns]):
         for v in busy.values():

@@ -70,13 +70,15 @@ def _cp_stage(rec: Recorder) -> str:
 def instrument(tts) -> Recorder:
     rec = Recorder()
     rec.wrap(tts.tokenizer, "assistant_ids", "tokenize")
-    rec.wrap(tts, "_prompt", "prompt")
+    from kztts.tts.prepared import PreparedSpeech
+
+    rec.wrap(PreparedSpeech, "prompt", "prompt")  # the embeddings (tokenizing is the request's preparation)
     for name in ("prefill", "extend"):
         rec.wrap(tts.talker, name, "prefill")
     rec.wrap(tts.talker.kv, "restore", "prefill")
     rec.wrap(tts.talker, "decode", "more_frames")
     rec.wrap(tts.code_predictor, "predict", _cp_stage)
-    rec.wrap(tts._streaming_decoder(), "push", "decoder")
+    rec.wrap(tts.streaming_decoder(), "push", "decoder")
     return rec
 
 
@@ -93,7 +95,6 @@ def first_audio(tts, rec: Recorder, text: str, voice, language: str, **kw) -> di
     finally:
         chunks.close()
     spent = dict(rec.spent)
-    spent["prompt"] -= spent["tokenize"]  # _prompt tokenizes inside
     spent["other"] = ttfa - sum(v for k, v in spent.items() if k != "other")
     del holder
     return {"ttfa_ms": ttfa * 1e3, "ms": {k: v * 1e3 for k, v in spent.items()}, "samples": first.shape[0]}

@@ -17,6 +17,8 @@ from support import ROOT
 SCRIPTS = {
     "ttfa": ("ttfa/ttfa_study.py", "{bundle} --threads 1 --rounds 1 --frames 4 --rtf-runs 1 --out {out}/ttfa.json",
              "TTFA p50"),
+    "ttfa_written": ("ttfa/written_ttfa.py", "{bundle} --threads 1 --rounds 1 --texts 2 --frames 4 --rate 200",
+                     "sentence / written"),
     "ttfa_cli": ("ttfa/cli_ttfa.py", "{bundle} --threads 1 --runs 1 --max-frames 2 --out {out}/cli.json",
                  "| warm-up |"),
     "spoken_chat": ("spoken_chat/spoken_chat.py", "{lm} {bundle} --threads 1 --turns 1 --max-new-tokens 6 "
