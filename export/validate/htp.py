@@ -205,16 +205,23 @@ def talker_fp16_headroom(bundle_dir: str | Path, seqs: list[dict]) -> dict:
 
 
 def reference_sequences(bundle, tts, prompts, frames: int, language: str) -> list[dict]:
-    """Teacher-forcing inputs from qwen-tts itself: per (text, mode) of ``prompts``, its prompt (as the bundle builds
+    """Teacher-forcing inputs from qwen-tts itself: per (text, mode) of ``prompts`` (or a mode alone: the
+    reference's default text and voice), its prompt (as the bundle builds
     it), the embeddings of its greedy codes, and its own Talker's hidden state at each frame (what the Code
     Predictor is judged on). The reference voice is ``VALIDATION_VOICE``, not the calibration's.
     [{"prefill", "decodes", "codes", "cp_hidden", "text", "mode"}]."""
     tables = EmbeddingTables.from_bundle(bundle)
     voice = validation_voice()
     seqs = []
-    for i, (text, mode) in enumerate(prompts):
-        phase("validate: qwen-tts reference, %s (%d/%d)", mode, i + 1, len(prompts))
-        run = reference_run(tts, mode, frames=frames, language=language, text=text, ref_audio=voice)
+    for i, item in enumerate(prompts):
+        phase("validate: qwen-tts reference, %s (%d/%d)", item, i + 1, len(prompts))
+        if isinstance(item, str):  # a mode alone: the reference's own text and voice (benchmarks, --placement)
+            text, mode = None, item
+            run = reference_run(tts, mode, frames=frames, language=language)
+            text = run.text
+        else:
+            text, mode = item
+            run = reference_run(tts, mode, frames=frames, language=language, text=text, ref_audio=voice)
         prompt = bundle_prompt(bundle, tables, run)
         _, ref_hidden = reference_talker(tts.model, run.prefill, run.trailing, run.tts_pad, run.codes)
         seqs.append({"prefill": prompt.embeds, "decodes": decode_inputs(tables, prompt, run.codes), "codes": run.codes,
@@ -390,6 +397,22 @@ def check_htp_graphs(bundle_dir: str | Path, target: str | Path | None = None, *
     return _report(bundle_dir, tname, tcfg, have, rows, min(frames, decoder_frames), strict)
 
 
+def _cp_codes_match(bundle_dir, target, bundle, cpu_runs, seqs, strict) -> float | None:
+    """Greedy Code Predictor codes with cp_frame on the HTP (child process) vs the CPU, on the
+    CPU Talker's hiddens and the given CB0 codes (``kztts validate --placement``)."""
+    hiddens, c0s = [], []
+    for (_, ch), s in zip(cpu_runs, seqs):
+        hiddens.append(ch[:len(s["codes"])])
+        c0s.append(np.asarray(s["codes"])[:, 0])
+    h, c0 = np.concatenate(hiddens).astype(np.float32), np.concatenate(c0s).astype(np.int64)
+    if len(h) == 0:
+        return None
+    cpu_codes = _cp_codes(bundle_dir, None, h, c0, strict=False)
+    spec = {"job": "cp", "bundle": str(bundle_dir), "target": str(target), "strict": strict, "hidden": h, "c0": c0}
+    htp_codes = run_worker("kztts.export.validate.htp", spec, None, "htp-code-predictor", timeout=1800)["codes"]
+    return float((htp_codes == cpu_codes).mean())
+
+
 def _cp_codes(bundle_dir, target, hidden: np.ndarray, c0: np.ndarray, strict: bool) -> np.ndarray:
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     # the plain cp_frame: on the CPU (target None) or where the target places it
@@ -419,11 +442,18 @@ def head_logits_graph(src: str | Path, out: str | Path, cp_hidden: int, vocab: i
             consumers.setdefault(i, []).append(n)
 
     def weight_dims(name: str):
-        seen = 0
-        while name not in inits and name in producer and seen < 4:  # through DequantizeLinear / Transpose / Cast
-            name = producer[name].input[0]
-            seen += 1
-        return tuple(inits[name].dims) if name in inits else None
+        for _ in range(4):  # through DequantizeLinear / Transpose / Cast to an initializer or a Constant
+            if name in inits:
+                return tuple(inits[name].dims)
+            node = producer.get(name)
+            if node is None:
+                return None
+            if node.op_type == "Constant":
+                return next((tuple(a.t.dims) for a in node.attribute if a.name == "value"), None)
+            if not node.input:
+                return None
+            name = node.input[0]
+        return None
 
     names = []
     for n in g.node:  # the graph's nodes are in topological order: head 0 first

@@ -31,7 +31,7 @@ VALIDATION_PROMPTS: tuple[tuple[str, str], ...] = (
 VALIDATION_TEXTS: tuple[str, ...] = tuple(t for t, _ in VALIDATION_PROMPTS)
 # The reference voice of the validation prompts (kztts.core.audio.synthetic_voice is the calibration's): a
 # lower, faster-modulated tone, its x-vector and ICL codes unlike the calibration speaker's
-VALIDATION_VOICE = {"f0": 132.0, "tremolo_hz": 5.0, "seconds": 1.6, "seed": 7}
+VALIDATION_VOICE = {"f0": 132.0, "tremolo_hz": 5.0, "seconds": 1.2, "seed": 7}
 
 
 def validation_voice(sr: int = 24000) -> np.ndarray:
