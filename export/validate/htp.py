@@ -214,7 +214,8 @@ def reference_sequences(bundle, tts, prompts, frames: int, language: str) -> lis
     voice = validation_voice()
     seqs = []
     for i, item in enumerate(prompts):
-        phase("validate: qwen-tts reference, %s (%d/%d)", item, i + 1, len(prompts))
+        phase("validate: qwen-tts reference, %s (%d/%d)", item if isinstance(item, str) else item[1], i + 1,
+              len(prompts))
         if isinstance(item, str):  # a mode alone: the reference's own text and voice (benchmarks, --placement)
             text, mode = None, item
             run = reference_run(tts, mode, frames=frames, language=language)
@@ -368,14 +369,16 @@ def validate_target(bundle_dir: str | Path, reference_dir: str | Path, target: s
     tname = str(target) if target is not None else bundle_target(bundle)
     tcfg = load_target(tname)
     have = _static_precisions(bundle_dir, precision)
-    if tts is None:  # tests pass a loaded one
-        phase("validate: loading the qwen-tts reference from %s", reference_dir)
-        tts = load_reference(Path(reference_dir))
-    seqs = reference_sequences(bundle, tts, validation_prompts(tts, texts), frames, language)
+    seqs: list[dict] = []
+    if _htp_talker(bundle, tcfg) or resolve_plan(bundle, target=tcfg).steps["code_predictor"].device == "htp":
+        if tts is None:  # tests pass a loaded one
+            phase("validate: loading the qwen-tts reference from %s", reference_dir)
+            tts = load_reference(Path(reference_dir))
+        seqs = reference_sequences(bundle, tts, validation_prompts(tts, texts), frames, language)
     rows = judge_rows(bundle_dir, tname, seqs, strict=strict, cp_frames=cp_frames)
     report = _report(bundle_dir, tname, tcfg, have, rows, min(frames, decoder_frames), strict)
     report["reference"] = str(reference_dir)
-    report["texts"] = [s["text"] for s in seqs]
+    report["texts"] = [s["text"] for s in seqs]  # none when only the decoder is on the HTP (random codes)
     return report
 
 
