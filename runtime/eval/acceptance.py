@@ -54,22 +54,39 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "cp_codes_match": (">=", 1.0),
         "cp_logits_cos_min": (">=", 0.99999),
     },
-    "htp-fp16": {"talker_logits_cos_min": (">=", 0.999), "cp_codes_match": (">=", 0.9),
+    # fp16 on the HTP: the Talker measured 0.99999 on the tiny models; the Code Predictor's fp16 bounds are set as
+    # the Talker's (fp16 rounding flips only near-ties), not yet measured on the validation prompts
+    "htp-fp16": {"talker_logits_cos_min": (">=", 0.999), "cp_argmax_match": (">=", 0.95),
                  "cp_logits_cos_min": (">=", 0.999)},
     # w8a16 Talker graphs (per-channel weights, float norms) on the simulator, tiny models (16 frames, four
     # prompt modes): logits cosine min 0.98924 (equal) and 0.99947 (proj), argmax 1.0 and 0.971; the
     # bound leaves about 4.5x the worst measured distance to 1 (0.0108 -> 0.95) and 3x the argmax
-    # shortfall (0.03 -> 0.9)
+    # shortfall (0.03 -> 0.9). On the validation prompts (kztts validate --target's default, every graph on the HTP;
+    # docs/PRECISION.md, "Acceptance bounds"), tiny proj:
+    #   graph           metric               good     bound   margin                     bad (one weight's scale x2)
+    #   Talker          logits cosine min    0.98586  0.95    3.5x the distance to 1
+    #                   argmax (68 rows)     0.985    0.9     6.7x the shortfall
+    #   Code Predictor  codes (240)          0.6125   0.3     half                       0.025
+    #                   head argmax (240)    0.925    0.8     2.7x the shortfall         0.304
+    #                   logits cosine min    0.98378  0.9     6x the distance to 1       0.589
+    #   decoder (fp16)  SNR, htp-decoder     46.90 dB 40 dB   6.9 dB                     8.27 dB
+    # The Code Predictor's greedy codes cascade (one early flip changes its frame's later codes): its head argmax,
+    # teacher-forced on the HTP's own codes, counts independent rows
     "htp-w8a16": {"talker_logits_cos_min": (">=", 0.95), "talker_argmax_match": (">=", 0.9),
-                  "cp_codes_match": (">=", 0.5), "cp_logits_cos_min": (">=", 0.95)},
+                  "cp_codes_match": (">=", 0.3), "cp_argmax_match": (">=", 0.8),
+                  "cp_logits_cos_min": (">=", 0.9)},
     # w4a16 Talker graphs (int4 per column / LPBQ, float norms) on the simulator (16 frames, four prompt modes):
     # the tiny proj model cosine min 0.9700, argmax 0.735; the narrow model (widths 80 and 48 that no LPBQ block
     # divides, one KV head, bf16 weights; a prefill-only target) 0.9570, 0.559. Random Gaussian weights at 4 bits
     # lose ~19 dB per MatMul and their logits sit close: CPU int4 (MatMulNBits) gives the narrow model argmax
     # 0.79 too. The bound leaves 2.3x the worst distance to 1 (0.043 -> 0.1) and 1.35x the worst argmax
-    # shortfall (0.441 -> 0.6). A mixed precision plan is bounded as its least precise member
+    # shortfall (0.441 -> 0.6). A mixed precision plan is bounded as its least precise member. On the validation
+    # prompts, tiny proj: Talker 0.95795 / argmax 0.824; Code Predictor codes 0.0708, head argmax 0.4625, logits
+    # cosine min 0.81428: a random-weight Code Predictor at 4 bits keeps under half its head argmaxes, so these
+    # bounds (0.03, 0.3, 0.7: 2.4x, 1.5x the shortfall, 1.6x the distance) catch a broken graph, not a poor one
     "htp-w4a16": {"talker_logits_cos_min": (">=", 0.90), "talker_argmax_match": (">=", 0.4),
-                  "cp_codes_match": (">=", 0.05), "cp_logits_cos_min": (">=", 0.8)},
+                  "cp_codes_match": (">=", 0.03), "cp_argmax_match": (">=", 0.3),
+                  "cp_logits_cos_min": (">=", 0.7)},
     # the decoder on the HTP (fp16) vs the fp32 CPU decoder, when the target places it there: measured
     # 46.9 dB on the tiny model (tests/export/validate/test_decoder.py); 21 dB before SnakeBeta was folded
     "htp-decoder": {"decoder_snr_db": (">=", 40.0)},
