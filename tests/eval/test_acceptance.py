@@ -9,7 +9,8 @@ from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 
 def test_metric_lines_mark_each_bounded_value_ok_or_fail():
     report = {"talker_logits_cos_min": 0.9985, "talker_logits_cos_mean": 0.99991, "talker_argmax_match": 1.0,
-              "cp_codes_match": None, "cp_logits_cos_min": None, "fp16_max_abs_activation": 1234.5}
+              "cp_codes_match": None, "cp_argmax_match": None, "cp_logits_cos_min": None,
+              "fp16_max_abs_activation": 1234.5}
     keys = ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "cp_codes_match",
             "fp16_max_abs_activation")
     assert metric_lines(report, keys, BOUNDS["htp-fp16"]) == [
@@ -21,9 +22,9 @@ def test_metric_lines_mark_each_bounded_value_ok_or_fail():
     assert judge(report, BOUNDS["htp-fp16"]) is False and report["pass"] is False
     # the Code Predictor on the CPU (None): not judged, and said so; the Talker's failure is named
     assert report["judged"] == ["talker_logits_cos_min"] and report["failed"] == ["talker_logits_cos_min"]
-    report["cp_codes_match"] = 0.5  # on the HTP, and below its bound
-    assert not judge(report, BOUNDS["htp-fp16"]) and report["failed"] == ["cp_codes_match", "talker_logits_cos_min"]
-    report["cp_codes_match"] = None
+    report["cp_argmax_match"] = 0.5  # on the HTP, and below its bound
+    assert not judge(report, BOUNDS["htp-fp16"]) and report["failed"] == ["cp_argmax_match", "talker_logits_cos_min"]
+    report["cp_argmax_match"] = None
     report["talker_logits_cos_min"] = 0.999
     assert metric_lines(report, keys[:1], BOUNDS["placement"])[0].endswith("(>= 0.999: ok)")
     assert judge(report, BOUNDS["placement"]) is True and report["pass"] is True
