@@ -56,7 +56,8 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
     Per text: the x-vector non-streaming prompt built by the runtime, then ``frames``
     decode inputs: CB0 greedy from the CPU fp32 Talker (control ids suppressed),
     CB1..15 greedy from the bundle's Code Predictor when it has one, else seeded codes.
-    Returns [{"prefill": [T, H], "decodes": [F, H], "codes": [F, 16]}]."""
+    Returns [{"prefill": [T, H], "decodes": [F, H], "codes": [F, 16], "cp_hidden": [F, H]}] (``cp_hidden``: the
+    CPU Talker's hidden state each frame's codes came from)."""
     bundle = Bundle.open(bundle_dir, load_graphs=False)
     m = bundle.manifest
     tables = EmbeddingTables.from_bundle(bundle)
@@ -77,8 +78,9 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
                               language_id=language_id(m.languages, language), speaker=_fixed_speaker(tables.hidden),
                               mode="xvector", non_streaming=True)
         logits, hidden = talker.prefill(prompt.embeds)
-        decodes, codes = [], []
+        decodes, codes, hiddens = [], [], []
         for k in range(frames):
+            hiddens.append(np.asarray(hidden, np.float32))
             c0 = greedy_cb0(logits, eos)  # EOS suppressed: keep the sequence going
             if cp is not None:
                 rest, _ = cp.predict(hidden, c0, SamplingParams.greedy_params(), XorShift32(1))
@@ -89,7 +91,8 @@ def bundle_sequences(bundle_dir: str | Path, texts=DEFAULT_TEXTS, frames: int = 
             decodes.append(e)
             codes.append(frame)
             logits, hidden = talker.decode(e)
-        out.append({"prefill": prompt.embeds, "decodes": np.stack(decodes), "codes": np.stack(codes)})
+        out.append({"prefill": prompt.embeds, "decodes": np.stack(decodes), "codes": np.stack(codes),
+                    "cp_hidden": np.stack(hiddens).reshape(len(hiddens), -1)})
     return out
 
 
