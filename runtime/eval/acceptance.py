@@ -64,8 +64,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # shortfall (0.03 -> 0.9). On the validation prompts (kztts validate --target's default, every graph on the HTP;
     # docs/PRECISION.md, "Acceptance bounds"), tiny proj:
     #   graph           metric               good     bound   margin                     bad (one weight's scale x2)
-    #   Talker          logits cosine min    0.98586  0.95    3.5x the distance to 1
-    #                   argmax (68 rows)     0.985    0.9     6.7x the shortfall
+    #   Talker          logits cosine min    0.98586  0.95    3.5x the distance to 1     0.9365
+    #                   argmax (68 rows)     0.985    0.9     6.7x the shortfall         0.632
     #   Code Predictor  codes (240)          0.6125   0.3     half                       0.025
     #                   head argmax (240)    0.925    0.8     2.7x the shortfall         0.304
     #                   logits cosine min    0.98378  0.9     6x the distance to 1       0.589
