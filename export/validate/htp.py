@@ -27,6 +27,7 @@ from kztts.export.common.checkpoint import load_reference
 from kztts.eval.acceptance import VALIDATION_PROMPTS, VALIDATION_TEXTS, validation_voice
 from kztts.export.common.reference import reference_run
 from kztts.export.common.reference import teacher_forced_talker as reference_talker
+from kztts.export.validate.decoder import htp_decoder_snr
 from kztts.export.validate.tts import bundle_prompt
 from kztts.generation.sampling import SamplingParams, XorShift32
 from kztts.htp.qnn import Placement, bundle_target, session_precision
@@ -330,8 +331,6 @@ def _judge_code_predictor(bundle, bundle_dir, target, seqs, strict, cp_frames) -
 
 
 def _report(bundle_dir, target, tcfg, have, rows: dict, decoder_frames: int, strict: bool) -> dict:
-    from kztts.export.validate.decoder import htp_decoder_snr
-
     report = {"bundle": str(bundle_dir), "target": tcfg.name, "soc": tcfg.soc.name,
               "precision": (sorted(have)[0] if len(have) == 1 else sorted(have)) if have else None, **rows}
     report.update(htp_decoder_snr(bundle_dir, target, decoder_frames, strict=strict))

@@ -14,6 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
+from kztts.bundle import graphs as G
+
 Bound = tuple[str, float]
 
 # The texts ``kztts validate --target`` speaks by default (``--text`` replaces them), each in its prompt mode
@@ -117,8 +119,6 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 def htp_bounds(report: dict) -> dict[str, Bound]:
     """The bounds of a ``validate --target`` report (``kztts.export.validate.htp``): its static graphs' precision's
     (a mixed report: the least precise's), and its decoder's when the decoder ran on the HTP."""
-    from kztts.bundle import graphs as G
-
     precision = report["precision"]
     names = list(precision) if isinstance(precision, (list, tuple, set)) else [precision or G.FLOAT_HTP_PRECISION]
     bounds = dict(BOUNDS[G.htp_precision(G.least_precise(names)).bounds])
