@@ -76,7 +76,7 @@ def cmd_validate_target(args: argparse.Namespace) -> int:
     from kztts.export.validate.htp import validate_target
 
     report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
-                             _frames(args), strict=not args.lenient, texts=args.text)
+                             _frames(args), strict=not args.lenient, texts=args.text, cp_frames=args.cp_frames)
     bounds = htp_bounds(report)
 
     def text() -> None:
@@ -206,6 +206,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.text and not args.target:
         raise KzttsError("--text T is for --target (the HTP graphs judged on your texts); the CPU check replays "
                          "qwen-tts on its own prompt modes")
+    if args.cp_frames < 1:
+        raise KzttsError(f"--cp-frames={args.cp_frames}: give at least 1 frame (15 codes each)")
     if args.text and not all(t.strip() for t in args.text):
         raise KzttsError("--text: give a non-empty text")
     check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
@@ -233,6 +235,9 @@ def add_command(sub) -> None:
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
     s.add_argument("--texts", help="an LM bundle against its checkpoint: a subset of the text set by name "
                                    "(comma-separated: code, english, french, chinese; default all)")
+    s.add_argument("--cp-frames", type=int, default=4, metavar="N",
+                   help="with --target: the Code Predictor judged on the first N frames of each text (default "
+                        "%(default)s: 4 texts x 4 frames x 15 codes = 240 rows)")
     s.add_argument("--text", action="append", metavar="T",
                    help="a TTS bundle with --target: validate on this text (repeatable) instead of the validation "
                         "texts (kztts.eval.acceptance.VALIDATION_PROMPTS, disjoint from the calibration prompts)")
