@@ -69,9 +69,9 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     #   graph           metric               proj     narrow   bound  margin                 bad (one scale x2)
     #   Talker          logits cosine min    0.98586  0.99692  0.95   3.5x the distance to 1 0.9365 (narrow 0.9319)
     #                   argmax (68 rows)     0.985    0.971    0.9    3.4x the shortfall     0.632 (narrow 0.676)
-    #   Code Predictor  codes (240)          0.6125   0.6875   0.3    half                   0.025
-    #                   head argmax (240)    0.925    0.950    0.8    2.7x the shortfall     0.304
-    #                   logits cosine min    0.98378  0.98968  0.9    6x the distance to 1   0.589
+    #   Code Predictor  codes (240)          0.6125   0.6875   0.3    half                   0.025 (narrow 0.042)
+    #                   head argmax (240)    0.925    0.950    0.8    2.7x the shortfall     0.304 (narrow 0.354)
+    #                   logits cosine min    0.98378  0.98968  0.9    6x the distance to 1   0.589 (narrow 0.638)
     #   decoder (fp16)  SNR, htp-decoder     46.90 dB 46.90 dB 40 dB  6.9 dB                 8.27 dB
     # The Code Predictor's greedy codes cascade (one early flip changes its frame's later codes): its head argmax,
     # teacher-forced on the HTP's own codes, counts independent rows
