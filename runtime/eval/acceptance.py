@@ -66,6 +66,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # bound leaves about 4.5x the worst measured distance to 1 (0.0108 -> 0.95) and 3x the argmax
     # shortfall (0.03 -> 0.9). On the validation prompts (kztts validate --target's default, every graph on the HTP;
     # docs/PRECISION.md, "Acceptance bounds"), good builds of tiny proj / narrow; the margin from the worst of them:
+    #   (the held-out mha shape: Talker 0.99509 / argmax 0.926, thin: 1.35x the shortfall; Code Predictor codes
+    #   0.7625, head argmax 0.954, logits cosine 0.97571: 4.1x the distance)
     #   graph           metric               proj     narrow   bound  margin                 bad (one scale x2)
     #   Talker          logits cosine min    0.98586  0.99692  0.95   3.5x the distance to 1 0.9365 (narrow 0.9319)
     #                   argmax (68 rows)     0.985    0.971    0.9    3.4x the shortfall     0.632 (narrow 0.676)
