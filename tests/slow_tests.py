@@ -33,8 +33,15 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("a second full export; the variant paths are covered by test_variants", 64, "CI run here: empty cache, load 5-11"),
     "tests/cli/test_validate_bounds.py::test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone":
         ("the narrow model's good and prompt-calibrated exports at w8a16 and w4a16 (the Talker's prefill graph "
-         "alone on the HTP), four validate --target runs on the simulator", 210,
-         "the slow set here (2 workers, load 4-8): 130 s of exports, two calls of 40 s"),
+         "alone on the HTP), five validate --target runs on the simulator (52 rows each; a wrong Talker scale too)",
+         330, "the slow set here (2 workers, load 4-8): 130 s of exports, two calls of 40 s for 18 rows; 52 rows "
+         "and a fifth call estimated, not yet timed"),
+    "tests/cli/test_validate_bounds.py::test_a_wrong_scale_in_the_graph_on_the_htp_fails_validate":
+        ("the tiny model's w8a16 export with every graph on the simulator, then for the Code Predictor and the "
+         "decoder validate --target on the good build and on a copy with one weight's scale x2 in that graph, only "
+         "that graph on the HTP", 825,
+         "here at load 11-27, the export cached: the Code Predictor's 480 s (--cp-frames 1), the decoder's 345 s; "
+         "the export took 489 s at load 15"),
     "tests/cli/test_validate_bounds.py::test_lm_bounds_pass_the_good_build_and_fail_the_bad_one":
         ("a QNN-defaults LM export, four validates of four texts each on the simulator (both parameters)", 174, "CI run here: empty cache, load 5-11"),
     "tests/export/htp/test_graph_analysis.py::test_a_bundle_s_decoder_graph_takes_the_same_path":

@@ -14,6 +14,11 @@ Sizes
     (3 layers, 5 heads of 24, one KV head, M-RoPE [6, 3, 3]), Code Predictor hidden 48 behind the
     projection (3 layers, 4 heads of 12, one KV head), every Talker weight rounded to bf16; the
     speaker encoder and speech tokenizer of ``tiny``.
+``mha``
+    A second held-out shape, for the acceptance bounds' spread: no grouped-query attention (every head its own
+    KV head), a deeper Talker (hidden 96, intermediate 256 = 8/3 of it, 4 layers, 3 heads of 32, M-RoPE
+    [8, 4, 4]) and a Code Predictor 40 wide behind the projection (2 layers, 2 heads of 20, intermediate 120);
+    fp32 weights; the speaker encoder and speech tokenizer of ``tiny``.
 ``0.6b`` / ``1.7b``
     The released shapes (as quoted by several ports of the released config.json): talker 28 layers, 16/8 heads,
     head_dim 128, M-RoPE [24, 20, 20] interleaved, theta 1e6, text hidden 2048, text
@@ -64,11 +69,11 @@ from kztts.export.common.qwen_import import import_qwen_tts
 
 logger = logging.getLogger(__name__)
 
-SIZES = ("tiny", "narrow", "0.6b", "1.7b")
-SMALL_SIZES = ("tiny", "narrow")  # small speaker encoder and speech tokenizer, built in seconds
+SIZES = ("tiny", "narrow", "mha", "0.6b", "1.7b")
+SMALL_SIZES = ("tiny", "narrow", "mha")  # small speaker encoder and speech tokenizer, built in seconds
 VARIANTS = ("proj", "equal")
 KINDS = ("base", "custom_voice", "voice_design")
-_FULL_VARIANT = {"narrow": "proj", "0.6b": "equal", "1.7b": "proj"}
+_FULL_VARIANT = {"narrow": "proj", "mha": "proj", "0.6b": "equal", "1.7b": "proj"}
 MASSIVE_TINY_LAYERS = 4  # talker layers of a tiny model with an injected massive activation
 
 # ---------------------------------------------------------------- released ids
@@ -141,6 +146,11 @@ def _talker_dims(size: str, variant: str) -> dict:
         return dict(
             hidden=80, inter=160, layers=3, heads=5, kv=1, head_dim=24, mrope=[6, 3, 3], text_hidden=32,
             cp=dict(hidden=48, inter=96, layers=3, heads=4, kv=1, head_dim=12),
+        )
+    if size == "mha":  # no grouped-query attention, a deeper Talker, an intermediate no other size's ratio gives
+        return dict(
+            hidden=96, inter=256, layers=4, heads=3, kv=3, head_dim=32, mrope=[8, 4, 4], text_hidden=32,
+            cp=dict(hidden=40, inter=120, layers=2, heads=2, kv=2, head_dim=20),
         )
     hidden, inter = (1024, 3072) if size == "0.6b" else (2048, 6144)
     return dict(

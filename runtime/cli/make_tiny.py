@@ -26,9 +26,11 @@ def add_command(sub) -> None:
     s.add_argument("--variant", choices=["proj", "equal"], default="proj",
                    help="tiny only: 'proj' = narrower code predictor with projection (like 1.7B), "
                         "'equal' = same width (like 0.6B)")
-    s.add_argument("--size", choices=["tiny", "narrow", "0.6b", "1.7b"], default="tiny",
+    s.add_argument("--size", choices=["tiny", "narrow", "mha", "0.6b", "1.7b"], default="tiny",
                    help="tiny: the test model; narrow: odd widths (Talker 80 with 5 heads of 24, Code Predictor "
-                        "48 with heads of 12, one KV head, bf16 weights); 0.6b / 1.7b: the released shapes")
+                        "48 with heads of 12, one KV head, bf16 weights); mha: every head its own KV head "
+                        "(Talker 96, 4 layers, 3 heads of 32; Code Predictor 40, 2 heads of 20); 0.6b / 1.7b: the "
+                        "released shapes")
     s.add_argument("--kind", choices=["base", "custom_voice", "voice_design"], default="base",
                    help="base: clones a voice (speaker encoder); custom_voice: the released nine preset speakers "
                         "(two dialect speakers); voice_design: a voice from an instruction")

@@ -12,7 +12,7 @@ from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
 from kztts.cli.calibrate import add_graph_arguments, cmd_validate_graph, is_graph
-from kztts.eval.acceptance import BOUNDS, judge, metric_lines
+from kztts.eval.acceptance import BOUNDS, htp_bounds, judge, metric_lines
 from kztts.plan.resolve import resolve_placement
 
 
@@ -28,8 +28,12 @@ def _finish(args: argparse.Namespace, report: dict, bounds: dict, print_text: Ca
     return 0 if ok else 1
 
 
-def _as_list(v) -> list:
-    return list(v) if isinstance(v, (list, tuple, set)) else [v]
+def _frames(args: argparse.Namespace) -> int:
+    """``--frames``, or its default: 16 per prompt on a target (the simulator is slow; four prompts still give 68
+    Talker rows), else 32."""
+    if args.frames is not None:
+        return args.frames
+    return 16 if args.target and not args.placement else 32
 
 
 def _plan_bounds(args: argparse.Namespace, kind: str) -> dict | None:
@@ -40,13 +44,15 @@ def _plan_bounds(args: argparse.Namespace, kind: str) -> dict | None:
     plan = resolve_placement(args.placement, int(read_manifest(Path(args.bundle)).talker["num_layers"]))
     if not plan.quantized:
         return None
-    return BOUNDS[getattr(G.htp_precision(plan.bounds_precision()), kind)]
+    bounds = BOUNDS[getattr(G.htp_precision(plan.bounds_precision()), kind)]
+    # a Talker placement judges the Talker (the Code Predictor and the decoder are not under the plan)
+    return {k: b for k, b in bounds.items() if k.startswith("talker_")} if kind == "bounds" else bounds
 
 
 def cmd_validate_cpu(args: argparse.Namespace) -> int:
     from kztts.export.validate.tts import validate
 
-    report = validate(Path(args.bundle), Path(args.reference), frames=args.frames)
+    report = validate(Path(args.bundle), Path(args.reference), frames=_frames(args))
     bounds = BOUNDS["cpu"]
 
     def text() -> None:
@@ -62,25 +68,32 @@ def cmd_validate_cpu(args: argparse.Namespace) -> int:
     return _finish(args, report, bounds, text)
 
 
+TARGET_KEYS = ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "cp_codes_match",
+               "cp_argmax_match", "cp_logits_cos_min", "cp_logits_cos_mean", "decoder_snr_db")
+
+
 def cmd_validate_target(args: argparse.Namespace) -> int:
-    from kztts.export.validate.decoder import htp_decoder_snr
     from kztts.export.validate.htp import validate_target
 
     report = validate_target(Path(args.bundle), Path(args.reference), args.target, args.precision,
-                             args.frames, strict=not args.lenient)
-    report.update(htp_decoder_snr(args.bundle, args.target or report["target"], min(args.frames, 10),
-                                  strict=not args.lenient))
-    bounds = dict(BOUNDS[G.htp_precision(G.least_precise(_as_list(report["precision"]))).bounds])
-    if report["decoder_snr_db"] is not None:  # the decoder on the HTP: bounded at its graph's precision
-        bounds.update(BOUNDS[G.htp_precision(report["decoder_precision"]).decoder_bounds])
+                             _frames(args), strict=not args.lenient, texts=args.text, cp_frames=args.cp_frames)
+    bounds = htp_bounds(report)
 
     def text() -> None:
-        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}")
-        for line in metric_lines(report, ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match",
-                                          "cp_codes_match", "fp16_max_abs_activation", "decoder_snr_db"), bounds):
+        print(f"target {report['target']} ({report['soc']}), precision {report['precision']}; "
+              f"{len(report['texts'])} texts: " + "; ".join(repr(t) for t in report["texts"]))
+        off = [g for g, on in (("talker", report["talker_on_htp"]), ("code predictor", report["cp_on_htp"]),
+                               ("decoder", report["decoder_device"] == "htp")) if not on]
+        for line in metric_lines(report, TARGET_KEYS, bounds):
             print(line)
+        if report["fp16_max_abs_activation"] is not None:
+            print(f"{'fp16_max_abs_activation':<26}{report['fp16_max_abs_activation']:.7g}")
+        print(f"{'rows':<26}talker {report['talker_rows']} (argmax), code predictor {report['cp_rows']} codes "
+              f"({report.get('cp_frames', 0)} frames), decoder {report['decoder_frames']} frames")
         print(f"{'decoder':<26}{report['decoder_graph']} ({report['decoder_precision']}) on the "
               f"{report['decoder_device']}")
+        if off:
+            print(f"{'on the CPU (not judged)':<26}{', '.join(off)}")
 
     return _finish(args, report, bounds, text)
 
@@ -89,7 +102,7 @@ def cmd_validate_placement(args: argparse.Namespace) -> int:
     from kztts.export.validate.placement import validate_placement
 
     report = validate_placement(Path(args.bundle), Path(args.reference), args.placement, args.target,
-                                frames=args.frames, strict=not args.lenient)
+                                frames=_frames(args), strict=not args.lenient)
     bounds = _plan_bounds(args, "bounds") or BOUNDS["placement"]
 
     def text() -> None:
@@ -117,7 +130,7 @@ def cmd_validate_lm(args: argparse.Namespace) -> int:
     if args.target or args.placement:
         return cmd_validate_lm_placement(args)
     texts = [t.strip() for t in args.texts.split(",") if t.strip()] if args.texts else None
-    report = validate_lm(Path(args.bundle), Path(args.reference), steps=args.frames, texts=texts)
+    report = validate_lm(Path(args.bundle), Path(args.reference), steps=_frames(args), texts=texts)
     bounds = BOUNDS["lm"]
 
     def text() -> None:
@@ -134,7 +147,7 @@ def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
     from kztts.export.validate.lm import validate_lm_placement
 
     report = validate_lm_placement(Path(args.bundle), target=args.target, placement=args.placement,
-                                   steps=args.frames, strict=not args.lenient)
+                                   steps=_frames(args), strict=not args.lenient)
     static = {g.precision for g in read_manifest(Path(args.bundle)).graphs.values() if g.variant == "static"}
     quantized = [p for p in static if p in G.QUANTIZED_PRECISIONS]
     # a mixed plan is bounded as its lossiest member; float graphs (fp16) under the placement bounds
@@ -160,9 +173,9 @@ def cmd_validate_lm_placement(args: argparse.Namespace) -> int:
 def cmd_validate_asr(args: argparse.Namespace) -> int:
     from kztts.export.validate.asr import report_lines, validate_asr
 
-    if args.target or args.placement or args.texts:
+    if args.target or args.placement or args.texts or args.text:
         raise KzttsError("--asr compares the bundle's CPU speech with qwen-tts's on its own texts: "
-                         "drop --target, --placement and --texts")
+                         "drop --target, --placement, --texts and --text")
     report = validate_asr(Path(args.bundle), Path(args.reference))
     print(json.dumps(report, ensure_ascii=False) if args.json else "\n".join(report_lines(report)))
     return 0  # a report, not a bound (kztts.export.validate.asr)
@@ -175,18 +188,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise KzttsError(f"{args.bundle}: --plan, --inputs, --strict and --min-snr are for one graph (GRAPH.onnx)")
     if not args.reference:
         raise KzttsError(f"{args.bundle}: give --reference, the checkpoint the bundle came from")
-    if args.frames < 1:
+    if args.frames is not None and args.frames < 1:
         raise KzttsError(f"--frames={args.frames}: give at least 1 frame to compare")
     need_export_extra()
     if args.asr:
         return cmd_validate_asr(args)
     if read_manifest(Path(args.bundle)).kind == KIND_LM:
+        if args.text:
+            raise KzttsError("--text T is a TTS bundle's validation text; an LM bundle takes --texts NAMES "
+                             "(code, english, french, chinese)")
         return cmd_validate_lm(args)
     from kztts.export.validate.tts import check_reference
 
     if args.texts:
-        raise KzttsError("--texts selects the texts of an LM bundle's validation; a TTS bundle is validated on "
-                         "the four prompt modes")
+        raise KzttsError("--texts selects the texts of an LM bundle's validation; give a TTS bundle its own texts "
+                         "with --text T (repeatable)")
+    if args.text and not args.target:
+        raise KzttsError("--text T is for --target (the HTP graphs judged on your texts); the CPU check replays "
+                         "qwen-tts on its own prompt modes")
+    if args.cp_frames < 1:
+        raise KzttsError(f"--cp-frames={args.cp_frames}: give at least 1 frame (15 codes each)")
+    if args.text and not all(t.strip() for t in args.text):
+        raise KzttsError("--text: give a non-empty text")
     check_reference(Path(args.bundle), Path(args.reference))  # before loading anything heavy
     if args.placement:
         return cmd_validate_placement(args)
@@ -200,8 +223,9 @@ def add_command(sub) -> None:
     s.add_argument("bundle")
     s.add_argument("--reference", help="the checkpoint directory the bundle came from (required for a bundle) "
                                                       "(an LM bundle: its directory or GGUF file)")
-    s.add_argument("--frames", type=int, default=32, help="greedy frames to teacher-force per mode "
-                                                          "(an LM bundle: greedy tokens per prompt)")
+    s.add_argument("--frames", type=int, default=None, help="greedy frames to teacher-force per mode or text (default "
+                                                            "32; 16 with --target) (an LM bundle: greedy tokens per "
+                                                            "prompt)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--target", help="run the bundle's static graphs on this QNN target (e.g. simulator) "
                                     "and compare them with the CPU/reference")
@@ -211,6 +235,12 @@ def add_command(sub) -> None:
     s.add_argument("--lenient", action="store_true", help="with --target: allow CPU fallback of unsupported nodes")
     s.add_argument("--texts", help="an LM bundle against its checkpoint: a subset of the text set by name "
                                    "(comma-separated: code, english, french, chinese; default all)")
+    s.add_argument("--cp-frames", type=int, default=4, metavar="N",
+                   help="with --target: the Code Predictor judged on the first N frames of each text (default "
+                        "%(default)s: 4 texts x 4 frames x 15 codes = 240 rows)")
+    s.add_argument("--text", action="append", metavar="T",
+                   help="a TTS bundle with --target: validate on this text (repeatable) instead of the validation "
+                        "texts (kztts.eval.acceptance.VALIDATION_PROMPTS, disjoint from the calibration prompts)")
     s.add_argument("--asr", action="store_true", help="a TTS bundle: Whisper's WER/CER of its sampled speech and of "
                                                       "qwen-tts's, side by side (the quality extra; a report, exit 0)")
     add_graph_arguments(s, "validate")

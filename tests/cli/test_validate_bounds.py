@@ -37,10 +37,13 @@ def simulator():
         pytest.skip(f"no QNN execution provider: {qnn_unavailable_reason()}")
 
 
-def validate(bundle: Path, reference: Path, target: Path, frames: int) -> tuple[int, dict, str]:
-    """``kztts validate BUNDLE --reference REF --target T --json`` in a child process: (exit code, report, stderr)."""
-    res = subprocess.run([sys.executable, "-m", "kztts.cli.main", "validate", str(bundle), "--reference", str(reference),
-                          "--target", str(target), "--frames", str(frames), "--json"], capture_output=True, text=True)
+def validate(bundle: Path, reference: Path, target: Path, frames: int | None = None,
+             *extra: str) -> tuple[int, dict, str]:
+    """``kztts validate BUNDLE --reference REF --target T --json`` in a child process: (exit code, report, stderr).
+    ``frames`` None: the CLI's default (a TTS bundle: 16 frames of each of the four validation prompts)."""
+    cmd = [sys.executable, "-m", "kztts.cli.main", "validate", str(bundle), "--reference", str(reference),
+           "--target", str(target), "--json", *extra] + ([] if frames is None else ["--frames", str(frames)])
+    res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode in (0, 1), res.stderr[-3000:]  # a verdict, not an error
     return res.returncode, json.loads(res.stdout), res.stderr
 
@@ -90,10 +93,63 @@ def layer_at_two_bits(good: Path, out: Path, layer: int = 0) -> Path:
 def failing(report: dict, bounds: dict) -> list[str]:
     from kztts.eval.acceptance import within
 
-    return [k for k, b in bounds.items() if not within(report[k], b)]
+    return [k for k, b in bounds.items() if report.get(k) is not None and not within(report[k], b)]
+
+
+def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -> Path:
+    """A copy of bundle ``good`` whose ``graph`` (its HTP file) has the first MatMul/Gemm/Conv whose name holds
+    ``node`` computing with its weight scaled by ``factor``: its DequantizeLinear's scale times ``factor`` (a
+    quantization scale written wrong), or, in a float graph, the weight itself (the same arithmetic)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from kztts.bundle.manifest import read_manifest
+
+    shutil.copytree(good, out)
+    spec = read_manifest(out).graphs[graph]
+    rel = spec.extra.get("htp_file", spec.file)
+    model = onnx.load(str(out / rel))
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for n in model.graph.node:
+        if n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose") and node in n.name:
+            w = n.input[1]
+            dq = producer.get(w)
+            t = inits[dq.input[1]] if dq is not None and dq.op_type == "DequantizeLinear" else inits[w]
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
+            onnx.save_model(model, str(out / rel))
+            return out
+    raise AssertionError(f"{rel}: no MatMul/Gemm/Conv named like {node!r}")
+
+
+# ------------------------------------------------------------------ --text
+def test_text_is_a_tts_bundle_s_text_on_a_target(capsys):
+    """``--text T`` (repeatable) replaces the validation texts of ``validate --target``; elsewhere it is refused in
+    one line, and an LM bundle's ``--texts`` NAMES is refused for a TTS bundle naming ``--text``."""
+    from kztts.cli.main import main
+    from kztts.eval.acceptance import VALIDATION_PROMPTS
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.export.validate.htp import validation_prompts
+
+    model = cached_tiny("proj")
+    bundle = cached_bundle(model)
+    for extra, said in ((["--text", "Mine."], "--text T is for --target"),
+                        (["--texts", "english"], "with --text T (repeatable)"),
+                        (["--target", "simulator", "--text", " "], "--text: give a non-empty text")):
+        assert main(["validate", str(bundle), "--reference", str(model), *extra]) not in (0, 1)
+        assert said in capsys.readouterr().err
+    # the user's texts take the validation prompts' modes in turn
+    assert validation_prompts(None, ["a", "b", "c"]) == (("a", "xvec_nonstream"), ("b", "icl_stream"),
+                                                        ("c", "xvec_stream"))
+    assert validation_prompts(None) == VALIDATION_PROMPTS
 
 
 # ------------------------------------------------------------------ the TTS Talker
+TALKER_SCALE = ("/down_proj/MatMul", 2.0)  # the Talker's wrong scale: its first MLP down projection's, doubled
+
+
 class PromptsAlone:
     """``TtsPrompts`` whose prefill graph sees the prompts alone (no decode step); the other graphs (``cp_frame``,
     the exported ``talker_decode``) keep the frames the decode steps speak (without them they would have no data)."""
@@ -145,26 +201,36 @@ def narrow_bundles(simulator, talker_only_target):
 @pytest.mark.slow  # the narrow model's four exports, four validates on the simulator
 @pytest.mark.parametrize("precision", ["w8a16", "w4a16"])
 def test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone(narrow_bundles, talker_only_target,
-                                                                                precision):
+                                                                                precision, tmp_path):
     """The narrow model on the prefill-only target, whose decode steps run the padded prefill graph: calibrated on
     the decode steps it serves it passes ``htp-<precision>``; calibrated on the prompts alone (the regression this
     project once shipped: too narrow 16-bit past-KV ranges for a filled cache) it fails them.
 
     This held-out shape (Talker 80 wide with 5 heads of 24, Code Predictor 48 behind the projection, one KV head,
     bf16 weights) is the one that missed its own bounds: calibrated on prompts alone its logits fell to cosine 0.75
-    (w8a16) / 0.84 (w4a16) from the first decode step on, in every prompt mode; 8 frames of the default two modes
-    (x-vector non-streaming, ICL streaming) see it."""
+    (w8a16) / 0.84 (w4a16) from the first decode step on, in every prompt mode."""
     from kztts.eval.acceptance import BOUNDS
 
     narrow, bundles = narrow_bundles
     good, bad = bundles[precision]
-    rc_good, r_good, err = validate(good, narrow, talker_only_target, frames=8)
-    rc_bad, r_bad, _ = validate(bad, narrow, talker_only_target, frames=8)
-    bounds = BOUNDS[f"htp-{precision}"]
+    # 12 frames of each of the four validation prompts: 52 argmax rows (the context of 64 holds the longest, ICL
+    # non-streaming, prompt of 44 positions and its frames)
+    rc_good, r_good, err = validate(good, narrow, talker_only_target, frames=12)
+    rc_bad, r_bad, _ = validate(bad, narrow, talker_only_target, frames=12)
+    bounds = {k: b for k, b in BOUNDS[f"htp-{precision}"].items() if k.startswith("talker_")}
     print(f"\nTTS {precision} good: {({k: r_good[k] for k in bounds})}; prompts alone: {({k: r_bad[k] for k in bounds})}")
     assert r_good["precision"] == r_bad["precision"] == precision and r_good["cp_codes_match"] is None
+    assert r_good["talker_rows"] >= 50 and r_good["judged"] == sorted(bounds)
     assert rc_good == 0 and r_good["pass"], (r_good, err[-2000:])
     assert rc_bad == 1 and not r_bad["pass"] and failing(r_bad, bounds), r_bad
+    if precision != "w8a16":
+        return
+    # a wrong quantization scale in the Talker: one MLP down projection's weight scale doubled in the prefill graph
+    # (on this prefill-only target it serves every decode step too)
+    scaled = scaled_weight(good, tmp_path / "talker_scale", "talker_prefill", TALKER_SCALE[0], TALKER_SCALE[1])
+    rc_scaled, r_scaled, _ = validate(scaled, narrow, talker_only_target, frames=12)
+    print(f"{TALKER_SCALE[0]} scale x{TALKER_SCALE[1]:g}: {({k: r_scaled[k] for k in bounds})}")
+    assert rc_scaled == 1 and r_scaled["failed"] and set(r_scaled["failed"]) <= set(bounds), r_scaled
 
 
 # ------------------------------------------------------------------ the LM
@@ -204,3 +270,69 @@ def test_lm_bounds_pass_the_good_build_and_fail_the_bad_one(lm_bundles, qwen3_di
     assert rc_good == 1 and failing(r_good, bounds) == ["logits_cos_min", "top1_agree"], r_good
     assert 1 - r_bad["logits_cos_min"] > 2 * (1 - r_good["logits_cos_min"])
     assert r_bad["top1_agree"] < r_good["top1_agree"] / 2
+
+
+# ------------------------------------------------------------------ a wrong scale in each graph on the HTP
+def placed(base: Path, out_dir: Path, name: str, **placement: str) -> Path:
+    """``base`` (a target file) with ``placement`` changed: which graphs ``validate --target`` puts on the HTP."""
+    data = json.loads(base.read_text())
+    data["placement"].update(placement)
+    p = out_dir / f"{name}.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+@pytest.fixture(scope="module")
+def all_htp(simulator, tmp_path_factory):
+    """The tiny proj model's w8a16 bundle for a test-sized simulator target with every graph on the HTP (context
+    128: the four validation prompts and their 16 frames fit), and targets that place one graph on the HTP each:
+    its Code Predictor (``cp``) or its decoder (``decoder``); the bundle is exported once (cached)."""
+    from kztts.export.tts.bundle_writer import cached_target_bundle
+    from kztts.export.tts.tiny import cached_tiny
+    from kztts.htp.targets import configs_dir
+
+    d = tmp_path_factory.mktemp("targets")
+    data = json.loads((configs_dir() / "simulator.json").read_text())
+    data["shapes"].update(prefill_chunk=16, context=128, decoder_chunk=5)
+    data["talker_graphs"] = "prefill+decode"
+    data["placement"].update(talker_prefill="htp", talker_decode="htp", cp_frame="htp", decoder="htp")
+    every = d / "simulator_all_htp.json"
+    every.write_text(json.dumps(data, indent=1))
+    model = cached_tiny("proj")
+    bundle = cached_target_bundle(model, every, precision="w8a16")
+    cpu = dict(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="cpu")
+    targets = {"cp": placed(every, d, "cp_only", **{**cpu, "cp_frame": "htp"}),
+               "decoder": placed(every, d, "decoder_only", **{**cpu, "decoder": "htp"})}
+    return model, bundle, targets, tmp_path_factory.mktemp("bad_scales")
+
+
+# graph -> (the graph file changed, the node whose scale is written wrong, the factor, the graph's bounded metrics);
+# the Talker's case is the narrow model's (test_tts_bounds_...), whose good build that test validates already
+WRONG_SCALES = {
+    "cp": ("cp_frame", "/stack/o_proj/MatMul", 2.0, {"cp_codes_match", "cp_argmax_match", "cp_logits_cos_min"}),
+    "decoder": ("decoder_chunk", "/output_proj/Conv", 2.0, {"decoder_snr_db"}),
+}
+
+
+@pytest.mark.slow  # one w8a16 export of the tiny model for the simulator, four validates on it
+@pytest.mark.parametrize("graph", sorted(WRONG_SCALES))
+def test_a_wrong_scale_in_the_graph_on_the_htp_fails_validate(all_htp, graph):
+    """The good w8a16 build passes ``validate --target`` with only ``graph`` on the HTP; the same bundle with one
+    weight's quantization scale written wrong in that graph fails it, on that graph's metrics."""
+    from kztts.eval.acceptance import htp_bounds
+
+    model, good, targets, work = all_htp
+    name, node, factor, metrics = WRONG_SCALES[graph]
+    bad = scaled_weight(good, work / graph, name, node, factor)
+    # the Code Predictor on the first frame of each prompt: 60 codes and head rows (a flip moves a score by 1.7%);
+    # the simulator takes most of its time on cp_frame (the default, 4 frames, measured the bounds)
+    rc_good, r_good, err = validate(good, model, targets[graph], None, "--cp-frames", "1")
+    rc_bad, r_bad, _ = validate(bad, model, targets[graph], None, "--cp-frames", "1")
+    bounds = htp_bounds(r_good)
+    print(f"\n{graph} good: {({k: r_good[k] for k in r_good['judged']})}; {node} scale x{factor:g}: "
+          f"{({k: r_bad[k] for k in r_bad['judged']})}")
+    assert rc_good == 0 and r_good["pass"] and set(r_good["judged"]) == metrics, (r_good, err[-2000:])
+    assert r_good["cp_rows"] in (0, 60)
+    assert rc_bad == 1 and set(r_bad["judged"]) == metrics, r_bad  # only the graph on the HTP is judged
+    assert set(failing(r_bad, bounds)) == set(r_bad["failed"]) and set(r_bad["failed"]) <= metrics, r_bad
+    assert r_bad["failed"], r_bad

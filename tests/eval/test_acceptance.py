@@ -2,12 +2,15 @@
 good and bad builds, through the CLI: tests/cli/test_validate_bounds.py)."""
 from __future__ import annotations
 
+import numpy as np
+
 from kztts.eval.acceptance import BOUNDS, judge, metric_lines
 
 
 def test_metric_lines_mark_each_bounded_value_ok_or_fail():
     report = {"talker_logits_cos_min": 0.9985, "talker_logits_cos_mean": 0.99991, "talker_argmax_match": 1.0,
-              "cp_codes_match": None, "fp16_max_abs_activation": 1234.5}
+              "cp_codes_match": None, "cp_argmax_match": None, "cp_logits_cos_min": None,
+              "fp16_max_abs_activation": 1234.5}
     keys = ("talker_logits_cos_min", "talker_logits_cos_mean", "talker_argmax_match", "cp_codes_match",
             "fp16_max_abs_activation")
     assert metric_lines(report, keys, BOUNDS["htp-fp16"]) == [
@@ -17,6 +20,11 @@ def test_metric_lines_mark_each_bounded_value_ok_or_fail():
         "fp16_max_abs_activation   1234.5",
     ]  # cp_codes_match is None: left out
     assert judge(report, BOUNDS["htp-fp16"]) is False and report["pass"] is False
+    # the Code Predictor on the CPU (None): not judged, and said so; the Talker's failure is named
+    assert report["judged"] == ["talker_logits_cos_min"] and report["failed"] == ["talker_logits_cos_min"]
+    report["cp_argmax_match"] = 0.5  # on the HTP, and below its bound
+    assert not judge(report, BOUNDS["htp-fp16"]) and report["failed"] == ["cp_argmax_match", "talker_logits_cos_min"]
+    report["cp_argmax_match"] = None
     report["talker_logits_cos_min"] = 0.999
     assert metric_lines(report, keys[:1], BOUNDS["placement"])[0].endswith("(>= 0.999: ok)")
     assert judge(report, BOUNDS["placement"]) is True and report["pass"] is True
@@ -65,6 +73,40 @@ def test_a_mixed_plan_is_bounded_as_its_least_precise_member(tmp_path):
         f = tmp_path / f"{name}.json"
         f.write_text(json.dumps({"schema": "kztts-placement/1", "mode": "explicit", **body}))
         got[name] = _plan_bounds(argparse.Namespace(placement=str(f), bundle=str(bundle)), "bounds")
-    assert got == {"mixed": BOUNDS["htp-w4a16"], "eight": BOUNDS["htp-w8a16"], "float": None}
+    talker = {p: {k: b for k, b in BOUNDS[p].items() if k.startswith("talker_")} for p in ("htp-w4a16", "htp-w8a16")}
+    assert got == {"mixed": talker["htp-w4a16"], "eight": talker["htp-w8a16"], "float": None}
     measured = {"talker_logits_cos_min": 0.9700263, "talker_argmax_match": 0.7352941}  # docs/PRECISION.md, w4a16
-    assert judge(dict(measured), BOUNDS["htp-w4a16"]) and not judge(dict(measured), BOUNDS["htp-w8a16"])
+    assert judge(dict(measured), talker["htp-w4a16"]) and not judge(dict(measured), talker["htp-w8a16"])
+
+
+def test_validation_prompts_are_disjoint_from_every_calibration_prompt():
+    """``validate --target`` judges the quantized graphs out of sample: no validation text is a calibration prompt's
+    (the export's TTS prompts and ``kztts calibrate``'s file), nor a near copy of one (case, spacing and punctuation
+    aside); no (text, mode) pair or voice is shared either. Enough rows: four prompts of 16 frames give >= 50 Talker
+    argmax rows."""
+    import re
+
+    from kztts.core.audio import synthetic_voice
+    from kztts.eval.acceptance import MIN_ROWS, VALIDATION_PROMPTS, VALIDATION_TEXTS, validation_voice
+    from kztts.eval.calibrate import load_prompts
+    from kztts.export.common.reference import DEFAULT_TEXT, MODES
+    from kztts.export.tts.prompt_calibration import CALIBRATION_PROMPTS
+
+    def norm(t: str) -> str:
+        return re.sub(r"[\W_]+", " ", t.lower()).strip()
+
+    calibration = {norm(t) for t, _, _ in CALIBRATION_PROMPTS}
+    calibration |= {norm(p["text"]) for p in load_prompts()}
+    assert len(calibration) >= 8
+    validation = {norm(t) for t in VALIDATION_TEXTS}
+    assert len(validation) == len(VALIDATION_PROMPTS) >= 4
+    assert not validation & calibration, validation & calibration
+    for v in validation:  # no validation text contains a calibration text or sits inside one
+        assert not any(v in c or c in v for c in calibration), v
+    assert norm(DEFAULT_TEXT) in calibration  # the text validate once teacher-forced: calibration prompt #1
+    # every mode once (the calibration speaks x-vector modes only), and a voice of its own
+    assert sorted(m for _, m in VALIDATION_PROMPTS) == sorted(MODES)
+    a, b = validation_voice(), synthetic_voice()
+    n = min(len(a), len(b))
+    assert abs(np.corrcoef(a[:n], b[:n])[0, 1]) < 0.2
+    assert len(VALIDATION_PROMPTS) * (16 + 1) >= MIN_ROWS  # validate --target's default 16 frames per prompt
