@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 from kztts.bundle.graphs import FLOAT_HTP_PRECISION
 from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, write_manifest
@@ -34,13 +35,14 @@ log = logging.getLogger(__name__)
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
                   context_binary: bool = False, segments: bool = False, placement: str | None = None,
-                  decoder_precision: str = FLOAT_HTP_PRECISION, check_htp: bool = False) -> Path:
+                  decoder_precision: str = FLOAT_HTP_PRECISION, check_htp: Callable | None = None) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
     when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan;
     ``decoder_precision``: the HTP decoder's, ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a
     temp dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``).
-    ``check_htp``: judge the quantized HTP graphs on the simulator and refuse the export below their bounds
-    (``kztts.export.htp.export_check``); without it the manifest says they are unvalidated."""
+    ``check_htp``: what judges the quantized HTP graphs on the simulator and refuses the export below their bounds
+    (``kztts.export.validate.htp_check.check_bundle``, given by the command); without it the manifest says they
+    are unvalidated (``kztts.export.htp.export_check``)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)

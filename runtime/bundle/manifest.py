@@ -149,7 +149,7 @@ class Manifest:
 
     @property
     def htp_check(self) -> dict | None:
-        """How the export judged its quantized HTP graphs on the HTP simulator (``kztts.export.htp.export_check``):
+        """How the export judged its quantized HTP graphs on the HTP simulator (``kztts.export.htp.export_check``, judged by ``kztts.export.validate.htp_check``):
         ``{"status": "validated", "target", "figures", "bounds", ...}`` when they passed their bounds, ``{"status":
         "unvalidated", "reason"}`` when nothing checked them (no QNN execution provider where it was exported, or
         a build that skipped the check); None when the bundle has no quantized HTP graph (or predates the key)."""

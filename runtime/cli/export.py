@@ -67,6 +67,7 @@ def export_tts(args: argparse.Namespace) -> Path:
     from kztts.export.common.checkpoint import read_config
     from kztts.export.tts.bundle_writer import export_bundle
     from kztts.export.common.variants import variant_output
+    from kztts.export.validate.htp_check import check_bundle
 
     read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
     htp_decoder = args.decoder in G.HTP_DECODER_FLAGS
@@ -87,7 +88,7 @@ def export_tts(args: argparse.Namespace) -> Path:
                       precision=args.precision, context_binary=args.context_binary, segments=args.segments,
                       placement=args.placement,
                       decoder_precision=args.decoder if htp_decoder else G.FLOAT_HTP_PRECISION,
-                      check_htp=not args.no_htp_check)
+                      check_htp=None if args.no_htp_check else check_bundle)
     return out
 
 

@@ -1,4 +1,5 @@
-"""A quantized export checks its HTP graphs on the simulator (``kztts.export.htp.export_check``): a good one records
+"""A quantized export checks its HTP graphs on the simulator (``kztts.export.htp.export_check``, judged by
+``kztts.export.validate.htp_check``): a good one records
 "validated" with its figures, a bad one is refused with nothing written, and without the QNN execution provider the
 manifest says "unvalidated" and ``synth`` warns once."""
 from __future__ import annotations
@@ -76,7 +77,8 @@ def test_a_good_w8a16_decoder_is_validated_and_a_wrong_scale_refused(w8a16_bundl
     from onnx import numpy_helper
 
     from kztts.eval.acceptance import BOUNDS
-    from kztts.export.htp.export_check import HtpCheckFailed, check_bundle, quantized_htp_steps
+    from kztts.export.htp.export_check import HtpCheckFailed, quantized_htp_steps
+    from kztts.export.validate.htp_check import check_bundle
 
     _qnn()
     assert quantized_htp_steps(w8a16_bundle, decoder_target) == {"decoder": "w8a16"}
@@ -116,7 +118,7 @@ def test_export_validates_a_good_build_and_refuses_a_failing_one_leaving_nothing
     assert check["texts"] == list(CHECK_TEXTS)
     tight = {**acceptance.BOUNDS, DECODER_TABLE: {"decoder_snr_db": (">=", check["figures"]["decoder_snr_db"] + 10)}}
     monkeypatch.setattr(acceptance, "BOUNDS", tight)
-    monkeypatch.setattr("kztts.export.htp.export_check.BOUNDS", tight)
+    monkeypatch.setattr("kztts.export.validate.htp_check.BOUNDS", tight)
     bad = tmp_path / "refused"
     code, out, err = kztts_main(capsys, "export", tiny_dir, "-o", bad, "--target", decoder_target,
                                 "--decoder", "w8a16")
@@ -135,7 +137,9 @@ def test_without_qnn_the_manifest_says_unvalidated_and_synth_warns_once(w8a16_bu
 
     assert read_manifest(w8a16_bundle).htp_unvalidated  # built without the check
     monkeypatch.setattr(export_check, "qnn_available", lambda: False)
-    rec = export_check.htp_check_record(w8a16_bundle, decoder_target, check=True)
+    from kztts.export.validate.htp_check import check_bundle
+
+    rec = export_check.htp_check_record(w8a16_bundle, decoder_target, check=check_bundle)
     assert rec["status"] == "unvalidated" and "no QNN execution provider" in rec["reason"]
     from kztts.core.audio import synthetic_voice, write_wav
 
