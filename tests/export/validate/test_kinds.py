@@ -23,7 +23,7 @@ def test_cpu_validate_meets_the_cpu_bounds(request, kind_dirs, name):
 
 
 @pytest.mark.slow  # 2.5 min each at load 5 on 2 cores: an export for the simulator target, its strict validation
-# on the simulator (8 frames of both text modes) and a synth --target run; the 1.7B and 0.6B CustomVoice layouts
+# on the simulator (8 frames of the four validation prompts) and a synth --target run; the 1.7B and 0.6B CustomVoice layouts
 @pytest.mark.parametrize("name, voice", [("custom_voice", ["--speaker", "eric", "--instruct", "Slowly."]),
                                          ("custom_voice_06", ["--speaker", "dylan"]),
                                          ("voice_design", ["--instruct", "A calm, low voice."])])
@@ -36,7 +36,9 @@ def test_kind_on_the_simulator_target(kind_dirs, small_target, tmp_path, name, v
     report = validate_target(bundle, kind_dirs[name], small_target, frames=8, language="Chinese")
     print(f"\n{name} on the simulator: cosine min {report['talker_logits_cos_min']:.6f}, "
           f"argmax {report['talker_argmax_match']:.3f}, CP codes {report['cp_codes_match']}")
-    assert [m["frames"] for m in report["modes"]] == [8, 8]  # the non-streaming and the streaming prompt
+    # the four validation prompts, each in its text mode (a preset or designed voice has no ICL: both x-vector modes)
+    assert [m["frames"] for m in report["modes"]] == [8, 8, 8, 8]
+    assert {m["mode"] for m in report["modes"]} == {"xvec_nonstream", "xvec_stream"}
     assert report["precision"] == "fp16" and judge(report, BOUNDS["htp-fp16"]), report["talker_logits_cos_min"]
     out = tmp_path / f"{name}.wav"
     r = subprocess.run([sys.executable, "-m", "kztts.cli.main", "synth", "你好，世界。", "-o", str(out),
