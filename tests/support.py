@@ -226,3 +226,11 @@ def real_gguf() -> Path:
     if not path.is_file():
         need_disk(path.parent, space_needed(QWEN25_CODER_1_5B_Q4KM), "fetching the real 1.5B")
     return fetch_checkpoint()
+
+
+class AtOnce:
+    """The handler's event loop, stood in for: a job's event goes into its queue at once, from any thread."""
+
+    @staticmethod
+    def call_soon_threadsafe(put, *args):
+        put(*args)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from support import AtOnce
 from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
 from kztts.server.scheduler import Job
@@ -17,14 +18,6 @@ from kztts.tts.request import SynthesisRequest
 
 LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
         "some more words so that the whole text needs more than one context. A third sentence ends it all!")
-
-
-class AtOnce:
-    """The handler's event loop, stood in for: a job's event goes into its queue at once, from any thread."""
-
-    @staticmethod
-    def call_soon_threadsafe(put, *args):
-        put(*args)
 
 
 def job(request: SynthesisRequest, stream: bool, engine) -> Job:

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from support import AtOnce
 from kztts.core.audio import synthetic_voice
 from kztts.core.errors import KzttsError
 from kztts.server.scheduler import Job
@@ -19,12 +20,6 @@ from kztts.tts.text.track import TextFeed
 
 LONG = ("The first sentence of a longer text is here. The second sentence follows it, with a clause; and then "
         "some more words so that the whole text needs more than one context. A third sentence ends it all!")
-
-
-class AtOnce:
-    @staticmethod
-    def call_soon_threadsafe(put, *args):
-        put(*args)
 
 
 @pytest.fixture(scope="module")

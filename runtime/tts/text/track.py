@@ -112,6 +112,11 @@ class TextSource:
         """Whether ``pull`` would return without waiting (always True for a source that cannot tell)."""
         return self.closed or self._ready is None or self._ready()
 
+    def waiting(self) -> bool:
+        """Whether a piece (or the end) is known to be there now: only a source that can tell (a ``TextFeed``)
+        is ever read without waiting."""
+        return not self.closed and self._ready is not None and self._ready()
+
     def pull(self) -> None:
         """One more piece (blocking), or the end of the text. A source that raises ends in one
         ``TextSourceError`` (its own error is the cause); a piece that is not a string is refused."""
@@ -169,7 +174,7 @@ class TextTrack:
 
     def poll(self) -> None:
         """Pull every piece that has come, without waiting (a ``TextFeed``'s; another source is never polled)."""
-        while not self.closed and self.source._ready is not None and self.source.ready():
+        while self.source.waiting():
             self.pull()
 
     def need(self, n: int) -> bool:
@@ -295,7 +300,7 @@ class WrittenText:
         src = self._source
         if self._current is not None and not self._current.skip_rest(wait=False):
             return False
-        while not self.text[self.start:].strip() and not src.closed and src._ready is not None and src.ready():
+        while not self.text[self.start:].strip() and src.waiting():
             self._pull()
         return bool(self.text[self.start:].strip()) or src.closed
 
@@ -333,7 +338,6 @@ class PieceText:
         self._done = empty
         self.start = written.start
         self.end: int | None = None  # where the piece ends, once its cut is known
-        self._ready = getattr(written._source, "_ready", None)
 
     def __iter__(self) -> Iterator[str]:
         w = self._w
