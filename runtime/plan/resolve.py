@@ -391,6 +391,6 @@ def warn_unvalidated(plan: ExecutionPlan) -> bool:
         return False
     _WARNED_UNVALIDATED.add(key)
     log.warning("%s: its quantized HTP graphs (%s) are unvalidated: %s; check them with `kztts validate --target` "
-                "before trusting the audio", Path(m.path).parent, ", ".join(quantized),
+                "before trusting what it makes", Path(m.path).parent, ", ".join(quantized),
                 m.htp_check.get("reason", "not checked at export"))
     return True
