@@ -284,7 +284,7 @@ class TTS:
         out: list[np.ndarray] = []
         first_audio = None
         try:
-            for utterance in prepared.written_utterances(pieces):
+            for utterance in prepared.written_utterances(pieces, guess=True):
                 for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
                     audio = joiner.push(chunk)
                     if audio.shape[0]:

@@ -168,6 +168,45 @@ def test_a_slow_source_changes_no_code_and_the_frames_wait(tts, xvector):
     np.testing.assert_array_equal(got, samples)
 
 
+def test_the_prefill_runs_on_a_guessed_first_token_while_the_text_comes(tts, xvector, monkeypatch):
+    """The first prefill runs once some text has come, on its first token as guessed, before the piece that
+    commits it is read; a wrong guess (the first word went on) is prefilled again on the committed token. The
+    codes are the whole text's either way."""
+    from kztts.tts.prompt import TrackPrompt
+
+    events: list = []
+    talker_type = type(tts.talker)
+    prefill, confirm = talker_type.prefill, TrackPrompt.confirm
+
+    def logged_prefill(self, embeds):
+        events.append("prefill")
+        return prefill(self, embeds)
+
+    def logged_confirm(self):
+        events.append(("confirmed", ok := confirm(self)))
+        return ok
+
+    monkeypatch.setattr(talker_type, "prefill", logged_prefill)
+    monkeypatch.setattr(TrackPrompt, "confirm", logged_confirm)
+
+    def source(pieces):
+        for piece in pieces:
+            events.append(piece)
+            yield piece
+
+    text = "Hello there, my friend."
+    request = SynthesisRequest(text, xvector, language="english", greedy=True, max_frames=8)
+    codes, _ = whole(tts, request)
+    for pieces, order in ((["Hello", " there, my friend."], ["Hello", "prefill", " there, my friend.",
+                                                               ("confirmed", True)]),
+                          (["Hel", "lo there, my friend."], ["Hel", "prefill", "lo there, my friend.",
+                                                             ("confirmed", False), "prefill", ("confirmed", True)])):
+        events.clear()
+        got, _ = spoken(tts, source(pieces), request)
+        assert events[:len(order)] == order, events
+        assert np.array_equal(got, codes), pieces
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("pieces", [[], [""], ["  ", "\n"]], ids=["none", "empty", "blank"])
 def test_empty_text_is_one_clear_error_before_any_audio(tts, xvector, pieces):
