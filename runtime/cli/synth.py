@@ -56,6 +56,9 @@ def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
     """Every flag (and a ``--file``'s lines) checked before anything loads: the WAV to write, or the
     lines of ``--file``."""
     out = lines = None
+    if args.max_frames is not None and args.max_frames < 1:
+        raise KzttsError(f"--max-frames must be >= 1 (12.5 frames per second of audio), got {args.max_frames}; "
+                         "leave it out for the checkpoint's own cap")
     if args.file:  # many utterances, batched: the file is checked line by line
         lines = synth_many.check_args(args)
     elif args.text is None or args.output is None:
@@ -106,12 +109,13 @@ def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
 
 
 def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> Voice | None:
-    """The voice of ``--xvector``, ``--speaker-wav``, ``--ref-audio`` or ``--voice``; the demo's synthetic one;
-    None with ``--speaker`` (the request names it), for a bundle that clones no voice, or with ``--file`` (each
-    line gives its own). The bundle's kind refuses what it cannot take before any encoder runs."""
+    """The voice of ``--xvector``, ``--speaker-wav``, ``--ref-audio`` or ``--voice``; None with ``--speaker`` (the
+    request names it); else the bundle's default (``TTS.default_voice``: one rule on every route), which is also
+    the default of ``--file``'s lines. The bundle's kind refuses what it cannot take before any encoder runs."""
     given = any(getattr(args, f) for f in VOICE_FLAGS)
-    if given or args.speaker or args.instruct or (tts.kind.kind != "base" and not args.file):
-        tts.kind.check(SynthesisRequest(args.text or "", voice=_REFERENCE if given else None, speaker=args.speaker,
+    if given or args.speaker or args.instruct:
+        tts.kind.check(SynthesisRequest(args.text or "", voice=_REFERENCE if given else None,
+                                        speaker=args.speaker or (None if given else tts.kind.default_speaker),
                                         instruct=args.instruct))
     if args.voice:
         return tts.voice_from_file(args.voice)
@@ -121,12 +125,16 @@ def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> V
         return tts.voice_from_wav(*recording)
     if args.ref_audio:
         return tts.voice_from_reference(*recording, args.ref_text)
-    if args.speaker or tts.kind.kind != "base" or args.file:
+    if args.speaker:
         return None
-    if demo:
-        return tts.voice_from_wav(synthetic_voice(), 24000)
-    raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
-                     "--ref-audio F --ref-text T, or a saved voice --voice F")
+    voice = tts.default_voice()
+    if tts.kind.kind == "base" and not demo:
+        print("kztts: no voice given: the built-in voice speaks (the demo's synthetic voice); give --speaker-wav F "
+              "or --voice F.voice for a voice of your choice", file=sys.stderr)
+    elif tts.kind.default_speaker is not None:
+        print(f"kztts: no --speaker given: the first preset speaker, {tts.kind.default_speaker}, speaks",
+              file=sys.stderr)
+    return voice
 
 
 def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings) -> SynthesisResult:
@@ -252,7 +260,8 @@ def add_command(sub) -> None:
     s = sub.add_parser("synth", help="text -> speech (WAV)")
     s.add_argument("text", nargs="?", help="the text to speak; '-' reads it from standard input as it arrives and "
                                           "speaks it while it comes (the streaming text mode, one token per frame)")
-    s.add_argument("-o", "--output", help="WAV file to write")
+    s.add_argument("-o", "--output", help="audio file to write, its format by extension: .wav (16-bit PCM), .flac, "
+                                          ".ogg (Vorbis) or .mp3")
     s.add_argument("--file", help="JSONL requests, one utterance per line (with --out-dir, --batch)")
     s.add_argument("--out-dir", help="with --file: one WAV per line and summary.json")
     s.add_argument("--batch", type=int, default=4, help="with --file: utterances generated together (default 4)")
@@ -312,6 +321,8 @@ def add_command(sub) -> None:
 def cmd_voice_create(args: argparse.Namespace) -> int:
     """Compute a voice from a recording with the bundle's encoders and save it (``kztts.tts.voice_file``)."""
     out = check_writable(args.output, "voice")
+    if out.exists() and not args.overwrite:
+        raise KzttsError(f"{out}: already exists; give --overwrite to replace it, or another -o")
     if out.suffix != SUFFIX:
         raise KzttsError(f"{out}: a voice file is named NAME{SUFFIX}")
     if args.ref_text is not None and not args.ref_text.strip():
@@ -337,6 +348,7 @@ def add_voice_command(sub) -> None:
     c.add_argument("recording", help="the voice's recording (WAV, FLAC, OGG; any sample rate)")
     c.add_argument("-o", "--output", required=True, help=f"the voice file to write (NAME{SUFFIX})")
     c.add_argument("--ref-text", help="transcript of the recording: an ICL voice (reference codes + text)")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing voice file")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--bundle", help="the Base bundle the voice is for (default: the embedded demo)")
     where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")

@@ -38,6 +38,8 @@ class PreparedSpeech:
     (one piece, or a long text's pieces). ``utterance(i)`` starts piece ``i``."""
 
     def __init__(self, tts: "TTS", request: SynthesisRequest, *, written: bool = False):
+        if request.voice is None and request.speaker is None and tts.kind.kind != "voice_design":
+            request = replace(request, voice=tts.default_voice())  # who speaks when no one is named: one rule
         self.tts, self.request = tts, request
         tts.kind.check(request)
         self.voice: Voice | None = (tts.voice_from_speaker(request.speaker) if request.speaker is not None
