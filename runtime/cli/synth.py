@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.bundle import graphs as G
-from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.manifest import random_weights_label, read_manifest
 from kztts.bundle.sessions import SessionConfig
 from kztts.cli import synth_many
 from kztts.core.atomic import atomic_outputs, check_writable
@@ -35,6 +35,9 @@ from kztts.generation.settings import (
     with_environment,
     with_overrides,
 )
+from kztts.htp.qnn_package import host_is_simulator
+from kztts.htp.targets import load_target
+from kztts.plan.resolve import check_target_graphs
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
@@ -100,11 +103,18 @@ def cached_export(model_dir: Path | None) -> Path:
 
 
 def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
+    if args.target and not args.placement:  # a target the bundle has no graphs for: refused before any session
+        check_target_graphs(read_manifest(bundle), load_target(args.target))
     config = None if args.decoder_threads is None else SessionConfig(decoder_threads=args.decoder_threads)
     tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement,
               session_config=config, pipeline=args.pipeline)
     if args.explain:
         print(tts.plan.table())
+    on_htp = [g for s in tts.plan.steps.values() if "htp" in s.device for g in s.graphs]
+    if on_htp and host_is_simulator():  # numerics of the NPU, not its speed: the time figures mean nothing here
+        print(f"kztts: target {tts.target.name}: {', '.join(dict.fromkeys(on_htp))} run on this machine's x86 HTP "
+              "simulator: the NPU's numerics, far slower than real time (--explain: where each graph runs and why)",
+              file=sys.stderr)
     return tts
 
 
