@@ -108,7 +108,8 @@ def add_command(sub) -> None:
                                     "--speak TTS_BUNDLE speaks each reply while it is written")
     add_lm_options(s)
     s.add_argument("--system", help="system prompt (default: the checkpoint's chat template's, if any)")
-    s.add_argument("--speak", metavar="TTS_BUNDLE", help="speak each reply with this TTS bundle while the LM writes it")
+    s.add_argument("--speak", metavar="TTS_BUNDLE", help="speak each reply with this TTS bundle while the LM writes it "
+                                                        "(demo: the embedded demo's bundle)")
     voice = s.add_mutually_exclusive_group()
     voice.add_argument("--speaker-wav", help="with --speak: a recording of the voice (x-vector; default: the bundle's "
                                              "default voice, docs/USAGE.md \"Voices\")")

@@ -41,6 +41,7 @@ from kztts.plan.resolve import check_target_graphs
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
+from kztts.tts.utterance import NEVER_STOPS
 from kztts.tts.voice_file import SUFFIX
 
 VOICE_FLAGS = ("xvector", "speaker_wav", "ref_audio", "voice")  # a voice a Base bundle clones
@@ -100,6 +101,20 @@ def cached_export(model_dir: Path | None) -> Path:
     from kztts.export.tts.tiny import cached_tiny
 
     return cached_bundle(cached_tiny("equal") if model_dir is None else model_dir)
+
+
+DEMO = "demo"  # the name of the embedded demo's bundle wherever a command takes a TTS bundle
+# the arguments that name a TTS bundle, by command: each may be ``demo``
+DEMO_ARGS = {"synth": ("bundle",), "voice": ("bundle",), "serve": ("bundle", "tts"), "chat": ("speak",),
+             "inspect": ("bundle",)}
+
+
+def name_demo(args: argparse.Namespace) -> None:
+    """Replace a TTS bundle argument ``demo`` (when no folder of that name is here) by the demo's bundle, the cached
+    export whose path is a hash: ``kztts serve demo``, ``kztts chat LMB --speak demo``."""
+    for name in DEMO_ARGS.get(args.command, ()):
+        if getattr(args, name, None) == DEMO and not Path(DEMO).exists():
+            setattr(args, name, str(cached_export(None)))
 
 
 def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
@@ -224,9 +239,12 @@ def print_summary(out: Path, result: SynthesisResult, from_what: str = "") -> No
     ms = summary["ms"]
     # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
     pieces = f" in {summary['pieces']} pieces" if summary["pieces"] > 1 else ""
+    if result.limits and all(NEVER_STOPS in limit for limit in result.limits):  # random weights: expected
+        cut = " (stopped at the cap: 3x the text's expected duration, at least 3 s; random weights never stop)"
+    else:
+        cut = f" ({len(result.limits)} cut short by a limit: see the warnings)" if result.limits else ""
     print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio{pieces}"
-          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}"
-          f"{f' ({len(result.limits)} cut short by a limit: see the warnings)' if result.limits else ''}")
+          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}{cut}")
     print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
           f"{ms.get('first_audio', float('nan')):.0f} ms{from_what}, total {summary['total_ms']:.0f} ms")
     print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))

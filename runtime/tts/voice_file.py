@@ -58,16 +58,18 @@ def save_voice(path: str | Path, voice: Voice, manifest: Manifest) -> Path:
     return Path(path)
 
 
-# the first bytes of a recording (WAV, FLAC, Ogg, MP3 with an ID3 tag): a file given where a saved voice belongs
-_RECORDING_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3")
+# the first bytes of a recording (FLAC, Ogg, MP3 with an ID3 tag; a WAV: RIFF, its size, WAVE): a file given where a
+# saved voice belongs
+_RECORDING_MAGIC = (b"fLaC", b"OggS", b"ID3")
 
 
 def _is_recording(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
-            return f.read(4).startswith(_RECORDING_MAGIC)
+            head = f.read(12)
     except OSError:
         return False
+    return head.startswith(_RECORDING_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WAVE")
 
 
 def _read(path: Path) -> tuple[dict, dict]:

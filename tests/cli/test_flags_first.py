@@ -73,8 +73,8 @@ def test_a_recording_given_as_a_saved_voice_says_to_use_speaker_wav(capsys, tmp_
 
 def test_synth_file_warnings_name_the_line_as_summary_json_does(capsys, caplog, tmp_path, equal_bundle):
     texts = tmp_path / "texts.jsonl"
-    # line 2 (line 1 is blank); the random model does not stop by itself, so its expected duration cuts it: a warning
-    texts.write_text("\n" + json.dumps({"text": "Hello there."}) + "\n")
+    # line 2 (line 1 is blank); its max_frames cuts it before its end of speech: a warning naming it
+    texts.write_text("\n" + json.dumps({"text": "Hello there.", "max_frames": 5}) + "\n")
     with caplog.at_level(logging.WARNING):
         rc, _, err = kztts_main(capsys, "synth", "--file", texts, "--out-dir", tmp_path / "out", "--bundle",
                                 equal_bundle)
