@@ -41,7 +41,7 @@ from kztts.plan.resolve import check_target_graphs
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
-from kztts.tts.utterance import NEVER_STOPS
+from kztts.tts.utterance import SELDOM_STOPS
 from kztts.tts.voice_file import SUFFIX
 
 VOICE_FLAGS = ("xvector", "speaker_wav", "ref_audio", "voice")  # a voice a Base bundle clones
@@ -239,8 +239,8 @@ def print_summary(out: Path, result: SynthesisResult, from_what: str = "") -> No
     ms = summary["ms"]
     # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
     pieces = f" in {summary['pieces']} pieces" if summary["pieces"] > 1 else ""
-    if result.limits and all(NEVER_STOPS in limit for limit in result.limits):  # random weights: expected
-        cut = " (stopped at the cap: 3x the text's expected duration, at least 3 s; random weights never stop)"
+    if result.limits and all(SELDOM_STOPS in limit for limit in result.limits):  # random weights: expected
+        cut = " (stopped at the cap: 3x the text's expected duration, at least 3 s; random weights seldom stop)"
     else:
         cut = f" ({len(result.limits)} cut short by a limit: see the warnings)" if result.limits else ""
     print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio{pieces}"

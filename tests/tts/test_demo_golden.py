@@ -198,4 +198,4 @@ def test_default_run_stops_a_runaway_at_three_times_its_expected_duration(tmp_pa
     assert capped.shape == (cap, 16) and (capped == full[:cap]).all()
     assert "WARNING" not in out and "cut short by a limit" not in out, out
     assert ("38 frames, 3.04 s of audio (stopped at the cap: 3x the text's expected duration, at least 3 s; random "
-            "weights never stop)") in out
+            "weights seldom stop)") in out

@@ -43,11 +43,11 @@ def test_what_cut_an_utterance_short():
     assert message.startswith(f"{head} stopped at 10 frames (0.8 s of audio; its text is expected to take "
                               f"{expected_seconds(TEXT, 'english'):.1f} s)")
     assert message.endswith("give max_frames (--max-frames) to allow more")
-    # a random-weight model never stops: the cap is said plainly, with no advice that more frames would help
+    # a random-weight model seldom stops: the cap is said plainly, with no advice that more frames would help
     random = run(10, limited_by="expected duration", random_weights=True).limit()
     assert random == (f"{head} stopped at 10 frames (0.8 s of audio), the cap of a model that does not stop by "
                       f"itself: 3x the text's expected {expected_seconds(TEXT, 'english'):.1f} s, at least 3 s; "
-                      "a random-weight model never ends its speech")
+                      "a random-weight model seldom ends its speech by itself")
 
 
 def test_a_run_becomes_a_result():
