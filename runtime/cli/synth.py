@@ -153,12 +153,13 @@ def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> V
     if args.speaker:
         return None
     voice = tts.default_voice()
+    who = "lines that name no voice" if args.file else "no voice given"
     if tts.kind.kind == "base" and not demo:
-        print("kztts: no voice given: the built-in voice speaks (the demo's synthetic voice); give --speaker-wav F "
+        print(f"kztts: {who}: the built-in voice speaks (the demo's synthetic voice); give --speaker-wav F "
               "or --voice F.voice for a voice of your choice", file=sys.stderr)
     elif tts.kind.default_speaker is not None:
-        print(f"kztts: no --speaker given: the first preset speaker, {tts.kind.default_speaker}, speaks",
-              file=sys.stderr)
+        print(f"kztts: {'lines that name no speaker' if args.file else 'no --speaker given'}: the first preset "
+              f"speaker, {tts.kind.default_speaker}, speaks", file=sys.stderr)
     return voice
 
 
