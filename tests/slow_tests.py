@@ -31,6 +31,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("qwen-tts replays 8 prompts (tests/cli/test_tiny_export_validate.py checks the --json form by default)", 14, "CI run here: empty cache, load 5-11"),
     "tests/cli/test_export_variants.py::test_export_overwrite_replaces_a_bundle_with_a_variant":
         ("a second full export; the variant paths are covered by test_variants", 64, "CI run here: empty cache, load 5-11"),
+    "tests/cli/test_target_match.py::test_synth_target_on_a_bundle_with_static_graphs_says_the_simulator_runs_them":
+        ("kztts synth --target on the tiny HTP bundle: two frames on the simulator (the cp_frame sampler there)", 47,
+         "this test alone here, load about 4 (other helpers' tests running)"),
     "tests/cli/test_validate_bounds.py::test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone":
         ("the narrow model's good and prompt-calibrated exports at w8a16 and w4a16 (the Talker's prefill graph "
          "alone on the HTP), five validate --target runs on the simulator (52 rows each; a wrong Talker scale too)",

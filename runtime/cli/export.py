@@ -95,6 +95,11 @@ def export_tts(args: argparse.Namespace) -> Path:
 
 def cmd_export(args: argparse.Namespace) -> int:
     check_writable_dir(args.output, "bundle", create_parents=True)
+    # a full folder is refused before the export extra loads (seconds of imports) and before the phase line;
+    # bundle_output imports no torch
+    from kztts.export.common.bundle_output import check_output
+
+    check_output(Path(args.output), args.overwrite)
     need_export_extra()
     print(export_lm(args) if lm_export_requested(args) else export_tts(args))
     return 0

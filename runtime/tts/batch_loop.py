@@ -63,16 +63,18 @@ def _ready(run: Utterance) -> Utterance:
     return run
 
 
-def start_runs(tts: "TTS", requests: list) -> list[Utterance]:
-    """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
+def start_runs(tts: "TTS", requests: list, names: list[str] | None = None) -> list[Utterance]:
+    """Each request checked and prepared (prompt, settings, random stream) before any frame runs; ``names`` say
+    how errors and warnings name each (default ``request I``, its list index)."""
     runs = []
     for i, item in enumerate(requests):
+        name = names[i] if names is not None else f"request {i}"
         prepared = tts.prepare(SynthesisRequest.of(item, i))
         if len(prepared.texts) > 1:
-            raise KzttsError(f"request {i}: its text needs more than the Talker's context of {tts.talker.context} "
+            raise KzttsError(f"{name}: its text needs more than the Talker's context of {tts.talker.context} "
                              "positions; batched synthesis speaks one utterance per request (split the text, or "
                              "use synthesize)")
-        runs.append(_ready(prepared.utterance(0, f"request {i}")))
+        runs.append(_ready(prepared.utterance(0, name)))
     return runs
 
 
@@ -204,9 +206,9 @@ def batch_frames(tts: "TTS", runs: list[Utterance], batch: int) -> Iterator[tupl
         yield from loop.step()
 
 
-def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisResult]:
+def synthesize_many(tts: "TTS", requests: list, batch: int, names: list[str] | None = None) -> list[SynthesisResult]:
     """``tts.synthesize`` of every request, ``batch`` at a time; results in request order."""
-    runs = start_runs(tts, requests)
+    runs = start_runs(tts, requests, names)
     results: list = [None] * len(runs)
     for index, frame in batch_frames(tts, runs, batch):
         if frame is None:

@@ -38,6 +38,8 @@ class PreparedSpeech:
     (one piece, or a long text's pieces). ``utterance(i)`` starts piece ``i``."""
 
     def __init__(self, tts: "TTS", request: SynthesisRequest, *, written: bool = False):
+        if request.voice is None and request.speaker is None and tts.kind.kind != "voice_design":
+            request = replace(request, voice=tts.default_voice())  # who speaks when no one is named: one rule
         self.tts, self.request = tts, request
         tts.kind.check(request)
         self.voice: Voice | None = (tts.voice_from_speaker(request.speaker) if request.speaker is not None
@@ -180,7 +182,8 @@ class PreparedSpeech:
             log.info("max frames lowered to %d to fit the context of %d", s.max_frames, context)
         loop = self._loop(s)
         loop.times.prompt = time.perf_counter() - started
-        return Utterance(loop, prompt, request, started, limited_by, label or self.label(index))
+        return Utterance(loop, prompt, request, started, limited_by, label or self.label(index),
+                         random_weights=bool(self.tts.bundle.manifest.random_weights))
 
     def written_utterances(self, pieces: Iterable[str], guess: bool = False) -> Iterator[Utterance]:
         """The utterances of a text still arriving from ``pieces``: one, or a long text's pieces cut where
@@ -254,7 +257,8 @@ class PendingUtterance:
             s, limited_by = replace(s, max_frames=context - prompt.embeds.shape[0] + 1), "context"
         loop = p._loop(s, DurationCap(self.track, r.language) if r.max_frames is None else None)
         loop.times.prompt = time.perf_counter() - self.started
-        return Utterance(loop, prompt, r, self.started, limited_by, self.label, track=self.dual)
+        return Utterance(loop, prompt, r, self.started, limited_by, self.label, track=self.dual,
+                         random_weights=bool(tts.bundle.manifest.random_weights))
 
 
 def written_label(written: WrittenText) -> str:

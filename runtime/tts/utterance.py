@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from kztts.runners.codec import Decoder
     from kztts.tts.text.track import DualTrack
 
+# how a limit says it is the cap of a random-weight model (expected, not a fault: ``kztts synth``'s summary)
+SELDOM_STOPS = "a random-weight model seldom ends its speech by itself"
+
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +42,7 @@ class Utterance:
     codes: list = field(default_factory=list)
     audio: list = field(default_factory=list)  # decoded chunks (stream)
     track: "DualTrack | None" = None  # the text track of a text still arriving (``TTS.stream_text``)
+    random_weights: bool = False  # the bundle's weights are random: it seldom ends its speech by itself
 
     @property
     def voice(self) -> Voice | None:
@@ -72,6 +76,10 @@ class Utterance:
                     f"and no more frames; the rest of its text may be unspoken")
         if self.limited_by == "expected duration":
             expected = expected_seconds(self.text, self.request.language)
+            if self.random_weights:  # expected: more frames would not make it stop
+                return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of "
+                        f"audio), the cap of a model that does not stop by itself: 3x the text's expected "
+                        f"{expected:.1f} s, at least 3 s; {SELDOM_STOPS}")
             return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
                     f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
                     f"stop by itself; give max_frames (--max-frames) to allow more")
@@ -128,10 +136,12 @@ class Utterance:
         return self.finish(samples, sample_rate)
 
     def finish(self, samples: np.ndarray, sample_rate: int) -> SynthesisResult:
-        """``result``, and a limit that cut it short logged (one warning per utterance)."""
+        """``result``, and a limit that cut it short logged (one warning per utterance; the cap of a random-weight
+        model, which seldom stops by itself, is no surprise: logged at INFO)."""
         result = self.result(samples, sample_rate)
         if result.pieces[0].limit:
-            log.warning("%s", result.pieces[0].limit)
+            expected = self.random_weights and self.limited_by == "expected duration"
+            log.log(logging.INFO if expected else logging.WARNING, "%s", result.pieces[0].limit)
         return result
 
     def streamed_samples(self) -> np.ndarray:
