@@ -447,9 +447,6 @@ class WrittenRequest(BatchedRequest):
             self._pieces.popleft()
             # the text its speech read (the audio side reads no source: the frame loop's side does)
             run.request = replace(run.request, text=run.track.track.text)
-            capped = run.loop.capped
-            if capped is not None and getattr(capped, "stopped", False):
-                run.limited_by = "expected duration"
         if self.stream:
             audio = row.frame(frame)
             out = [self._joiner.push(audio)] if audio.shape[0] else []

@@ -30,7 +30,7 @@ from kztts.tts.audio_join import OpenJoiner
 from kztts.tts.batch_loop import stream_many, synthesize_many
 from kztts.tts.long_text import stream_pieces, synthesize_pieces
 from kztts.tts.model_kind import KindError, ModelKind
-from kztts.tts.prepared import DurationCap, PreparedSpeech, as_prepared
+from kztts.tts.prepared import PreparedSpeech, as_prepared
 from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult, joined
@@ -314,9 +314,6 @@ class TTS:
                         out.append(audio)
                         yield audio
                 utterance.request = replace(utterance.request, text=utterance.piece_text())
-                capped = utterance.loop.capped
-                if isinstance(capped, DurationCap) and capped.stopped:
-                    utterance.limited_by = "expected duration"
                 results.append(utterance.finish(utterance.streamed_samples(), self.sample_rate))
                 joiner.end_piece()
         except TextSourceError:

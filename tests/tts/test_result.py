@@ -22,7 +22,7 @@ def run(frames: int, *, max_frames: int = 10, min_new: int = 2, eos: bool = Fals
         guard=None, label: str = "the text", random_weights: bool = False) -> Utterance:
     talker = SimpleNamespace(context=64, **({} if guard is None else {"guard": guard}))
     loop = SimpleNamespace(settings=SimpleNamespace(max_frames=max_frames, min_new_tokens=min_new),
-                           stopped_by_eos=eos, talker=talker, times=StageTimes(talker=0.5))
+                           stopped_by_eos=eos, talker=talker, times=StageTimes(talker=0.5), capped=None)
     r = Utterance(loop, SimpleNamespace(embeds=np.zeros((12, 4))), SimpleNamespace(text=TEXT, language="english",
                                                                              voice="v"),
             time.perf_counter(), limited_by, label, random_weights=random_weights)

@@ -207,6 +207,23 @@ def test_the_prefill_runs_on_a_guessed_first_token_while_the_text_comes(tts, xve
         assert np.array_equal(got, codes), pieces
 
 
+def test_a_text_cut_by_its_expected_duration_says_so(tts, xvector, caplog):
+    """With no max_frames, a random-weight model runs to the cap of the text's expected duration (it seldom stops);
+    the result names that cap as what cut it, as synthesize's does, and the log says it once."""
+    import logging
+
+    text = "Hi there."
+    holder: dict = {}
+    with caplog.at_level(logging.INFO, logger="kztts.tts.utterance"):
+        list(tts.stream_text(["Hi", " there."], xvector, language="english", greedy=True, result=holder))
+    got = holder["result"]
+    want = tts.synthesize(text, xvector, language="english", greedy=True, streaming_text=True)
+    assert np.array_equal(got.codes, want.codes) and not got.stopped_by_eos
+    assert len(got.limits) == 1 and f"stopped at {got.frames} frames" in got.limits[0], got.limits
+    assert got.limits == want.limits
+    assert [r.getMessage() for r in caplog.records] == got.limits
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("pieces", [[], [""], ["  ", "\n"]], ids=["none", "empty", "blank"])
 def test_empty_text_is_one_clear_error_before_any_audio(tts, xvector, pieces):
