@@ -298,15 +298,22 @@ class BatchedRequest:
     def __init__(self, tts: "TTS", request: SynthesisRequest | PreparedSpeech, *, stream: bool, chunk_frames: int = 4,
                  first_chunk: int = 1):
         chunk_sizes(first_chunk, chunk_frames)  # checks both
-        self.prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
-        self.tts, self.request, self.stream, self.chunk_frames = tts, self.prepared.request, bool(stream), chunk_frames
+        prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
+        self._start(tts, prepared, stream, chunk_frames, first_chunk, PieceJoiner(tts.sample_rate, len(prepared.texts)))
+        self.texts = prepared.texts
+        self.index = -1  # the last piece handed to the frame loop
+
+    def _start(self, tts: "TTS", prepared: PreparedSpeech, stream: bool, chunk_frames: int, first_chunk: int,
+               joiner) -> None:
+        """What every request through the loop holds: its prepared speech, how it is streamed, its clock, and the
+        audio side's results, joiner and output."""
+        self.prepared = prepared
+        self.tts, self.request, self.stream, self.chunk_frames = tts, prepared.request, bool(stream), chunk_frames
         self.first_chunk = first_chunk
         self.started = time.perf_counter()
-        self.texts = self.prepared.texts
-        self.index = -1  # the last piece handed to the frame loop
         self.results: list = []  # each finished piece's SynthesisResult (audio side)
         self.first_audio: float | None = None  # seconds from the start to the first audio out
-        self._joiner = PieceJoiner(tts.sample_rate, len(self.texts))
+        self._joiner = joiner
         self._pieces: deque = deque()  # (run, _RowStream | None) of the pieces started, not yet ended
         self._out: list[np.ndarray] = []
 
@@ -391,19 +398,11 @@ class WrittenRequest(BatchedRequest):
             if request.streaming_text is False and request.text:
                 raise KzttsError("a text still being written is spoken in the streaming text mode")
             prepared = PreparedSpeech(tts, replace(request, streaming_text=True), written=True)
-        self.prepared = prepared
-        self.tts, self.request, self.stream, self.chunk_frames = tts, prepared.request, bool(stream), chunk_frames
-        self.first_chunk = first_chunk
-        self.started = time.perf_counter()
+        self._start(tts, prepared, stream, chunk_frames, first_chunk, OpenJoiner(tts.sample_rate))
         self.written = prepared.written_text(text)
         self._pending = None  # the next piece, before its prompt's text has come
         self._ended = False  # the frame loop's side found no piece left
         self._begun = 0  # pieces handed to the frame loop
-        self.results: list = []
-        self.first_audio: float | None = None
-        self._joiner = OpenJoiner(tts.sample_rate)
-        self._pieces: deque = deque()
-        self._out: list[np.ndarray] = []
 
     @property
     def texts(self) -> list[str]:
