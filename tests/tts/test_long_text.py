@@ -132,22 +132,7 @@ def test_join_fades_the_inner_edges_and_streams_identically():
 
 
 # ------------------------------------------------------------------ with the tiny model
-@pytest.fixture(scope="module")
-def small(equal_bundle):
-    """A Talker context of 64 positions: several pieces for a few paragraphs, fast."""
-    from kztts.tts.tts import TTS
-
-    return TTS(equal_bundle, context=64)
-
-
-@pytest.fixture(scope="module")
-def voice(small):
-    from kztts.core.audio import synthetic_voice
-
-    return small.voice_from_wav(synthetic_voice(), 24000)
-
-
-def test_prompt_length_matches_the_built_prompt(small, voice):
+def test_prompt_length_matches_the_built_prompt(small, small_voice):
     from kztts.core.audio import synthetic_voice
     from kztts.tts.prompt import prompt_length
     from kztts.tts.text.tokenizer import assistant_text
@@ -156,7 +141,7 @@ def test_prompt_length_matches_the_built_prompt(small, voice):
         return len(tokenizer.text_body(tokenizer.encode(assistant_text(text))))
 
     icl = small.voice_from_reference(synthetic_voice(), 24000, "A reference sentence.")
-    for v in (voice, icl):
+    for v in (small_voice, icl):
         for language in (None, "english"):
             for streaming in (False, True):
                 for text in ("Hi.", "A somewhat longer text to speak, with a clause."):
@@ -169,14 +154,14 @@ def test_prompt_length_matches_the_built_prompt(small, voice):
 
 
 @pytest.mark.parametrize("text, language", [(ENGLISH, "english"), (CHINESE, "chinese")], ids=["english", "chinese"])
-def test_paragraphs_are_pieces_each_equal_to_its_own_synthesis(small, voice, text, language, caplog):
+def test_paragraphs_are_pieces_each_equal_to_its_own_synthesis(small, small_voice, text, language, caplog):
     kw = dict(language=language, greedy=True, max_frames=4)
     with caplog.at_level(logging.WARNING, logger="kztts.tts.tts"):
-        result = small.synthesize(text, voice, **kw)
+        result = small.synthesize(text, small_voice, **kw)
     pieces = result.pieces
     assert len(pieces) >= 3 and _same_text([p.text for p in pieces], text)
     assert result.frames == sum(p.frames for p in pieces) == 4 * len(pieces)
-    alone = [small.synthesize(p.text, voice, **kw) for p in pieces]
+    alone = [small.synthesize(p.text, small_voice, **kw) for p in pieces]
     assert all(len(a.pieces) == 1 for a in alone)  # each piece fits: it is one synthesis
     np.testing.assert_array_equal(result.codes, np.concatenate([a.codes for a in alone]))
     np.testing.assert_array_equal(result.samples, join_pieces([a.samples for a in alone], small.sample_rate))
@@ -187,30 +172,30 @@ def test_paragraphs_are_pieces_each_equal_to_its_own_synthesis(small, voice, tex
     assert warned[:len(pieces)] == summary["limits"] and "piece 2/" in warned[1] and "max_frames=4" in warned[1]
     # streamed piece by piece: the same codes, the same joined audio
     holder: dict = {}
-    chunks = list(small.stream(text, voice, chunk_frames=3, result=holder, **kw))
+    chunks = list(small.stream(text, small_voice, chunk_frames=3, result=holder, **kw))
     np.testing.assert_array_equal(holder["result"].codes, result.codes)
     np.testing.assert_allclose(np.concatenate(chunks), result.samples, atol=1e-5, rtol=0)
     assert [p.text for p in holder["result"].pieces] == [p.text for p in pieces]
-    piped = list(small.stream(text, voice, chunk_frames=3, pipeline=True, **kw))  # decoded on a thread
+    piped = list(small.stream(text, small_voice, chunk_frames=3, pipeline=True, **kw))  # decoded on a thread
     np.testing.assert_array_equal(np.concatenate(piped), np.concatenate(chunks))
 
 
-def test_sampled_pieces_use_the_same_seed_each(small, voice):
+def test_sampled_pieces_use_the_same_seed_each(small, small_voice):
     """The documented seed rule: every piece is sampled from ``seed``, as its own synthesis would be."""
-    result = small.synthesize(ENGLISH, voice, language="english", seed=9, max_frames=3)
+    result = small.synthesize(ENGLISH, small_voice, language="english", seed=9, max_frames=3)
     assert len(result.pieces) > 1
-    again = small.synthesize(ENGLISH, voice, language="english", seed=9, max_frames=3)
+    again = small.synthesize(ENGLISH, small_voice, language="english", seed=9, max_frames=3)
     np.testing.assert_array_equal(again.codes, result.codes)
-    second = small.synthesize(result.pieces[1].text, voice, language="english", seed=9, max_frames=3)
+    second = small.synthesize(result.pieces[1].text, small_voice, language="english", seed=9, max_frames=3)
     start = result.pieces[0].frames
     np.testing.assert_array_equal(result.codes[start:start + second.frames], second.codes)
 
 
-def test_a_piece_cut_by_the_context_is_reported(small, voice, caplog):
+def test_a_piece_cut_by_the_context_is_reported(small, small_voice, caplog):
     """With a max_frames past the 64-position context the tiny model (which never stops by itself) speaks
     on until the context is full, and says so (without one, the runaway cap would stop it first)."""
     with caplog.at_level(logging.WARNING, logger="kztts.tts.tts"):
-        result = small.synthesize("Hello there.", voice, greedy=True, max_frames=500)
+        result = small.synthesize("Hello there.", small_voice, greedy=True, max_frames=500)
     assert len(result.pieces) == 1 and not result.stopped_by_eos
     assert result.limits and "context of 64 positions" in result.limits[0]
     assert result.limits[0] in caplog.text

@@ -316,12 +316,6 @@ LONG = ("The first sentence is short. A second one follows it, somewhat longer t
         "without any stop at all for a good many words until it must be cut somewhere; the sixth closes it.")
 
 
-@pytest.fixture(scope="module")
-def small(equal_bundle):
-    """A Talker context of 64 positions: a piece holds a dozen text tokens."""
-    return TTS(equal_bundle, context=64)
-
-
 def test_written_cuts_equal_the_whole_text_s_however_the_text_arrives(small):
     from kztts.tts.text.tokenizer import assistant_text
     from kztts.tts.text.split import split_written, written_cut, written_safe
