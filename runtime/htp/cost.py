@@ -16,7 +16,13 @@ counts, per call:
   outputs), all graph inputs and outputs (``io_bytes``; on the HTP these cross host <-> NPU), and the
   intermediate tensors the graph writes (``activation_bytes``, as ONNX Runtime's CPU EP sizes them);
 - MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose, GroupQueryAttention) from the shapes each node
-  sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
+  sees; elementwise ops, softmax and norms are not counted.
+
+The shapes are read from the graph file (``read_counts``: its structure without the weights' data, the inputs
+fixed at the call's dimensions, ONNX Runtime's symbolic shape inference), and the weights' identities from a few
+bytes of each (``onnx_wire.read_graph(probe=True)``, all of it only when two agree): no session is opened. The
+reference is ``profile_graph`` (one profiled, unoptimised CPU run on zero inputs; ``bundle_cost(measured=True)``,
+``kztts inspect --profile``): the two give the same counts (tests/htp/test_cost_from_files.py).
 
 A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call; for an LM bundle the unit is
 a decoded token: 1 decode call (``talker_decode``, or a hybrid's ``hybrid_static_decode`` / ``hybrid_decode``), the
@@ -44,7 +50,7 @@ import numpy as np
 
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
-from kztts.bundle.onnx_wire import read_graph
+from kztts.bundle.onnx_wire import full_digest, read_graph, without_weight_data
 from kztts.core.errors import BundleError
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
@@ -358,6 +364,205 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
     return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
 
 
+_NP_OF_ONNX = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+_BITS_OF_ONNX = {**{k: np.dtype(v).itemsize * 8 for k, v in _NP_OF_ONNX.items() if v != "bfloat16"}, 16: 16,
+                 21: 4, 22: 4}  # uint4 / int4: two to a byte
+
+
+class ShapeError(BundleError):
+    """A graph whose tensor shapes cannot be read from the file at these dimensions (a data-dependent shape)."""
+
+
+def read_counts(path: Path, dims: dict) -> tuple[dict, dict, dict, int, dict]:
+    """What ``profile_graph`` measures, read from the file instead: the graph (without its external data) with
+    its inputs fixed at ``dims``, every tensor's shape from ONNX Runtime's symbolic shape inference, and from
+    those shapes the same sums: MACs per op type (``node_macs`` on each node's present inputs, a Conv's weight
+    included), input and output bytes, the bytes every node but ``Identity`` and ``Constant`` writes less the
+    outputs', and each ``Gather``'s output bytes. No session is opened. ``ShapeError`` when a shape stays
+    unknown (ask for the measured profile then)."""
+    st = Path(path).stat()
+    return _read_counts(str(path), st.st_size, st.st_mtime_ns, tuple(sorted(dims.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict, dict, dict, int, dict]:
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    dims = dict(dims)
+    # the weights' data is not read: a graph stored in one file holds them inline
+    model = onnx.load_model_from_string(without_weight_data(path))
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    ins: dict[str, tuple[int, str]] = {}
+    lengths = []
+    for i in g.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        kind = _NP_OF_ONNX.get(t.elem_type)
+        if kind is None or kind in ("bfloat16", "uint8", "int8", "uint16", "int16", "uint32", "uint64"):
+            raise BundleError(f"{path}: input {i.name!r} has type {onnx.TensorProto.DataType.Name(t.elem_type)}, "
+                              "which kztts.htp.cost cannot feed")
+        if i.name in dims:  # a length input's value (the fused-attention graph's), not a dimension
+            shape = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
+            lengths.append(numpy_helper.from_array(np.full(shape, dims[i.name], kind), i.name))
+        else:
+            shape = []
+            for d in t.shape.dim:
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                elif d.dim_param in dims:
+                    shape.append(int(dims[d.dim_param]))
+                else:
+                    raise BundleError(f"{path}: input {i.name!r} has dimension {d.dim_param!r}, which kztts.htp.cost "
+                                      f"cannot size (knows {', '.join(dims) or 'none'})")
+            for d, n in zip(t.shape.dim, shape):
+                d.Clear()
+                d.dim_value = n
+        ins[i.name] = (_numel(shape) * np.dtype(kind).itemsize, kind)
+    # the length inputs as constants: the attention's output shapes follow their values
+    names = {x.name for x in lengths}
+    kept = [i for i in g.input if i.name not in names]
+    del g.input[:]
+    g.input.extend(kept)
+    g.initializer.extend(lengths)
+    for o in g.output:  # declared output shapes (symbolic) are inferred instead
+        o.type.tensor_type.ClearField("shape")
+    # a weight without its data here (stripped, or in an external file) is never a shape computation's value
+    dataless = {t.name for t in g.initializer if not t.raw_data and t.data_type not in (6, 7)
+                and not (t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)}
+
+    class Infer(SymbolicShapeInference):
+        def _try_get_value(self, node, idx):
+            if idx < len(node.input) and node.input[idx] in dataless:
+                return None
+            return super()._try_get_value(node, idx)
+
+    try:  # SymbolicShapeInference.infer_shapes, less its writing of a temporary model where it fails
+        infer = Infer(2**31 - 1, False, False, 0)
+        infer._preprocess(model)
+        complete = False
+        while infer.run_:
+            complete = infer._infer_impl()
+        infer._update_output_from_vi()
+    except Exception as exc:  # the inference raises bare Exceptions on what it cannot follow
+        raise ShapeError(f"{path}: shapes not inferable at {dims} ({exc})") from exc
+    if not complete:
+        raise ShapeError(f"{path}: shapes not inferable at {dims}")
+    inferred = infer.out_mp_
+    known: dict[str, tuple[int, list[int]]] = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            known[vi.name] = (t.elem_type, [d.dim_value for d in t.shape.dim])
+    for t in inferred.graph.initializer:
+        known[t.name] = (t.data_type, list(t.dims))
+
+    def shape(name: str) -> list[int]:
+        if name not in known:
+            raise ShapeError(f"{path}: the shape of {name!r} is not inferable at {dims}")
+        return known[name][1]
+
+    def nbytes(name: str) -> int:
+        elem, s = known[name] if name in known else (None, shape(name))
+        return (_numel(s) * _BITS_OF_ONNX[elem] + 7) // 8
+
+    graph_outputs = {o.name for o in inferred.graph.output}
+    gone = _dropped_casts(inferred.graph.node, {k: v[0] for k, v in known.items()}, graph_outputs)
+    macs: dict[str, int] = {}
+    gathered: dict[str, int] = {}
+    written = 0
+    for k, n in enumerate(inferred.graph.node):  # the main graph's nodes, as the profiled run executes them
+        # a Constant is an initializer to ONNX Runtime, an Identity an alias (not counted as written)
+        if n.op_type in ("Constant", "Identity") or k in gone:
+            continue
+        outs = [x for x in n.output if x]
+        size = sum(nbytes(x) for x in outs)
+        if n.op_type in MAC_OPS:
+            m = node_macs(n.op_type, [shape(x) for x in n.input if x], [shape(x) for x in outs])
+            if m:
+                macs[n.op_type] = macs.get(n.op_type, 0) + m
+        written += size
+        if n.op_type == "Gather":
+            gathered[n.name] = size
+    outputs = {o.name: (nbytes(o.name), _NP_OF_ONNX[known[o.name][0]]) for o in inferred.graph.output}
+    return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
+
+
+def counts(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int, dict]:
+    """``read_counts``, or where the file alone cannot give them (the ``onnx`` package missing, a shape that
+    depends on data) ``profile_graph``, said once in the log."""
+    try:
+        return read_counts(path, dims)
+    except ImportError as exc:
+        why = f"the onnx package is missing ({exc}; pip install onnx)"
+    except ShapeError as exc:
+        why = str(exc)
+    log.warning("%s: counting its cost with a profiled run instead of from the file: %s", path, why)
+    return profile_graph(path, dims, threads)
+
+
+def _type_group(elem: int | None) -> int | None:
+    """ONNX Runtime's type groups for its Cast clean-up: bool 0, integers 1, floats 2, else None."""
+    if elem == 9:
+        return 0
+    if elem in (2, 3, 4, 5, 6, 7, 12, 13):
+        return 1
+    if elem in (1, 10, 11, 16):
+        return 2
+    return None
+
+
+def _dropped_casts(nodes, elem: dict[str, int], graph_outputs: set[str]) -> set[int]:
+    """Indices of the ``Cast`` nodes ONNX Runtime removes on loading, whatever the optimisation level (its
+    ``RemoveDuplicateCastTransformer``, run by the transformer that makes the CPU EP's fp16 casts): a Cast whose
+    Cast consumer casts back to its input type loses that consumer, and a Cast all of whose consumers are Casts
+    (removed or kept) and that no graph output reads goes too, its kept consumers reading its input."""
+    nodes = list(nodes)
+    consumers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for x in n.input:
+            if x:
+                consumers.setdefault(x, []).append(k)
+    types = dict(elem)
+    gone: set[int] = set()
+    for k, n in enumerate(nodes):
+        if k in gone or n.op_type != "Cast":
+            continue
+        src, dst = types.get(n.input[0]), types.get(n.output[0])
+        g_src, g_dst = _type_group(src), _type_group(dst)
+        if g_src is None or g_dst is None:
+            continue
+        loss = g_src > g_dst
+        edges = [c for c in consumers.get(n.output[0], []) if c not in gone]
+        remove, keep, bad = [], [], False
+        for c in edges:
+            cn = nodes[c]
+            if cn.op_type != "Cast":
+                continue
+            s1, d1 = types.get(cn.input[0]), types.get(cn.output[0])
+            if _type_group(s1) is None or _type_group(d1) is None or (loss and _type_group(d1) > _type_group(s1)):
+                bad = True
+                break
+            if cn.output[0] not in graph_outputs and src == d1 and s1 == dst:
+                remove.append(c)
+            else:
+                keep.append(c)
+        if bad:
+            continue
+        for c in remove:  # its consumers read this Cast's input instead
+            gone.add(c)
+            consumers.setdefault(n.input[0], []).extend(consumers.get(nodes[c].output[0], []))
+        if edges and len(remove) + len(keep) == len(edges) and n.output[0] not in graph_outputs:
+            gone.add(k)
+            types[n.output[0]] = src  # the kept Casts now read the input, of its type
+            consumers.setdefault(n.input[0], []).extend(keep)
+    return gone
+
+
 def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, int]:
     """(bytes of weights one call reads, bytes of the tables it only gathers rows from), on the device.
     Every use of a constant by a main-graph node reads it (``Identity`` outputs alias their input);
@@ -402,7 +607,7 @@ def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, in
 
 
 def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
-               note: str = "", threads: int = 0, unit_precision=None) -> tuple[GraphCost, list]:
+               note: str = "", threads: int = 0, unit_precision=None, measured: bool = False) -> tuple[GraphCost, list]:
     """The counts of one graph (and its constant tensors, for the sharing pass). On the HTP a float graph's
     float32 MatMul weights [K, N] count at their HTP precision's ``matmul_weight_bytes`` (int8 / int4 codes and
     their scales at a quantized one): ``unit_precision(key)`` gives a MatMul's (key of
@@ -410,9 +615,9 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     layer a precision plan keeps on the CPU (fp32, 4 bytes); every other float32 constant at ``precision``'s
     ``other_float_bytes``. A QDQ graph's weights count as stored."""
     path = Path(bundle_path) / spec.file
-    graph = read_graph(path)
+    graph = _probed_graph(path)
     tensors = graph.tensors
-    macs, ins, outs, written, gathered = profile_graph(path, dims, threads)
+    macs, ins, outs, written, gathered = profile_graph(path, dims, threads) if measured else counts(path, dims, threads)
     entry = G.HTP_PRECISION_ENTRIES.get(precision) if device == "htp" else None
     float_bytes = entry.other_float_bytes if entry is not None else 4
     matmul = {}  # float32 MatMul weight name -> the precision it is held at on the HTP
@@ -456,7 +661,48 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     c.activation_bytes = written
     c.macs = sum(macs.values())
     c.macs_by_op = dict(macs)
-    return c, [(t.digest + f"@{device_bytes(t)}", device_bytes(t)) for t in tensors]
+    return c, [(t, device_bytes(t)) for t in tensors]
+
+
+def _probed_graph(path: Path):
+    """``read_graph(path, probe=True)``, kept per file version (a Talker graph counted for prefill and decode)."""
+    st = Path(path).stat()
+    return _read_probed(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_probed(path: str, size: int, mtime_ns: int):
+    return read_graph(path, probe=True)
+
+
+class _Held:
+    """The constants already held on one device, by digest (``read_graph``'s probe, the full digest read only
+    when two probes agree and the data is not the same bytes of the same file) and device bytes."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, int], list] = {}
+        self._full: dict = {}
+
+    def full(self, t) -> str:
+        key = t.source or id(t)
+        if key not in self._full:
+            self._full[key] = full_digest(t)
+        return self._full[key]
+
+    def shared(self, t, nbytes: int) -> bool:
+        prior = self.by_key.get((t.digest, nbytes))
+        if not prior:
+            return False
+        if not t.digest.startswith("probe:") or any(p.source == t.source for p in prior):
+            return True
+        return any(self.full(p) == self.full(t) for p in prior)
+
+    def add(self, consts) -> int:
+        """Bytes of ``consts`` (one graph's (tensor, device bytes)) held already, then holds them."""
+        shared = sum(b for t, b in consts if self.shared(t, b))
+        for t, b in consts:
+            self.by_key.setdefault((t.digest, b), []).append(t)
+        return shared
 
 
 def plan_unit_precision(plan: LayerPlacement, role: str):
@@ -554,17 +800,19 @@ def paper_estimate(rows: list[GraphCost], target: Target, frame_rate: float = FR
 
 
 def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precision: str | None = None,
-                plan: LayerPlacement | None = None) -> dict:
+                plan: LayerPlacement | None = None, measured: bool = False) -> dict:
     """Per-graph counts of a bundle at ``target`` and the frame's paper estimate. The
     HTP graphs count at ``precision`` (default: the target's), or as precision plan ``plan`` has them (each
     Talker layer and head at its precision or on the CPU, ``cp_frame`` at its ``graphs`` entry): on paper,
-    whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored)."""
+    whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored). The counts
+    are read from the graph files (``read_counts``); ``measured``: from one profiled CPU run per graph
+    (``profile_graph``, their reference)."""
     if precision is not None:
         G.htp_precision(precision)  # ValueError naming the known ones
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
     rows: list[GraphCost] = []
-    seen: dict[str, set[str]] = {}  # device -> digests of the constants already held there
+    seen: dict[str, _Held] = {}  # device -> the constants already held there
     for role, graph, device, dims, calls, note in frame_graphs(manifest, target):
         spec = manifest.graphs[graph]
         unit_precision = None
@@ -581,10 +829,9 @@ def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precis
             prec = spec.extra.get("cpu_precision", spec.precision)
             if prec in G.HTP_PRECISION_ENTRIES:
                 prec = "fp32"
-        row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision)
-        held = seen.setdefault(device, set())
-        row.shared_weight_bytes = sum(b for d, b in consts if d in held)
-        held.update(d for d, _ in consts)
+        row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision,
+                                 measured)
+        row.shared_weight_bytes = seen.setdefault(device, _Held()).add(consts)
         rows.append(row)
     frame = [r for r in rows if r.calls_per_frame]
     unit = "token" if manifest.kind == KIND_LM else "frame"
