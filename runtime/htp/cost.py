@@ -370,6 +370,10 @@ _BITS_OF_ONNX = {**{k: np.dtype(v).itemsize * 8 for k, v in _NP_OF_ONNX.items() 
                  21: 4, 22: 4}  # uint4 / int4: two to a byte
 
 
+_REDUCE_OPS = ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+
+
 class ShapeError(BundleError):
     """A graph whose tensor shapes cannot be read from the file at these dimensions (a data-dependent shape)."""
 
@@ -423,6 +427,19 @@ def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict
                 d.Clear()
                 d.dim_value = n
         ins[i.name] = (_numel(shape) * np.dtype(kind).itemsize, kind)
+    # Constant nodes as initializers, as ONNX Runtime loads them (a Reduce's axes input is then known to the
+    # inference of a single node)
+    consts = [n for n in g.node if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    for n in consts:
+        t = onnx.TensorProto()
+        t.CopyFrom(n.attribute[0].t)
+        t.name = n.output[0]
+        g.initializer.append(t)
+    if consts:
+        kept_nodes = [n for n in g.node if not (n.op_type == "Constant" and len(n.attribute) == 1
+                                                and n.attribute[0].name == "value")]
+        del g.node[:]
+        g.node.extend(kept_nodes)
     # the length inputs as constants: the attention's output shapes follow their values
     names = {x.name for x in lengths}
     kept = [i for i in g.input if i.name not in names]
@@ -436,10 +453,37 @@ def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict
                 and not (t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)}
 
     class Infer(SymbolicShapeInference):
+        def __init__(self, *args):
+            super().__init__(*args)
+            for op in _REDUCE_OPS:  # ONNX's own inference cannot read an axes input; empty axes reduce all
+                self.dispatcher_[op] = functools.partial(self._reduce, self.dispatcher_.get(op))
+
         def _try_get_value(self, node, idx):
             if idx < len(node.input) and node.input[idx] in dataless:
                 return None
             return super()._try_get_value(node, idx)
+
+        def _reduce(self, then, node):
+            attrs = {a.name: a for a in node.attribute}
+            keep = attrs["keepdims"].i if "keepdims" in attrs else 1
+            noop = attrs["noop_with_empty_axes"].i if "noop_with_empty_axes" in attrs else 0
+            if len(node.input) > 1 and node.input[1]:
+                axes = self._try_get_value(node, 1)
+                if axes is None:
+                    raise ShapeError(f"{node.name}: its axes are not a constant")
+                axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+            else:
+                axes = list(attrs["axes"].ints) if "axes" in attrs else []
+            shape = self._get_shape(node, 0)
+            if not axes and noop:
+                out = list(shape)
+            else:
+                axes = {a % len(shape) for a in axes} if axes else set(range(len(shape)))
+                out = [1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes]
+            elem = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+            self.known_vi_[node.output[0]].CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], elem, out))
+            if then is not None and node.op_type == "ReduceProd":  # its value propagation (a shape's product)
+                then(node)
 
     try:  # SymbolicShapeInference.infer_shapes, less its writing of a temporary model where it fails
         infer = Infer(2**31 - 1, False, False, 0)
@@ -471,6 +515,10 @@ def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict
         return (_numel(s) * _BITS_OF_ONNX[elem] + 7) // 8
 
     graph_outputs = {o.name for o in inferred.graph.output}
+    uses: dict[str, int] = {}  # tensor -> node inputs reading it (one per input slot)
+    for n in inferred.graph.node:
+        for x in n.input:
+            uses[x] = uses.get(x, 0) + 1
     gone = _dropped_casts(inferred.graph.node, {k: v[0] for k, v in known.items()}, graph_outputs)
     macs: dict[str, int] = {}
     gathered: dict[str, int] = {}
@@ -488,6 +536,8 @@ def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict
         written += size
         if n.op_type == "Gather":
             gathered[n.name] = size
+        if n.op_type == "DequantizeLinear" and outs:
+            written += size * _dq_copies(n, uses, graph_outputs)
     outputs = {o.name: (nbytes(o.name), _NP_OF_ONNX[known[o.name][0]]) for o in inferred.graph.output}
     return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
 
@@ -503,6 +553,16 @@ def counts(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, 
         why = str(exc)
     log.warning("%s: counting its cost with a profiled run instead of from the file: %s", path, why)
     return profile_graph(path, dims, threads)
+
+
+def _dq_copies(node, uses: dict[str, int], graph_outputs: set[str]) -> int:
+    """The copies of a ``DequantizeLinear`` ONNX Runtime adds on loading, whatever the optimisation level (its
+    ``EnsureUniqueDQForNodeUnit``: one DQ per consuming input, the original kept for the first unless a graph
+    output reads it): each writes the same tensor again."""
+    n = uses.get(node.output[0], 0)
+    if n == 0 or (n == 1 and node.output[0] not in graph_outputs):
+        return 0
+    return n if node.output[0] in graph_outputs else n - 1
 
 
 def _type_group(elem: int | None) -> int | None:

@@ -1,8 +1,8 @@
 """The cost on paper read from the graph files (``kztts.htp.cost.read_counts``: shapes from the graph, no session)
 equals the one counted from a profiled CPU run (``profile_graph``, the reference kept behind ``inspect --profile``):
 every count, and so every printed figure, on the HTP bundle's static graphs, the CPU graphs at a device target's
-context, an LM bundle (plain and fused-attention graphs), a hybrid LM, and an int4 variant with fp16 KV (MatMulNBits,
-the CPU EP's Cast clean-up). ``kztts inspect`` opens no session unless asked."""
+context, an LM bundle (plain, fused-attention and w4a16 QDQ static graphs), a hybrid LM, and an int4 variant with
+fp16 KV (MatMulNBits, the CPU EP's Cast clean-up). ``kztts inspect`` opens no session unless asked."""
 from __future__ import annotations
 
 import json
@@ -46,8 +46,14 @@ def test_htp_bundle_counts_from_files_equal_the_profiled_ones(htp_bundle, small_
     assert_same(htp_bundle, ["x_elite"], precision="w4a16")
 
 
-def test_lm_bundles_counts_from_files_equal_the_profiled_ones(qwen3_bundle, chat_bundle, small_target, tmp_path):
+def test_lm_bundles_counts_from_files_equal_the_profiled_ones(qwen3_dir, qwen3_bundle, chat_bundle, small_target,
+                                                             tmp_path):
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+
     assert_same(qwen3_bundle, [device(small_target, tmp_path), "sm8750"])
+    # QDQ static graphs (the DQ copies ONNX Runtime makes on loading, the probes' Reduce axes)
+    assert_same(cached_lm_bundle(qwen3_dir, target=str(small_target), precision="w4a16"), [device(small_target,
+                                                                                                   tmp_path)])
     fused = tmp_path / "fused"  # --cpu-graphs fused: talker_gqa alone, its length inputs fed as values
     shutil.copytree(chat_bundle, fused)
     manifest = json.loads((fused / "kztts.json").read_text())
