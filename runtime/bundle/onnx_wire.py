@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +63,7 @@ class Node:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     subgraph: bool  # inside an If/Loop body (runs when its branch does)
+    ints: dict = field(default_factory=dict)  # its integer attributes (MatMulNBits' K and N)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,17 @@ class _Reader:
                 outs.append(self.text(v))
             elif field == _NODE_ATTR:
                 attrs.append(v)
-        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0))
+        ints = {}
+        for a in attrs:
+            aname, value = "", None
+            for field_, wire, v in _fields(self.buf, *a):
+                if field_ == 1 and wire == 2:
+                    aname = self.text(v)
+                elif field_ == 3 and wire == 0:
+                    value = v
+            if aname and value is not None:
+                ints[aname] = value
+        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0, ints))
         for a in attrs:
             for field, wire, v in _fields(self.buf, *a):
                 if field in (_ATTR_T, _ATTR_TENSORS) and wire == 2 and op == "Constant":

@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 from kztts.bundle import graphs as G
-from kztts.bundle.bundle import Bundle
+from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.graphs import CP_MODES
-from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.manifest import KIND_LM, random_weights_label, read_manifest
 from kztts.bundle.sessions import _session_options
 from kztts.core.errors import KzttsError
-from kztts.htp.cost import bundle_cost, format_cost, format_spoken, spoken_estimate
+from kztts.htp.cost import (SPOKEN_PROMPT, bundle_cost, first_audio, format_cost, format_first_audio, format_spoken,
+                            spoken_estimate)
 from kztts.htp.qnn import (
     EP_NAME,
     Placement,
@@ -27,6 +28,7 @@ from kztts.htp.qnn import (
 )
 from kztts.htp.qnn_package import check_target_skel
 from kztts.htp.targets import Target, load_target
+from kztts.lm import chatml
 from kztts.plan.resolve import resolve_placement, resolve_plan
 from kztts.tts.model_kind import ModelKind
 from kztts.tts.text.split import DEFAULT_FRAMES_PER_TOKEN
@@ -139,16 +141,70 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def prompt_tokens(lm_dir: str | Path, message: str) -> int:
+    """Tokens of a chat's first prompt (the bundle's default system, ``message``, the generation prompt)."""
+    from tokenizers import Tokenizer
+
+    system = (read_manifest(Path(lm_dir)).data.get("chat") or {}).get("default_system")
+    tok = Tokenizer.from_file(str(Path(lm_dir) / TOKENIZER_FILE))
+    return len(tok.encode(chatml.first_turn(system, message), add_special_tokens=False).ids)
+
+
+def speak_report(lm_dir: str | Path, tts_dir: str | Path, target: "str | Path | Target", precision: str | None = None,
+                 message: str = SPOKEN_PROMPT, first_chunk: int = 1, profile: bool = False) -> dict:
+    """An LM that speaks at ``target``, on paper: both bundles' costs, whether a reply keeps real time
+    (``spoken_estimate``) and the first audio after ``message``, stage by stage (``first_audio``)."""
+    kinds = {name: read_manifest(Path(d)).kind for name, d in (("LM", lm_dir), ("TTS", tts_dir))}
+    label = {KIND_LM: "an LM", "tts": "a TTS"}
+    if kinds["LM"] != KIND_LM:
+        raise KzttsError(f"{lm_dir}: {label.get(kinds['LM'], 'a ' + kinds['LM'])} bundle; inspect --speak takes an LM "
+                         "bundle first (kztts inspect LM --target T --speak TTS)")
+    if kinds["TTS"] != "tts":
+        raise KzttsError(f"--speak {tts_dir}: {label.get(kinds['TTS'], 'a ' + kinds['TTS'])} bundle; give a TTS bundle")
+    target = load_target(target)
+    lm = bundle_cost(lm_dir, target, precision=precision, measured=profile)
+    tts = bundle_cost(tts_dir, target, precision=precision, measured=profile)
+    return {"target": target.name, "lm": lm, "tts": tts,
+            "spoken": spoken_estimate(lm, tts, DEFAULT_FRAMES_PER_TOKEN),
+            "first_audio": first_audio(lm_dir, lm, tts_dir, tts, target, prompt_tokens(lm_dir, message), first_chunk)}
+
+
+def cmd_speak(args: argparse.Namespace) -> int:
+    """``kztts inspect LM --target T[,T2...] --speak TTS``: per target, the first audio after a chat message."""
+    reports = [speak_report(args.bundle, args.speak, t, args.precision, args.message, args.first_chunk,
+                            args.profile) for t in args.target.split(",")]
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0]))
+        return 0
+    for i, r in enumerate(reports):
+        if len(reports) == 1:
+            print(format_cost(r["lm"]), format_cost(r["tts"]), format_spoken(r["spoken"]), sep="\n\n")
+            print()
+        elif i:
+            print()
+        print(format_first_audio(r["first_audio"]))
+    if len(reports) > 1:
+        print()
+        print("first audio on paper: " + ", ".join(
+            f"{r['target']} {r['first_audio']['total_ms']:.0f} ms" if r["first_audio"]["available"] else
+            f"{r['target']} n/a" for r in reports))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.plan:
         return cmd_plan(args)
     if args.speak and not args.target:
-        raise KzttsError("--speak counts an LM token plus a TTS frame on paper at a target: give --target T")
+        raise KzttsError("--speak counts an LM and a TTS bundle on paper at a target: give --target T (or T1,T2)")
     if args.speak and not Path(args.speak).is_dir():
         raise KzttsError(f"--speak {args.speak}: no such bundle directory; give a TTS bundle")
     if (args.precision or args.placement) and not args.target:
         raise KzttsError("--precision and --placement count the cost on paper of a target: give --target T "
                          "(or --plan for the execution plan)")
+    if args.speak and args.placement:
+        raise KzttsError("--placement is a Talker's precision plan: not with --speak")
+    if args.speak:
+        return cmd_speak(args)
     report = inspect_bundle(Path(args.bundle), args.target, args.strict, args.precision, args.placement,
                             profile=args.profile)
     if args.json:
@@ -188,13 +244,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     print()
     print(format_cost(report["cost"]))
-    if args.speak:
-        speech = inspect_bundle(Path(args.speak), args.target, args.strict, args.precision, None,
-                                profile=args.profile)
-        print()
-        print(format_cost(speech["cost"]))
-        print()
-        print(format_spoken(spoken_estimate(report["cost"], speech["cost"], DEFAULT_FRAMES_PER_TOKEN)))
     return 0
 
 
@@ -218,8 +267,14 @@ def add_command(sub) -> None:
                    help="with --target: count the HTP graphs' weights at this precision on paper (default: the "
                         "target's; a QDQ graph counts as stored)")
     s.add_argument("--speak", metavar="TTS_BUNDLE",
-                   help="with --target and an LM bundle: also this TTS bundle's frame, and whether an LM token plus "
-                        "the frames of speech it makes keep real time on the target (kztts chat --speak)")
+                   help="with --target (T or T1,T2,...) and an LM bundle: both bundles' costs, whether an LM token "
+                        "plus the frames of speech it makes keep real time, and the first audio after a chat message "
+                        "stage by stage (LM prefill, first tokens, Talker prefill, first frame, first decoder run), "
+                        "on paper (kztts chat --speak)")
+    s.add_argument("--message", default=SPOKEN_PROMPT,
+                   help="with --speak: the chat message whose prompt the LM prefills (default: %(default)r)")
+    s.add_argument("--first-chunk", type=int, default=1,
+                   help="with --speak: frames of the first decoder run (default: %(default)s, as stream)")
     s.add_argument("--cp-mode", choices=CP_MODES, default="frame", help="with --plan: Code Predictor mode")
     s.set_defaults(func=cmd_inspect)
 

@@ -51,6 +51,7 @@ import numpy as np
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
 from kztts.bundle.onnx_wire import full_digest, read_graph, without_weight_data
+from kztts.bundle.segments import HEAD_STATS, LAYER_STATS
 from kztts.core.errors import BundleError
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
@@ -667,7 +668,8 @@ def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, in
 
 
 def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
-               note: str = "", threads: int = 0, unit_precision=None, measured: bool = False) -> tuple[GraphCost, list]:
+               note: str = "", threads: int = 0, unit_precision=None, measured: bool = False,
+               requantize: bool = False) -> tuple[GraphCost, list]:
     """The counts of one graph (and its constant tensors, for the sharing pass). On the HTP a float graph's
     float32 MatMul weights [K, N] count at their HTP precision's ``matmul_weight_bytes`` (int8 / int4 codes and
     their scales at a quantized one): ``unit_precision(key)`` gives a MatMul's (key of
@@ -695,7 +697,25 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
                     key = keys.get(w)
                     matmul[w] = (unit_precision(key) if unit_precision and key else None) or precision
 
+    # asked for a precision: a CPU graph's block-quantized MatMulNBits weight ([N, blocks, blob] codes, its scales
+    # and zero points) is, on the HTP, a [K, N] weight at that precision, like the float MatMul it stands for
+    # (without: as stored)
+    nbits: dict[str, tuple[int, int]] = {}
+    folded: set[str] = set()
+    if entry is not None and requantize:
+        consts = {t.name: t for t in tensors}
+        for n in graph.nodes:
+            b = consts.get(n.inputs[1]) if n.op == "MatMulNBits" and len(n.inputs) > 2 else None
+            if b is not None and "K" in n.ints and "N" in n.ints:
+                nbits[b.name] = (n.ints["K"], n.ints["N"])
+                matmul[b.name] = precision
+                folded.update(x for x in n.inputs[2:4] if x in consts)
+
     def device_bytes(t) -> int:
+        if t.name in nbits:
+            return int(G.htp_precision(precision).matmul_weight_bytes(*nbits[t.name]))
+        if t.name in folded:
+            return 0
         if t.name in matmul:
             p = matmul[t.name]
             return t.elements * 4 if p == "cpu" else int(G.htp_precision(p).matmul_weight_bytes(*t.shape))
@@ -890,7 +910,7 @@ def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precis
             if prec in G.HTP_PRECISION_ENTRIES:
                 prec = "fp32"
         row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision,
-                                 measured)
+                                 measured, requantize=precision is not None)
         row.shared_weight_bytes = seen.setdefault(device, _Held()).add(consts)
         rows.append(row)
     frame = [r for r in rows if r.calls_per_frame]
@@ -1008,4 +1028,144 @@ def format_cost(report: dict) -> str:
         comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
         lines.append(f"  {p['role']:<16}{p['graph']:<{gw}}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, "
                      f"compute {comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/{u}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ first audio of an LM that speaks
+# What the Talker needs before its first frame: in the streaming text mode the prompt holds the first text token,
+# and a token is committed once the next pre-token has started (kztts.tts.text.track): the LM's 2nd token
+TOKENS_BEFORE_FIRST_FRAME = 2
+SPOKEN_PROMPT = "What is the tallest mountain in Europe, and how high is it?"  # a chat message, as a user types it
+
+
+def call_ms(row: dict, target: Target) -> float | None:
+    """One call of a report row on paper, as ``paper_estimate`` counts it: max(bytes / bandwidth, MACs /
+    throughput) (None without a bandwidth figure or on a simulator)."""
+    cost = target.cost or {}
+    bw = cost.get("effective_gbps") or cost.get("dram_gbps")
+    if target.runs_on == "simulator" or not bw:
+        return None
+    tops = cost.get("htp_int8_tops")
+    compute = row["macs"] / (tops * 1e12 / 2) * 1e3 if (row["device"] == "htp" and tops) else None
+    if row["device"] == "htp" and row["role"] == "decoder":
+        compute = row["macs"] / (conv_decoder_rate(target)["gmacs_per_s"] * 1e9) * 1e3
+    return max(row["bytes_per_call"] / (bw * 1e9) * 1e3, compute or 0.0)
+
+
+def _prefill_chunk(bundle_dir: Path, row: dict, target: Target) -> int:
+    """Positions one prefill call takes: the static graph's ``seq``, else the dimension it was counted at."""
+    if row["dims"]:
+        return int(row["dims"]["seq"])
+    spec = read_manifest(bundle_dir).graphs[row["graph"]]
+    return int(spec.extra.get("seq", target.shapes.prefill_chunk))
+
+
+def as_static(row: dict, manifest, target: Target, precision: str) -> dict:
+    """A Talker (LM) row counted on its CPU graph at the target's shapes (the bundle has no static graph for them)
+    as the static graph of ``precision`` would count, from the shapes (``kztts.export.htp.static_graphs``' layout):
+    its inputs and outputs (the additive mask, logits and hidden of every position, the KV at the precision's KV
+    type, the probes' stats) and the head's MACs over every position; the weights as counted. A row counted on
+    its static graph, on the CPU, or of a hybrid LM is returned as it is."""
+    if not row["dims"] or row["device"] != "htp" or not row["role"].startswith("talker") or manifest.hybrid:
+        return row
+    c = manifest.talker
+    s = target.shapes
+    seq = s.prefill_chunk if row["role"] == "talker_prefill" else 1
+    ctx, layers, hidden, vocab = s.context, int(c["num_layers"]), int(c["hidden"]), int(c["vocab"])
+    kv_heads, head_dim = int(c["num_kv_heads"]), int(c["head_dim"])
+    kv_dtype = {"fp16": "float16", "fp32": "float32", "uint8": "uint8"}[G.htp_kv_dtype(precision)]
+    kvb = np.dtype(kv_dtype).itemsize
+    kv_read, kv_write = (layers * 2 * kv_heads * head_dim * n * kvb for n in (ctx - seq, seq))
+    ins = 4 * (seq * hidden + seq * ctx + 2 * seq * head_dim) + kv_read
+    outs = 4 * (seq * vocab + seq * hidden + layers * len(LAYER_STATS) + len(HEAD_STATS)) + kv_write
+    macs = row["macs"] + (seq - 1) * hidden * vocab  # the CPU graph's head reads the last position, the static one all
+    out = dict(row, io_bytes=ins + outs, host_npu_bytes=ins + outs, kv_read_bytes=kv_read, kv_write_bytes=kv_write,
+               kv_dtype=kv_dtype, macs=macs, dims={},
+               note=f"the static {row['role']} of {precision} from the shapes, its weights as {row['graph']}'s")
+    out["bytes_per_call"] = out["weight_read_bytes"] + out["io_bytes"]
+    return out
+
+
+def decoder_first_row(tts_dir: str | Path, report: dict, target: Target, frames: int) -> dict:
+    """The decoder's row for its first run, of ``frames`` frames: a static graph runs whole (its own frame count),
+    a dynamic one is counted again at ``frames``."""
+    row = next(r for r in report["graphs"] if r["role"] == "decoder")
+    if not row["dims"]:
+        return row
+    manifest = read_manifest(Path(tts_dir))
+    cost, _ = graph_cost(Path(tts_dir), manifest.graphs[row["graph"]], "decoder", row["device"], row["precision"],
+                         {"frames": frames}, 1.0)
+    return cost.to_json()
+
+
+def first_audio(lm_dir: str | Path, lm_report: dict, tts_dir: str | Path, tts_report: dict, target: Target,
+                prompt_tokens: int, first_chunk: int = 1) -> dict:
+    """From a chat message to the first audio, both models on the target's devices, stage by stage, on paper
+    (``kztts inspect LM --target T --speak TTS``): the LM's prefill of the prompt (whole calls of its prefill
+    graph), its decode steps until the Talker's first text token is committed (``TOKENS_BEFORE_FIRST_FRAME``, the
+    first from the prefill), the Talker's prefill (one call: a streaming prompt holds ~10 positions), the first
+    frame (the Code Predictor's 15 steps; its first code comes from the Talker prefill's logits) and the first
+    decoder run (``first_chunk`` frames). One after another: one NPU."""
+    manifests = {name: read_manifest(Path(d)) for name, d in (("lm", lm_dir), ("tts", tts_dir))}
+    # a Talker row counted on a CPU graph stands for the static graph the target runs: counted as that graph
+    lm = {r["role"]: as_static(r, manifests["lm"], target, lm_report["precision"]) for r in lm_report["graphs"]}
+    tts = {r["role"]: as_static(r, manifests["tts"], target, tts_report["precision"]) for r in tts_report["graphs"]}
+    out: dict = {"label": LABEL, "target": target.name, "prompt_tokens": prompt_tokens, "first_chunk": first_chunk,
+                 "tokens_before_first_frame": TOKENS_BEFORE_FIRST_FRAME, "available": False}
+    missing = [f"{name} {role}" for name, rows, roles in (("LM", lm, ("talker_prefill", "talker_decode")),
+                                                          ("TTS", tts, ("talker_prefill", "code_predictor", "decoder")))
+               for role in roles if role not in rows]
+    if missing:
+        out["reason"] = f"no graph for {', '.join(missing)}"
+        return out
+    if call_ms(lm["talker_decode"], target) is None:
+        out["reason"] = (lm_report["paper_estimate"].get("reason") or tts_report["paper_estimate"].get("reason")
+                         or "no estimate")
+        return out
+    chunk = _prefill_chunk(Path(lm_dir), lm["talker_prefill"], target)
+    decoder = decoder_first_row(tts_dir, tts_report, target, first_chunk)
+    stages = []
+    for name, row, calls, what in (
+            ("LM prefill", lm["talker_prefill"], -(-prompt_tokens // chunk),
+             f"{prompt_tokens} prompt tokens, {chunk} a call"),
+            ("first tokens", lm["talker_decode"], TOKENS_BEFORE_FIRST_FRAME - 1,
+             f"{TOKENS_BEFORE_FIRST_FRAME} tokens: the prefill's and {TOKENS_BEFORE_FIRST_FRAME - 1} decode step "
+             "(the 1st text token is committed when the 2nd starts)"),
+            ("Talker prefill", tts["talker_prefill"], 1, "the streaming prompt (~10 positions)"),
+            ("first frame", tts["code_predictor"], 1, "Code Predictor's 15 steps (code 0 from the prefill's logits)"),
+            ("first decoder run", decoder, 1, f"{first_chunk} frame{'s' if first_chunk > 1 else ''}")):
+        per_call = call_ms(row, target)
+        cost = target.cost or {}
+        stages.append({"stage": name, "graph": row["graph"], "device": row["device"], "calls": calls,
+                       "bytes_per_call": row["bytes_per_call"], "macs_per_call": row["macs"],
+                       "ms_per_call": per_call, "ms": calls * per_call, "what": what,
+                       "static_from_shapes": bool(row.get("note", "").startswith("the static")),
+                       "compute_counted": row["device"] == "htp" and bool(cost.get("htp_int8_tops"))
+                       or row["role"] == "decoder" and row["device"] == "htp"})
+    if prompt_tokens > target.shapes.context:
+        stages[0]["what"] += f" (more than the {target.shapes.context}-position context)"
+    out.update(available=True, stages=stages, total_ms=sum(s["ms"] for s in stages),
+               audio_ms=first_chunk * tts_report["paper_estimate"]["frame_period_ms"])
+    return out
+
+
+def format_first_audio(est: dict) -> str:
+    """``first_audio`` as text: a row per stage, then the total."""
+    head = f"first audio at {est['target']}, on paper ({est['label']}): a chat message to the first audio"
+    if not est["available"]:
+        return f"{head}: not available ({est['reason']})"
+    lines = [head, f"  {'stage':<19}{'graph':<16}{'device':<7}{'calls':>6}{'MB/call':>10}{'GMACs':>9}{'ms/call':>9}"
+                   f"{'ms':>9}  what"]
+    for s in est["stages"]:
+        mark = "*" if s["static_from_shapes"] else " "
+        lines.append(f"  {s['stage']:<19}{s['graph'] + mark:<16}{s['device']:<7}{s['calls']:>6}"
+                     f"{_mb(s['bytes_per_call']):>10}{s['macs_per_call'] / 1e9:>9.3f}{s['ms_per_call']:>9.2f}"
+                     f"{s['ms']:>9.2f}  {s['what']}")
+    lines.append(f"  {'total':<67}{est['total_ms']:>9.1f}  to the first {est['audio_ms']:.0f} ms of audio")
+    if any(s["static_from_shapes"] for s in est["stages"]):
+        lines.append("  * the static graph the target runs, counted from the shapes (its inputs and outputs, KV type, "
+                     "MACs; weights as the CPU graph's at the precision): the bundle has none for these shapes")
+    if not all(s["compute_counted"] for s in est["stages"] if s["device"] == "htp"):
+        lines.append("  the HTP's compute is not counted (no published TOPS for this SoC): bytes only, a lower bound "
+                     "where a stage is compute-bound (a prefill)")
     return "\n".join(lines)

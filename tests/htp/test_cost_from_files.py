@@ -108,7 +108,7 @@ def test_inspect_opens_no_session_unless_asked(htp_bundle, chat_bundle, small_ta
     read = capsys.readouterr().out
     assert "from the files, no graph opened" in read and "paper estimate: " in read
     assert main(["inspect", str(chat_bundle), "--target", "sm8750", "--speak", str(htp_bundle)]) == 0
-    assert "an LM that speaks at sm8750" in capsys.readouterr().out
+    assert "first audio at sm8750" in capsys.readouterr().out
     monkeypatch.setattr(ort, "InferenceSession", real)
     assert main(["inspect", str(htp_bundle), "--target", t, "--profile"]) == 0
     profiled = capsys.readouterr().out
