@@ -265,7 +265,8 @@ def add_command(sub) -> None:
                                        "precision plan (`kztts calibrate --plan`) the cost on paper counts")
     s.add_argument("--precision", choices=G.HTP_PRECISIONS,
                    help="with --target: count the HTP graphs' weights at this precision on paper (default: the "
-                        "target's; a QDQ graph counts as stored)")
+                        "target's; a QDQ graph counts as stored; an int4/int8 CPU graph's MatMulNBits weights as "
+                        "stored unless a precision is given)")
     s.add_argument("--speak", metavar="TTS_BUNDLE",
                    help="with --target (T or T1,T2,...) and an LM bundle: both bundles' costs, whether an LM token "
                         "plus the frames of speech it makes keep real time, and the first audio after a chat message "

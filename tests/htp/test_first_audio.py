@@ -107,3 +107,21 @@ def test_speak_bad_input_is_one_line(qwen3_bundle, htp_bundle, capsys):
         assert main(["inspect", *args]) == 2
         err = capsys.readouterr().err
         assert want in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_an_int4_cpu_graph_counts_at_an_asked_precision_as_its_float_graph(chat_bundle):
+    """The real 1.5B's bundle is CPU int4 (MatMulNBits): asked for w4a16 on paper, each of its weights counts as the
+    [K, N] weight it stands for, as the fp32 graph's do; without a precision, as stored (int4 codes, fp32 scales)."""
+    from kztts.export.common.variants import cached_variant
+
+    int4 = cached_variant(chat_bundle, weights="int4")
+    target = load_target("sm8750")
+    for precision in ("w4a16", "w8a16"):
+        floats = {r["role"]: r for r in C.bundle_cost(chat_bundle, target, precision=precision)["graphs"]}
+        codes = {r["role"]: r for r in C.bundle_cost(int4, target, precision=precision)["graphs"]}
+        for role, r in codes.items():
+            for key in ("device_weight_bytes", "weight_read_bytes", "bytes_per_call", "macs"):
+                assert r[key] == floats[role][key], (precision, role, key)
+    stored = {r["role"]: r for r in C.bundle_cost(int4, target)["graphs"]}
+    asked = {r["role"]: r for r in C.bundle_cost(int4, target, precision="fp16")["graphs"]}
+    assert stored["talker_decode"]["weight_read_bytes"] < asked["talker_decode"]["weight_read_bytes"]
