@@ -114,3 +114,22 @@ def test_inspect_opens_no_session_unless_asked(htp_bundle, chat_bundle, small_ta
     profiled = capsys.readouterr().out
     assert profiled.split("\n\n", 1)[1] == read.split("\n\n", 1)[1]  # the cost section, to the printed digit
     assert "QNN" in profiled.split("\n\n", 1)[0]
+
+
+def test_a_graph_whose_shapes_cannot_be_read_is_profiled_and_said_so(htp_bundle, monkeypatch, caplog):
+    """Where the file alone cannot give the counts (the onnx package missing, a data-dependent shape), the graph is
+    profiled instead, with one warning naming it."""
+    from kztts.bundle.manifest import read_manifest
+
+    path = htp_bundle / read_manifest(htp_bundle).graphs["talker"].file
+    dims = {"seq": 1, "past": 63}
+
+    def unreadable(*a):
+        raise C.ShapeError(f"{path}: the shape of 'x' is not inferable")
+
+    monkeypatch.setattr(C, "_read_counts", unreadable)
+    with caplog.at_level("WARNING", logger="kztts.htp.cost"):
+        assert C.counts(path, dims) == C.profile_graph(path, dims)
+    assert [r.message for r in caplog.records if "profiled run instead" in r.message] == [
+        f"{path}: counting its cost with a profiled run instead of from the file: {path}: the shape of 'x' is not "
+        "inferable"]
