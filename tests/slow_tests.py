@@ -31,6 +31,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("qwen-tts replays 8 prompts (tests/cli/test_tiny_export_validate.py checks the --json form by default)", 14, "CI run here: empty cache, load 5-11"),
     "tests/cli/test_export_variants.py::test_export_overwrite_replaces_a_bundle_with_a_variant":
         ("a second full export; the variant paths are covered by test_variants", 64, "CI run here: empty cache, load 5-11"),
+    "tests/cli/test_target_match.py::test_synth_target_on_a_bundle_with_static_graphs_says_the_simulator_runs_them":
+        ("kztts synth --target on the tiny HTP bundle: two frames on the simulator (the cp_frame sampler there)", 47,
+         "this test alone here, load about 4 (other helpers' tests running)"),
     "tests/cli/test_validate_bounds.py::test_tts_bounds_pass_the_good_build_and_fail_one_calibrated_on_prompts_alone":
         ("the narrow model's good and prompt-calibrated exports at w8a16 and w4a16 (the Talker's prefill graph "
          "alone on the HTP), five validate --target runs on the simulator (52 rows each; a wrong Talker scale too)",
@@ -54,8 +57,9 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
         ("kztts calibrate on the Piper voice (58 MB from PyPI) rewritten by ORT's optimizer: three whole-graph "
          "quantizations of 2,524 nodes and the fp16 graph, one sentence", 372, "beside the decoder's test here at load 25"),
     "tests/export/validate/test_real_graphs.py::test_piper_decoder_plan_is_judged_on_the_simulator":
-        ("the Piper decoder's budgeted calibrate, its plan on the simulator (failing there: the failure localised by "
-         "several cut graphs) and the float plan, one 40-frame window", 209, "beside DNSMOS's test here at load 25"),
+        ("the Piper decoder's calibrate (a float plan on QNN 2.7.0), that plan on the simulator, and its convolutions "
+         "at w8a16 (failing there: the failure localised by several cut graphs), one 40-frame window", 162,
+         "alone, at load ~4"),
     "tests/export/validate/test_real_graphs.py::test_dnsmos_log_power_is_flagged_by_the_fp16_precision_check":
         ("kztts calibrate on DNSMOS's sig_bak_ovr.onnx over a 9 s window: three whole-graph quantizations and the "
          "fp16 graph", 74, "beside the decoder's test here at load 25"),

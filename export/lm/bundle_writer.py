@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 from torch import nn
 
@@ -37,6 +38,7 @@ from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
 from kztts.export.graphs.talker_graph import export_talker, talker_shape
+from kztts.export.htp.export_check import lm_htp_check_record
 from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
 from kztts.export.lm.hybrid import export_hybrid_bundle, is_hybrid_source
@@ -123,12 +125,15 @@ CPU_GRAPH_SETS = {
 
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
-                     segments: bool = False, placement: str | None = None, cpu_graphs: str = "all") -> Path:
+                     segments: bool = False, placement: str | None = None, cpu_graphs: str = "all",
+                     check_htp: Callable | None = None) -> Path:
     """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
     the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer; ``placement``: a precision
     plan, ``kztts.export.htp.static_graphs.export_htp_graphs``). ``cpu_graphs`` ``"fused"`` writes the
-    fused-attention Talker alone (``CPU_GRAPH_SETS``). A hybrid LM (Qwen3-Next / Qwen3.5) goes to
-    ``kztts.export.lm.hybrid``."""
+    fused-attention Talker alone (``CPU_GRAPH_SETS``). ``check_htp``: what judges quantized static graphs on the
+    simulator and refuses the export below their bounds (``kztts.export.validate.htp_check.check_lm_bundle``,
+    given by the command); without it the manifest says they are unvalidated (``kztts.export.htp.export_check``).
+    A hybrid LM (Qwen3-Next / Qwen3.5, float static graphs only) goes to ``kztts.export.lm.hybrid``."""
     source, out_dir = Path(source), Path(out_dir)
     if cpu_graphs not in CPU_GRAPH_SETS:
         raise KzttsError(f"cpu_graphs {cpu_graphs!r}: choose one of {', '.join(CPU_GRAPH_SETS)}")
@@ -200,6 +205,12 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             "graphs": {n: g.to_json() for n, g in graphs.items()},
         }
         write_manifest(work, manifest)
+        if target_cfg is not None:
+            del model, lm  # the check's simulator runs need the memory more
+            record = lm_htp_check_record(work, target_cfg.path, check=check_htp)
+            if record is not None:
+                manifest["htp_check"] = record
+                write_manifest(work, manifest)
         steps.close()
     log.info("LM bundle written to %s", out_dir)
     return out_dir

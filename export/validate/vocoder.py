@@ -13,7 +13,7 @@ HiFi-GAN style, trained weights) under each recipe, judged by SNR against fp32, 
 - :func:`judge`: per recipe, SNR of all judged audio against fp32's, Whisper WER (``kztts.eval.asr``) against
   fp32's WER on the same sentences, DNSMOS SIG/BAK/OVRL (``kztts.eval.dnsmos``); :func:`run_study` adds the CPU
   EP's ms per second of audio (1 thread, the recipes' graphs timed round-robin) and the paper's HTP ms per audio
-  second (``kztts.htp.cost``'s compute term with its conv-decoder correction, :func:`paper_ms_per_s`).
+  second (the target SoC's measured conv-decoder rate, ``kztts.htp.cost.conv_decoder_rate``: :func:`paper_ms_per_s`).
 
 A recipe keeps speech when its WER is within ``WER_MARGIN`` (1 point) of fp32's and no DNSMOS score falls more
 than ``DNSMOS_MARGIN`` below fp32's (SIG: speech distortion, BAK: added noise, OVRL).
@@ -35,7 +35,7 @@ from kztts.eval.asr import load_judge
 from kztts.export.common import graph_qdq as Q
 from kztts.export.htp.graph_analysis import DEFAULT_TARGET_DB, analyse, load_samples, save_samples
 from kztts.export.validate.graph_plan import run_on_cpu, run_on_target
-from kztts.htp.cost import CONV_DECODER_FACTOR, node_macs
+from kztts.htp.cost import conv_decoder_rate, node_macs
 from kztts.htp.targets import load_target
 
 log = logging.getLogger(__name__)
@@ -178,11 +178,10 @@ def judge(wavs: dict[str, list[np.ndarray]], sample_rate: int, texts, judge_asr=
     return rows
 
 
-def paper_ms_per_s(macs_per_s: float, target: str) -> float | None:
-    """HTP ms per audio second on paper (``kztts.htp.cost``'s compute term, corrected by its
-    ``CONV_DECODER_FACTOR``) for ``target``, None without an INT8 TOPS figure."""
-    tops = (load_target(target).cost or {}).get("htp_int8_tops")
-    return macs_per_s / (tops * 1e12 / 2) * 1e3 * CONV_DECODER_FACTOR if tops else None
+def paper_ms_per_s(macs_per_s: float, target: str) -> float:
+    """HTP ms per audio second on paper for ``target``: the decoder's MACs per audio second over the target SoC's
+    measured conv-decoder rate (``kztts.htp.cost.conv_decoder_rate``, the one ``paper_estimate`` uses)."""
+    return macs_per_s / (conv_decoder_rate(load_target(target))["gmacs_per_s"] * 1e9) * 1e3
 
 
 def run_study(voice_dir: str | Path, work: str | Path, *, texts=TEXTS, calibration_texts=CALIBRATION_TEXTS,

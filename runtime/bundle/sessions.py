@@ -14,6 +14,7 @@ import onnxruntime as ort
 
 from kztts.bundle.manifest import GraphSpec
 from kztts.core import env
+from kztts.core.blas import one_blas_thread
 from kztts.core.errors import BundleError
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ def _check_io(path: Path, spec: GraphSpec, sess: ort.InferenceSession) -> None:
 
 def open_session(bundle_dir: Path, spec: GraphSpec, cfg: SessionConfig | None = None) -> ort.InferenceSession:
     """Open ``spec.file`` on the CPU EP and check its I/O against the manifest."""
+    one_blas_thread()  # the runtime's numpy products run between these graphs' calls (kztts.core.blas)
     path = Path(bundle_dir) / spec.file
     if not path.is_file():
         raise BundleError(f"{path}: graph file for {spec.name!r} is missing; re-export the bundle")

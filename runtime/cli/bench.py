@@ -68,8 +68,8 @@ def add_command(sub) -> None:
     s.add_argument("--e2e-runs", type=int, default=3,
                    help="end-to-end text->WAV runs per side, kztts synth vs qwen-tts interleaved "
                         "(0 or --no-reference: none; default 3)")
-    s.add_argument("--text", default=DEFAULT_TEXT)
-    s.add_argument("--language", default=DEFAULT_LANGUAGE)
+    s.add_argument("--text", default=DEFAULT_TEXT, help="the sentence every row speaks (default: a fixed English one)")
+    s.add_argument("--language", default=DEFAULT_LANGUAGE, help=f"its language (default {DEFAULT_LANGUAGE})")
     s.add_argument("--target", default="cpu",
                    help="execution targets: cpu (the timed CPU grid) and/or qnn_configs targets (e.g. simulator): "
                         "their static graphs on the HTP simulator, accuracy only, never timed (default cpu)")

@@ -28,8 +28,6 @@ def check_speak_args(args: argparse.Namespace) -> None:
         return
     if not Path(args.speak).is_dir():
         raise KzttsError(f"--speak {args.speak}: no such bundle directory; give a TTS bundle (kztts export)")
-    if not (args.speaker_wav or args.xvector):
-        raise KzttsError("--speak needs a voice: --speaker-wav F (a recording) or --xvector F")
     if args.speak_out:
         check_writable_dir(args.speak_out, "--speak-out")
 
@@ -37,7 +35,9 @@ def check_speak_args(args: argparse.Namespace) -> None:
 def open_speaker(args: argparse.Namespace, lm, system: str | None) -> SpokenChat:
     recording = read_voice(args.speaker_wav) if args.speaker_wav else None
     tts = TTS(args.speak)
-    voice = tts.voice_from_xvector(args.xvector) if args.xvector else tts.voice_from_wav(*recording)
+    # no voice flag: the bundle's default, as on every route (TTS.default_voice)
+    voice = (tts.voice_from_xvector(args.xvector) if args.xvector else tts.voice_from_wav(*recording) if recording
+             is not None else tts.default_voice())
     chat = SpokenChat(lm, tts, SpeakSettings(voice, language=args.language, seed=args.seed), system=system)
     took = chat.warm_up()
     print(f"kztts chat: replies spoken by {args.speak} (both models warmed up in {took * 1000:.0f} ms)", file=sys.stderr)
@@ -108,9 +108,11 @@ def add_command(sub) -> None:
                                     "--speak TTS_BUNDLE speaks each reply while it is written")
     add_lm_options(s)
     s.add_argument("--system", help="system prompt (default: the checkpoint's chat template's, if any)")
-    s.add_argument("--speak", metavar="TTS_BUNDLE", help="speak each reply with this TTS bundle while the LM writes it")
+    s.add_argument("--speak", metavar="TTS_BUNDLE", help="speak each reply with this TTS bundle while the LM writes it "
+                                                        "(demo: the embedded demo's bundle)")
     voice = s.add_mutually_exclusive_group()
-    voice.add_argument("--speaker-wav", help="with --speak: a recording of the voice (x-vector)")
+    voice.add_argument("--speaker-wav", help="with --speak: a recording of the voice (x-vector; default: the bundle's "
+                                             "default voice, docs/USAGE.md \"Voices\")")
     voice.add_argument("--xvector", help="with --speak: an x-vector file (.npy, or raw little-endian float32)")
     s.add_argument("--language", help="with --speak: the replies' language (default auto)")
     s.add_argument("--speak-out", metavar="DIR", help="with --speak: write each reply's audio to DIR/reply-NN.wav")

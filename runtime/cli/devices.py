@@ -147,11 +147,23 @@ def devices_report(probe: bool = True) -> dict:
             "qnn": qnn, "targets": target_rows(qnn)}
 
 
+def device_note(d: dict) -> str:
+    """What the text report says of a device ONNX Runtime finds incompatible. The QNN EP's CPU device needs QNN's
+    CPU backend, which onnxruntime-qnn does not ship: the loader's "Unable to load backend libQnnCpu.so" is
+    expected, and kztts never uses that backend (QNN runs on the HTP backend only)."""
+    if not d["incompatibility"]:
+        return ""
+    notes = str(d["incompatibility"].get("notes") or "")
+    if d["ep"] == "QNNExecutionProvider" and d["type"] == "CPU" and "libQnnCpu" in notes:
+        return "; not used: kztts runs QNN on its HTP backend only (QNN's CPU backend is not shipped)"
+    return f"; ONNX Runtime notes: {notes}"
+
+
 def _print_text(rep: dict) -> None:
     print(f"ONNX Runtime {rep['onnxruntime']}; providers: {', '.join(rep['providers'])}")
     print("EP devices:")
     for d in rep["ep_devices"]:
-        extra = f"; ONNX Runtime notes: {d['incompatibility'].get('notes')}" if d["incompatibility"] else ""
+        extra = device_note(d)
         print(f"  {d['ep']:<24} {d['type']:<4} {d['vendor']} (vendor id {d['vendor_id']}, "
               f"device {d['device_id']}), EP by {d['ep_vendor']}{extra}")
     q = rep["qnn"]

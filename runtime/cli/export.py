@@ -30,6 +30,7 @@ def export_lm(args: argparse.Namespace) -> Path:
     # the export extra (torch): checked by cmd_export
     from kztts.export.lm.bundle_writer import export_lm_bundle
     from kztts.export.common.variants import variant_output
+    from kztts.export.validate.htp_check import check_lm_bundle
 
     source = Path(args.gguf or args.model_dir)
     if not (source.is_file() if args.gguf else source.is_dir()):
@@ -58,7 +59,7 @@ def export_lm(args: argparse.Namespace) -> Path:
                         overwrite=args.overwrite) as fp32_out:
         export_lm_bundle(source, fp32_out, overwrite=args.overwrite, target=args.target, precision=args.precision,
                          context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs,
-                         placement=args.placement)
+                         placement=args.placement, check_htp=None if args.no_htp_check else check_lm_bundle)
     return out
 
 
@@ -94,6 +95,11 @@ def export_tts(args: argparse.Namespace) -> Path:
 
 def cmd_export(args: argparse.Namespace) -> int:
     check_writable_dir(args.output, "bundle", create_parents=True)
+    # a full folder is refused before the export extra loads (seconds of imports) and before the phase line;
+    # bundle_output imports no torch
+    from kztts.export.common.bundle_output import check_output
+
+    check_output(Path(args.output), args.overwrite)
     need_export_extra()
     print(export_lm(args) if lm_export_requested(args) else export_tts(args))
     return 0

@@ -17,7 +17,8 @@ LM_FLAGS = {dest: key for dest, key in SAMPLING_FLAGS.items() if not dest.starts
 def add_lm_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", help="LM bundle directory (kztts export LM_DIR, or --gguf FILE)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="stop a reply after N tokens (256)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default 0; chat: turn k "
+                                                            "uses seed + k)")
     parser.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     for dest in LM_FLAGS:
         parser.add_argument("--" + dest.replace("_", "-"), dest=dest, default=None,
@@ -60,5 +61,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def add_command(sub) -> None:
     s = sub.add_parser("generate", help="continue a prompt with an LM bundle (streams the text)")
     add_lm_options(s)
-    s.add_argument("prompt")
+    s.add_argument("prompt", help="the raw text to continue (no chat template; kztts chat for a conversation)")
     s.set_defaults(func=cmd_generate)

@@ -250,7 +250,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_command(sub) -> None:
     s = sub.add_parser("inspect", help="show where each graph of a bundle runs (QNN/HTP or CPU) and its precision; "
                                        "with --target, each graph call's bytes and MACs and a paper estimate per frame")
-    s.add_argument("bundle")
+    s.add_argument("bundle", help="the bundle to describe (a TTS or an LM bundle; demo: the embedded demo's)")
     s.add_argument("--target", help="qnn_configs target (name or file); default: the one the bundle was exported for")
     s.add_argument("--strict", action="store_true", help="open each graph as synth would and fail if any node of a "
                                                           "static graph would fall back to CPU")

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         check_environment()  # every KZTTS_* variable, before any work
         with_environment(reference_settings())  # and the sampling overrides (KZTTS_TEMP...)
+        synth.name_demo(args)  # a TTS bundle named "demo": the embedded demo's
         return args.func(args)
 
     return run_command(command)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from kztts.assistant.spoken_reply import SpeakSettings, speak_text
 from kztts.bundle import graphs as G
-from kztts.bundle.manifest import random_weights_label
+from kztts.bundle.manifest import random_weights_label, read_manifest
 from kztts.bundle.sessions import SessionConfig
 from kztts.cli import synth_many
 from kztts.core.atomic import atomic_outputs, check_writable
@@ -35,9 +35,13 @@ from kztts.generation.settings import (
     with_environment,
     with_overrides,
 )
+from kztts.htp.qnn_package import host_is_simulator
+from kztts.htp.targets import load_target
+from kztts.plan.resolve import check_target_graphs
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult
 from kztts.tts.tts import TTS
+from kztts.tts.utterance import SELDOM_STOPS
 from kztts.tts.voice_file import SUFFIX
 
 VOICE_FLAGS = ("xvector", "speaker_wav", "ref_audio", "voice")  # a voice a Base bundle clones
@@ -56,6 +60,9 @@ def check_args(args: argparse.Namespace) -> tuple[Path | None, list | None]:
     """Every flag (and a ``--file``'s lines) checked before anything loads: the WAV to write, or the
     lines of ``--file``."""
     out = lines = None
+    if args.max_frames is not None and args.max_frames < 1:
+        raise KzttsError(f"--max-frames must be >= 1 (12.5 frames per second of audio), got {args.max_frames}; "
+                         "leave it out for the checkpoint's own cap")
     if args.file:  # many utterances, batched: the file is checked line by line
         lines = synth_many.check_args(args)
     elif args.text is None or args.output is None:
@@ -96,22 +103,44 @@ def cached_export(model_dir: Path | None) -> Path:
     return cached_bundle(cached_tiny("equal") if model_dir is None else model_dir)
 
 
+DEMO = "demo"  # the name of the embedded demo's bundle wherever a command takes a TTS bundle
+# the arguments that name a TTS bundle, by command: each may be ``demo``
+DEMO_ARGS = {"synth": ("bundle",), "voice": ("bundle",), "serve": ("bundle", "tts"), "chat": ("speak",),
+             "inspect": ("bundle",)}
+
+
+def name_demo(args: argparse.Namespace) -> None:
+    """Replace a TTS bundle argument ``demo`` (when no folder of that name is here) by the demo's bundle, the cached
+    export whose path is a hash: ``kztts serve demo``, ``kztts chat LMB --speak demo``."""
+    for name in DEMO_ARGS.get(args.command, ()):
+        if getattr(args, name, None) == DEMO and not Path(DEMO).exists():
+            setattr(args, name, str(cached_export(None)))
+
+
 def open_tts(args: argparse.Namespace, bundle: Path) -> TTS:
+    if args.target and not args.placement:  # a target the bundle has no graphs for: refused before any session
+        check_target_graphs(read_manifest(bundle), load_target(args.target))
     config = None if args.decoder_threads is None else SessionConfig(decoder_threads=args.decoder_threads)
     tts = TTS(bundle, cp_mode=args.cp_mode, target=args.target, strict=args.strict, placement=args.placement,
               session_config=config, pipeline=args.pipeline)
     if args.explain:
         print(tts.plan.table())
+    on_htp = [g for s in tts.plan.steps.values() if "htp" in s.device for g in s.graphs]
+    if on_htp and host_is_simulator():  # numerics of the NPU, not its speed: the time figures mean nothing here
+        print(f"kztts: target {tts.target.name}: {', '.join(dict.fromkeys(on_htp))} run on this machine's x86 HTP "
+              "simulator: the NPU's numerics, far slower than real time (--explain: where each graph runs and why)",
+              file=sys.stderr)
     return tts
 
 
 def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> Voice | None:
-    """The voice of ``--xvector``, ``--speaker-wav``, ``--ref-audio`` or ``--voice``; the demo's synthetic one;
-    None with ``--speaker`` (the request names it), for a bundle that clones no voice, or with ``--file`` (each
-    line gives its own). The bundle's kind refuses what it cannot take before any encoder runs."""
+    """The voice of ``--xvector``, ``--speaker-wav``, ``--ref-audio`` or ``--voice``; None with ``--speaker`` (the
+    request names it); else the bundle's default (``TTS.default_voice``: one rule on every route), which is also
+    the default of ``--file``'s lines. The bundle's kind refuses what it cannot take before any encoder runs."""
     given = any(getattr(args, f) for f in VOICE_FLAGS)
-    if given or args.speaker or args.instruct or (tts.kind.kind != "base" and not args.file):
-        tts.kind.check(SynthesisRequest(args.text or "", voice=_REFERENCE if given else None, speaker=args.speaker,
+    if given or args.speaker or args.instruct:
+        tts.kind.check(SynthesisRequest(args.text or "", voice=_REFERENCE if given else None,
+                                        speaker=args.speaker or (None if given else tts.kind.default_speaker),
                                         instruct=args.instruct))
     if args.voice:
         return tts.voice_from_file(args.voice)
@@ -121,12 +150,17 @@ def choose_voice(args: argparse.Namespace, tts: TTS, recording, demo: bool) -> V
         return tts.voice_from_wav(*recording)
     if args.ref_audio:
         return tts.voice_from_reference(*recording, args.ref_text)
-    if args.speaker or tts.kind.kind != "base" or args.file:
+    if args.speaker:
         return None
-    if demo:
-        return tts.voice_from_wav(synthetic_voice(), 24000)
-    raise KzttsError("a voice is required: the Base model clones one; give --xvector F, --speaker-wav F, "
-                     "--ref-audio F --ref-text T, or a saved voice --voice F")
+    voice = tts.default_voice()
+    who = "lines that name no voice" if args.file else "no voice given"
+    if tts.kind.kind == "base" and not demo:
+        print(f"kztts: {who}: the built-in voice speaks (the demo's synthetic voice); give --speaker-wav F "
+              "or --voice F.voice for a voice of your choice", file=sys.stderr)
+    elif tts.kind.default_speaker is not None:
+        print(f"kztts: {'lines that name no speaker' if args.file else 'no --speaker given'}: the first preset "
+              f"speaker, {tts.kind.default_speaker}, speaks", file=sys.stderr)
+    return voice
 
 
 def speak(args: argparse.Namespace, tts: TTS, voice: Voice, settings: GenerationSettings) -> SynthesisResult:
@@ -206,9 +240,12 @@ def print_summary(out: Path, result: SynthesisResult, from_what: str = "") -> No
     ms = summary["ms"]
     # a text longer than one context is spoken in pieces; a limit that cut one was logged as a warning
     pieces = f" in {summary['pieces']} pieces" if summary["pieces"] > 1 else ""
+    if result.limits and all(SELDOM_STOPS in limit for limit in result.limits):  # random weights: expected
+        cut = " (stopped at the cap: 3x the text's expected duration, at least 3 s; random weights seldom stop)"
+    else:
+        cut = f" ({len(result.limits)} cut short by a limit: see the warnings)" if result.limits else ""
     print(f"{out}: {summary['frames']} frames, {summary['audio_seconds']:.2f} s of audio{pieces}"
-          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}"
-          f"{f' ({len(result.limits)} cut short by a limit: see the warnings)' if result.limits else ''}")
+          f"{' (stopped at EOS)' if result.stopped_by_eos else ''}{cut}")
     print(f"real-time factor {summary['real_time_factor']:.3f}, time to first audio "
           f"{ms.get('first_audio', float('nan')):.0f} ms{from_what}, total {summary['total_ms']:.0f} ms")
     print("stage ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in ("prompt", "talker", "code_predictor", "decoder")))
@@ -252,7 +289,8 @@ def add_command(sub) -> None:
     s = sub.add_parser("synth", help="text -> speech (WAV)")
     s.add_argument("text", nargs="?", help="the text to speak; '-' reads it from standard input as it arrives and "
                                           "speaks it while it comes (the streaming text mode, one token per frame)")
-    s.add_argument("-o", "--output", help="WAV file to write")
+    s.add_argument("-o", "--output", help="audio file to write, its format by extension: .wav (16-bit PCM), .flac, "
+                                          ".ogg (Vorbis) or .mp3")
     s.add_argument("--file", help="JSONL requests, one utterance per line (with --out-dir, --batch)")
     s.add_argument("--out-dir", help="with --file: one WAV per line and summary.json")
     s.add_argument("--batch", type=int, default=4, help="with --file: utterances generated together (default 4)")
@@ -312,6 +350,8 @@ def add_command(sub) -> None:
 def cmd_voice_create(args: argparse.Namespace) -> int:
     """Compute a voice from a recording with the bundle's encoders and save it (``kztts.tts.voice_file``)."""
     out = check_writable(args.output, "voice")
+    if out.exists() and not args.overwrite:
+        raise KzttsError(f"{out}: already exists; give --overwrite to replace it, or another -o")
     if out.suffix != SUFFIX:
         raise KzttsError(f"{out}: a voice file is named NAME{SUFFIX}")
     if args.ref_text is not None and not args.ref_text.strip():
@@ -337,6 +377,7 @@ def add_voice_command(sub) -> None:
     c.add_argument("recording", help="the voice's recording (WAV, FLAC, OGG; any sample rate)")
     c.add_argument("-o", "--output", required=True, help=f"the voice file to write (NAME{SUFFIX})")
     c.add_argument("--ref-text", help="transcript of the recording: an ICL voice (reference codes + text)")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing voice file")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--bundle", help="the Base bundle the voice is for (default: the embedded demo)")
     where.add_argument("--model", help="checkpoint directory: exported once into the cache, then used")

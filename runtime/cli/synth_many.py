@@ -5,7 +5,8 @@ Each line of the file is a JSON object: ``text`` (required) and, optionally, ``n
 stem; default the line number, ``0001``), ``language``, ``seed``, ``greedy``, ``max_frames``,
 ``streaming_text``, who speaks (a Base bundle's voice: ``xvector``, ``speaker_wav``, ``ref_audio`` with
 ``ref_text``, or a saved ``voice`` file, paths relative to the file's directory; a CustomVoice bundle's
-``speaker``), ``instruct`` and sampling overrides named like the flags (``temperature``,
+``speaker``; a line that names none: the command's voice flags, else the bundle's default voice,
+``TTS.default_voice``), ``instruct`` and sampling overrides named like the flags (``temperature``,
 ``cp_top_k``, ...). The command's flags are the defaults of every line. Blank lines are skipped. A
 bad line is refused before anything loads, naming its line number and key.
 """
@@ -138,9 +139,6 @@ def run(args, tts, settings: GenerationSettings, voice, lines: list[Line]) -> in
         where = f"{args.file} line {line.number}"
         k = line.keys
         own = any(key in k for key in WHO_KEYS)  # the line says who speaks: the command's voice is not its default
-        if not own and tts.kind.kind == "base" and voice is None:
-            raise KzttsError(f"{where}: a voice is required: give the line an 'xvector', 'speaker_wav', 'ref_audio' "
-                             "with 'ref_text' or 'voice', or the command --xvector/--speaker-wav/--ref-audio/--voice")
         request = SynthesisRequest(k["text"], _voice(tts, k, base, voice, cache),
                                    language=k.get("language", args.language), seed=k.get("seed", args.seed),
                                    greedy=k.get("greedy", args.greedy), max_frames=k.get("max_frames", args.max_frames),
@@ -154,7 +152,8 @@ def run(args, tts, settings: GenerationSettings, voice, lines: list[Line]) -> in
             raise KzttsError(f"{where}: {exc}") from None
         requests.append(request)
     started = time.perf_counter()
-    results = tts.synthesize_many(requests, batch=args.batch)
+    # warnings name each request by its line, as summary.json does (1-based)
+    results = tts.synthesize_many(requests, batch=args.batch, names=[f"{args.file} line {n.number}" for n in lines])
     seconds = time.perf_counter() - started
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

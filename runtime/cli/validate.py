@@ -220,7 +220,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     s = sub.add_parser("validate", help="compare a bundle with the PyTorch reference")
-    s.add_argument("bundle")
+    s.add_argument("bundle", help="the bundle to check (a TTS or an LM bundle; kztts export ... -o BUNDLE)")
     s.add_argument("--reference", help="the checkpoint directory the bundle came from (required for a bundle) "
                                                       "(an LM bundle: its directory or GGUF file)")
     s.add_argument("--frames", type=int, default=None, help="greedy frames to teacher-force per mode or text (default "

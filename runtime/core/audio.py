@@ -54,7 +54,8 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     return mono, int(sr)
 
 
-_FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
+# libsndfile >= 1.1 writes MP3 (the soundfile wheels bundle 1.2; kztts serve encodes its mp3 the same way)
+_FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG", ".mp3": "MP3"}
 
 
 # A voice recording (--speaker-wav, --ref-audio): long enough for a speaker embedding, short
@@ -108,7 +109,7 @@ def write_wav(path: str | os.PathLike, samples: np.ndarray, sr: int, subtype: st
     """Write ``samples`` (1-D, or [n, channels]) at ``sr`` to ``path`` atomically.
 
     The format follows the extension (.wav: 16-bit PCM unless ``subtype`` says
-    otherwise, .flac, .ogg). Samples are clipped to [-1, 1]. The data goes to a
+    otherwise, .flac, .ogg (Vorbis), .mp3). Samples are clipped to [-1, 1]. The data goes to a
     temporary file next to ``path`` that is renamed into place only when complete.
     """
     import soundfile as sf

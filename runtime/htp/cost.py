@@ -101,11 +101,6 @@ CONV_DECODER_RATES = {  # by SoC (Target.soc.name)
 }
 
 
-# The X Elite's rate as a factor over its 45 INT8 TOPS (85.8; kept for callers that scale a TOPS figure, e.g. the
-# vocoder study's paper ms). Per-target estimates use conv_decoder_rate instead: the factor differs per SoC.
-CONV_DECODER_FACTOR = (45e12 / 2) / CONV_DECODER_RATES["SC8380XP"].macs_per_s
-
-
 def conv_decoder_rate(target: Target) -> dict:
     """The conv-decoder rate ``paper_estimate`` uses for ``target``'s decoder on the HTP, with its uncertainty and
     what it rests on. A SoC with no measurement takes the slowest measured one (a bound, said so)."""

@@ -30,7 +30,7 @@ from kztts.core.errors import BundleError, ContextOverflowError, KzttsError
 from kztts.generation.sampling import ChainInputs, SamplingParams, XorShift32, choose
 from kztts.htp.targets import Target
 from kztts.lm import chatml
-from kztts.plan.resolve import resolve_plan
+from kztts.plan.resolve import resolve_plan, warn_unvalidated
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class LM:
                               "(kztts export LM_DIR -o BUNDLE, or --gguf FILE)")
         self.plan = resolve_plan(self.bundle, target=target, placement=placement, strict=strict,
                                  attention=attention, check_saturation=check_saturation)
+        warn_unvalidated(self.plan)
         try:
             self.runner = talker if talker is not None else self.plan.open_talker(context)
         except BaseException:

@@ -221,8 +221,11 @@ class _Resolver:
             d = self.step("talker_decode", [cpu_graph], "cpu",
                           f"target {self.target.name}: placement.talker_decode=cpu; {cpu_why}")
         if p.device == "cpu":
-            # without the prefill graph there is nothing to hand over: the whole Talker on the CPU
-            return "cpu", p, self.step("talker_decode", [cpu_graph], "cpu", p.reason)
+            # without the prefill graph there is nothing to hand over: the whole Talker on the CPU; the decode step
+            # says its own reason (its own missing graph, or the prefill it must follow)
+            why = d.reason if d.device == "cpu" else (f"{d.reason}, but the prefill runs on the CPU (no "
+                                                      "'talker_prefill' graph): decode stays with its KV cache there")
+            return "cpu", p, self.step("talker_decode", [cpu_graph], "cpu", why)
         if d.device == "htp":
             return "static", p, d
         G.require(self.m, self.decode_graph(), feature="the HTP prefill's prompt tail (handover to CPU decode)")
@@ -341,6 +344,22 @@ class _Resolver:
         return self.step("speech_encoder", ["encoder"], "cpu", "CPU (dynamic-length input; no HTP graph kind)")
 
 
+def check_target_graphs(manifest, target: Target) -> None:
+    """Refuse, in one line, a ``target`` that puts the Talker on the HTP of a bundle with no static Talker graph at
+    all (exported without ``--target``): everything would fall back to the CPU but the plain ``cp_frame``, which the
+    HTP simulator runs far slower than real time. A bundle with some of the graphs falls back per graph, each
+    step's reason saying where it runs and why (``resolve_plan``)."""
+    if target.placement.get("talker_prefill", "cpu") != "htp" or manifest.hybrid:
+        return
+    graphs = manifest.graphs
+    if "talker_prefill" in graphs or "talker_decode" in graphs or segment_graph_name("prefill", 0) in graphs:
+        return
+    raise BundleError(f"{manifest.path}: target {target.name} runs the Talker from static HTP graphs, which this "
+                      f"bundle lacks (exported without --target); add them with "
+                      f"`kztts export MODEL_DIR -o BUNDLE --target {target.name}`, or leave out --target to run on "
+                      "the CPU")
+
+
 def resolve_plan(bundle, *, target: "str | Path | Target | None" = None,
                  placement: "str | LayerPlacement | None" = None, strict: bool = False, cp_mode: str = "frame",
                  attention: str | None = None, segments: bool = False, check_saturation: bool = False) -> ExecutionPlan:
@@ -391,6 +410,6 @@ def warn_unvalidated(plan: ExecutionPlan) -> bool:
         return False
     _WARNED_UNVALIDATED.add(key)
     log.warning("%s: its quantized HTP graphs (%s) are unvalidated: %s; check them with `kztts validate --target` "
-                "before trusting the audio", Path(m.path).parent, ", ".join(quantized),
+                "before trusting what it makes", Path(m.path).parent, ", ".join(quantized),
                 m.htp_check.get("reason", "not checked at export"))
     return True

@@ -211,7 +211,8 @@ class Api:
             data = await asyncio.get_running_loop().run_in_executor(None, encode, samples, sr, body.response_format)
             return Response(data, media_type=media_type(body.response_format),
                             headers={"X-Kztts-Frames": str(event[1]["frames"])})
-        return StreamingResponse(self._audio_stream(job, first, sr, body.response_format, body.sse, request),
+        tokens = len(s.model.tokenizer.encode(body.input))  # the usage's input tokens: the text's own
+        return StreamingResponse(self._audio_stream(job, first, sr, body.response_format, body.sse, request, tokens),
                                  media_type="text/event-stream" if body.sse else media_type(body.response_format),
                                  headers={"Cache-Control": "no-cache"})
 
@@ -221,7 +222,7 @@ class Api:
         m.audio_seconds.inc(samples.shape[0] / sr)
 
     async def _audio_stream(self, job: Job, first, sr: int, fmt: str, sse: bool,
-                            request: Request) -> AsyncIterator[bytes]:
+                            request: Request, input_tokens: int = 0) -> AsyncIterator[bytes]:
         m = self.service.metrics
         sent = 0
         event = first
@@ -246,7 +247,8 @@ class Api:
                     m.audio_seconds.inc(sent / sr)
                     if sse:
                         yield _sse({"type": "speech.audio.done", "usage": {
-                            "input_tokens": 0, "output_tokens": value["frames"], "total_tokens": value["frames"]}})
+                            "input_tokens": input_tokens, "output_tokens": value["frames"],
+                            "total_tokens": input_tokens + value["frames"]}})
                     return
                 else:  # an error after the first chunk: a bug, logged where it happened
                     if sse:

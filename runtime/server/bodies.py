@@ -177,7 +177,10 @@ def speech_body(body: dict, limits: Limits) -> SpeechBody:
         voice = voice["id"]
     if voice is not None and not isinstance(voice, str):
         raise _wrong("voice", "a voice name (see GET /v1/audio/voices)", voice)
-    fmt = _str(body, "response_format", "mp3")  # OpenAI's default
+    # OpenAI's default is mp3, a whole file; a body that asks for a stream (stream_format, or stream true) and names no
+    # format gets pcm, the format every stream can send
+    asks_stream = body.get("stream_format") is not None or body.get("stream") is True
+    fmt = _str(body, "response_format", "pcm" if asks_stream else "mp3")
     if fmt not in AUDIO_FORMATS:
         raise bad(f"'response_format' {fmt!r} is not available; use one of {', '.join(AUDIO_FORMATS)}"
                   + (" (no AAC encoder in libsndfile)" if fmt == "aac" else ""), param="response_format")
@@ -259,7 +262,7 @@ def _chat_audio(body: dict, stream: bool) -> dict | None:
     extra = set(audio) - {"voice", "format"}
     if extra:
         raise bad(f"'audio.{sorted(extra)[0]}' is not supported; give voice and format", param="audio")
-    voice = audio.get("voice")
+    voice = audio.get("voice", VOICE_DEFAULT)  # none named: the bundle's default, as on every route
     if isinstance(voice, dict):
         voice = voice.get("id")
     if not isinstance(voice, str) or not voice:

@@ -57,7 +57,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible speech / chat server over a bundle (docs/SERVE.md)")
-    s.add_argument("bundle", help="a TTS bundle (speech) or an LM bundle (chat)")
+    s.add_argument("bundle", help="a TTS bundle (speech) or an LM bundle (chat); demo: the embedded demo's TTS "
+                                  "bundle (tiny, random weights)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed)")
     s.add_argument("--tts", metavar="TTS_BUNDLE", help="with an LM bundle: speak replies with this TTS bundle "

@@ -5,11 +5,12 @@ Base: the voices of ``--voices DIR``. Each ``NAME.wav`` (or .flac / .ogg: any re
 is an x-vector itself, each ``NAME.voice`` a saved voice (``kztts voice create``: an x-vector or an ICL reference,
 loaded without running an encoder); the name is the file stem. Names are keys of a dict filled at start: a
 request's voice name is never joined to a path. The default voice (a request that names none, or names
-``default``): the folder's ``default.*`` if it has one, else the x-vector of ``kztts.core.audio.synthetic_voice()``
-(the demo's voice, what ``kztts synth`` uses with the demo model).
+``default``): the folder's ``default.*`` if it has one, else the bundle's default (``TTS.default_voice``, the rule
+every route follows: the x-vector of ``kztts.core.audio.synthetic_voice()``, what ``kztts synth`` uses too).
 
-CustomVoice: the bundle's preset speakers (case-insensitive), no default. VoiceDesign: only ``default``, no
-voice at all: the request's ``instructions`` describe it. Neither takes ``--voices``.
+CustomVoice: the bundle's preset speakers (case-insensitive); ``default`` is the first (``TTS.default_voice``).
+VoiceDesign: only ``default``, no voice at all: the request's ``instructions`` describe it. Neither takes
+``--voices``.
 
 ``offer`` says what a client may send (the model card's ``tts``: the kind, and whether ``instructions`` are taken),
 so that a client such as the page at ``/`` shows a voice picker, an instruction field, or both.
@@ -21,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kztts.core.audio import read_voice, synthetic_voice
+from kztts.core.audio import read_voice
 from kztts.core.errors import KzttsError
 from kztts.server.bodies import VOICE_DEFAULT
 from kztts.server.errors import ApiError
@@ -55,9 +56,10 @@ class Entry:
 class VoiceBook:
     """Name -> voice, fixed at start."""
 
-    def __init__(self, entries: dict[str, Entry], case_insensitive: bool = False):
+    def __init__(self, entries: dict[str, Entry], case_insensitive: bool = False, default: str = VOICE_DEFAULT):
         self._entries = dict(entries)
         self._fold = case_insensitive  # preset speaker names, as qwen-tts matches them
+        self._default = default  # the entry a request that names no voice (or ``default``) gets
 
     @classmethod
     def load(cls, tts, folder: str | Path | None) -> VoiceBook:
@@ -74,7 +76,7 @@ class VoiceBook:
                 entries = {s.name: Entry(s.name, tts.voice_from_speaker(s.name), "preset", s.dialect)
                            for s in kind.speakers.values()}
             log.info("voices (%s): %s", kind.label, ", ".join(entries))
-            return cls(entries, case_insensitive=True)
+            return cls(entries, case_insensitive=True, default=kind.default_speaker or VOICE_DEFAULT)
         entries: dict[str, Entry] = {}
         if folder is not None:
             folder = Path(folder)
@@ -101,14 +103,15 @@ class VoiceBook:
                     entries[name] = Entry(name, tts.voice_from_wav(*read_voice(path)), "recording")
         if VOICE_DEFAULT not in entries:
             try:
-                entries[VOICE_DEFAULT] = Entry(VOICE_DEFAULT, tts.voice_from_wav(synthetic_voice(), 24000), "builtin")
+                entries[VOICE_DEFAULT] = Entry(VOICE_DEFAULT, tts.default_voice(), "builtin")
             except KzttsError as exc:  # no speaker encoder in the bundle: requests name their voice
                 log.warning("no default voice (%s): requests must name a voice", exc)
         log.info("voices: %s", ", ".join(f"{e.name} ({e.source})" for e in entries.values()) or "none")
         return cls(entries)
 
     def get(self, name: str) -> Voice | None:
-        entry = self._entries.get(name.lower() if self._fold else name)
+        key = name.lower() if self._fold else name
+        entry = self._entries.get(self._default if key == VOICE_DEFAULT else key)
         if entry is None:
             known = ", ".join(self._entries) or "none"
             raise ApiError(404, f"voice {name[:64]!r} is not offered here; the voices are: {known} "
@@ -117,5 +120,5 @@ class VoiceBook:
 
     def listing(self) -> list[dict]:
         return [{"id": e.name, "object": "voice", "name": e.name, "source": e.source,
-                 "default": e.name == VOICE_DEFAULT, **({"dialect": e.dialect} if e.source == "preset" else {})}
+                 "default": e.name == self._default, **({"dialect": e.dialect} if e.source == "preset" else {})}
                 for e in self._entries.values()]

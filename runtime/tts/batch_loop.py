@@ -63,16 +63,18 @@ def _ready(run: Utterance) -> Utterance:
     return run
 
 
-def start_runs(tts: "TTS", requests: list) -> list[Utterance]:
-    """Each request checked and prepared (prompt, settings, random stream) before any frame runs."""
+def start_runs(tts: "TTS", requests: list, names: list[str] | None = None) -> list[Utterance]:
+    """Each request checked and prepared (prompt, settings, random stream) before any frame runs; ``names`` say
+    how errors and warnings name each (default ``request I``, its list index)."""
     runs = []
     for i, item in enumerate(requests):
+        name = names[i] if names is not None else f"request {i}"
         prepared = tts.prepare(SynthesisRequest.of(item, i))
         if len(prepared.texts) > 1:
-            raise KzttsError(f"request {i}: its text needs more than the Talker's context of {tts.talker.context} "
+            raise KzttsError(f"{name}: its text needs more than the Talker's context of {tts.talker.context} "
                              "positions; batched synthesis speaks one utterance per request (split the text, or "
                              "use synthesize)")
-        runs.append(_ready(prepared.utterance(0, f"request {i}")))
+        runs.append(_ready(prepared.utterance(0, name)))
     return runs
 
 
@@ -204,9 +206,9 @@ def batch_frames(tts: "TTS", runs: list[Utterance], batch: int) -> Iterator[tupl
         yield from loop.step()
 
 
-def synthesize_many(tts: "TTS", requests: list, batch: int) -> list[SynthesisResult]:
+def synthesize_many(tts: "TTS", requests: list, batch: int, names: list[str] | None = None) -> list[SynthesisResult]:
     """``tts.synthesize`` of every request, ``batch`` at a time; results in request order."""
-    runs = start_runs(tts, requests)
+    runs = start_runs(tts, requests, names)
     results: list = [None] * len(runs)
     for index, frame in batch_frames(tts, runs, batch):
         if frame is None:
@@ -296,15 +298,22 @@ class BatchedRequest:
     def __init__(self, tts: "TTS", request: SynthesisRequest | PreparedSpeech, *, stream: bool, chunk_frames: int = 4,
                  first_chunk: int = 1):
         chunk_sizes(first_chunk, chunk_frames)  # checks both
-        self.prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
-        self.tts, self.request, self.stream, self.chunk_frames = tts, self.prepared.request, bool(stream), chunk_frames
+        prepared = request if isinstance(request, PreparedSpeech) else tts.prepare(request)
+        self._start(tts, prepared, stream, chunk_frames, first_chunk, PieceJoiner(tts.sample_rate, len(prepared.texts)))
+        self.texts = prepared.texts
+        self.index = -1  # the last piece handed to the frame loop
+
+    def _start(self, tts: "TTS", prepared: PreparedSpeech, stream: bool, chunk_frames: int, first_chunk: int,
+               joiner) -> None:
+        """What every request through the loop holds: its prepared speech, how it is streamed, its clock, and the
+        audio side's results, joiner and output."""
+        self.prepared = prepared
+        self.tts, self.request, self.stream, self.chunk_frames = tts, prepared.request, bool(stream), chunk_frames
         self.first_chunk = first_chunk
         self.started = time.perf_counter()
-        self.texts = self.prepared.texts
-        self.index = -1  # the last piece handed to the frame loop
         self.results: list = []  # each finished piece's SynthesisResult (audio side)
         self.first_audio: float | None = None  # seconds from the start to the first audio out
-        self._joiner = PieceJoiner(tts.sample_rate, len(self.texts))
+        self._joiner = joiner
         self._pieces: deque = deque()  # (run, _RowStream | None) of the pieces started, not yet ended
         self._out: list[np.ndarray] = []
 
@@ -389,19 +398,11 @@ class WrittenRequest(BatchedRequest):
             if request.streaming_text is False and request.text:
                 raise KzttsError("a text still being written is spoken in the streaming text mode")
             prepared = PreparedSpeech(tts, replace(request, streaming_text=True), written=True)
-        self.prepared = prepared
-        self.tts, self.request, self.stream, self.chunk_frames = tts, prepared.request, bool(stream), chunk_frames
-        self.first_chunk = first_chunk
-        self.started = time.perf_counter()
+        self._start(tts, prepared, stream, chunk_frames, first_chunk, OpenJoiner(tts.sample_rate))
         self.written = prepared.written_text(text)
         self._pending = None  # the next piece, before its prompt's text has come
         self._ended = False  # the frame loop's side found no piece left
         self._begun = 0  # pieces handed to the frame loop
-        self.results: list = []
-        self.first_audio: float | None = None
-        self._joiner = OpenJoiner(tts.sample_rate)
-        self._pieces: deque = deque()
-        self._out: list[np.ndarray] = []
 
     @property
     def texts(self) -> list[str]:
@@ -445,9 +446,6 @@ class WrittenRequest(BatchedRequest):
             self._pieces.popleft()
             # the text its speech read (the audio side reads no source: the frame loop's side does)
             run.request = replace(run.request, text=run.track.track.text)
-            capped = run.loop.capped
-            if capped is not None and getattr(capped, "stopped", False):
-                run.limited_by = "expected duration"
         if self.stream:
             audio = row.frame(frame)
             out = [self._joiner.push(audio)] if audio.shape[0] else []

@@ -69,10 +69,13 @@ class FrameLoop:
     def frames(self, prompt: Prompt) -> Iterator[np.ndarray]:
         """Yield int64 [16] frames until EOS or ``settings.max_frames``."""
         self._suppress = self._suppressed()
-        t = time.perf_counter()
-        logits, hidden = (self.prefixes.prefill(prompt) if self.prefixes is not None
-                          else self.talker.prefill(prompt.embeds))
-        self.times.talker += time.perf_counter() - t
+        while True:  # a prompt built on a guessed first text token is prefilled again if the guess fails
+            t = time.perf_counter()
+            logits, hidden = (self.prefixes.prefill(prompt) if self.prefixes is not None
+                              else self.talker.prefill(prompt.embeds))
+            self.times.talker += time.perf_counter() - t
+            if prompt.confirm():
+                break
         history: list[int] = []
         for step in range(self.settings.max_frames):
             if self.capped is not None and self.capped(step):

@@ -10,8 +10,9 @@ voice_design     the voice the instruction describes        optional ("" = none,
 ===============  =========================================  ====================================
 
 qwen-tts 0.1.1 silently drops a 0.6B CustomVoice instruction; kztts refuses it instead, so that a user
-never believes a style was applied. A CustomVoice request must name a speaker (``generate_custom_voice``
-requires one; its empty-speaker path is undocumented).
+never believes a style was applied. qwen-tts's ``generate_custom_voice`` requires a speaker (its empty-speaker
+path is undocumented), so a CustomVoice request that names none is given ``default_speaker``, the first preset
+(``TTS.default_voice``: who speaks when no one is named, one rule for every kind and route).
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ class ModelKind:
     def label(self) -> str:
         size = {"0b6": " 0.6B", "1b7": " 1.7B"}.get(self.size or "", "")
         return f"{KIND_NAMES.get(self.kind, self.kind)}{size}"
+
+    @property
+    def default_speaker(self) -> str | None:
+        """The speaker of a CustomVoice request that names none: the first preset speaker (the manifest's order)."""
+        return next(iter(self.speakers), None) if self.kind == "custom_voice" else None
 
     def speaker_names(self) -> str:
         return ", ".join(self.speakers) or "none"

@@ -38,6 +38,8 @@ class PreparedSpeech:
     (one piece, or a long text's pieces). ``utterance(i)`` starts piece ``i``."""
 
     def __init__(self, tts: "TTS", request: SynthesisRequest, *, written: bool = False):
+        if request.voice is None and request.speaker is None and tts.kind.kind != "voice_design":
+            request = replace(request, voice=tts.default_voice())  # who speaks when no one is named: one rule
         self.tts, self.request = tts, request
         tts.kind.check(request)
         self.voice: Voice | None = (tts.voice_from_speaker(request.speaker) if request.speaker is not None
@@ -180,24 +182,28 @@ class PreparedSpeech:
             log.info("max frames lowered to %d to fit the context of %d", s.max_frames, context)
         loop = self._loop(s)
         loop.times.prompt = time.perf_counter() - started
-        return Utterance(loop, prompt, request, started, limited_by, label or self.label(index))
+        return Utterance(loop, prompt, request, started, limited_by, label or self.label(index),
+                         random_weights=bool(self.tts.bundle.manifest.random_weights))
 
-    def written_utterances(self, pieces: Iterable[str]) -> Iterator[Utterance]:
+    def written_utterances(self, pieces: Iterable[str], guess: bool = False) -> Iterator[Utterance]:
         """The utterances of a text still arriving from ``pieces``: one, or a long text's pieces cut where
         ``synthesize(whole_text, streaming_text=True)`` cuts them (``kztts.tts.text.track.WrittenText``), each
-        started when the one before has ended."""
+        started when the one before has ended. ``guess``: as ``written_utterance``'s."""
         written = self.written_text(pieces)
         while (source := written.next_piece()) is not None:
-            yield self.written_utterance(source, written_label(written))
+            yield self.written_utterance(source, written_label(written), guess)
 
     def written_text(self, pieces: Iterable[str]) -> WrittenText:
         """``pieces`` as a text still arriving, cut where this request's text would be."""
         return WrittenText(self.tts.tokenizer, pieces, self.written_limit())
 
-    def written_utterance(self, pieces: Iterable[str], label: str = "the text") -> Utterance:
+    def written_utterance(self, pieces: Iterable[str], label: str = "the text", guess: bool = False) -> Utterance:
         """The utterance of a text still arriving from ``pieces``: the prompt waits for the text rows its
-        prefill holds, and the frame cap from the text's expected duration is decided as the text arrives."""
-        return self.pending_utterance(pieces, label).utterance()
+        prefill holds, and the frame cap from the text's expected duration is decided as the text arrives.
+        ``guess``: an x-vector prompt is prefilled on its first text token guessed from the first text, and
+        confirmed once the token is committed (``kztts.tts.prompt.TrackPrompt``): the wait for the next
+        piece overlaps the prefill."""
+        return self.pending_utterance(pieces, label).utterance(guess)
 
     def pending_utterance(self, pieces: Iterable[str], label: str = "the text") -> "PendingUtterance":
         """``written_utterance`` in two steps: ``ready()`` tells without waiting whether its prompt's text has
@@ -232,13 +238,16 @@ class PendingUtterance:
         self.track.poll()
         return self.track.role is not None and self.dual.known(self._rows() - 1) or self.track.closed
 
-    def utterance(self) -> Utterance:
+    def utterance(self, guess: bool = False) -> Utterance:
+        """The utterance, its prompt built once its first text rows are committed; ``guess``: on a guessed
+        first token, confirmed after the prefill (``PreparedSpeech.written_utterance``)."""
         p, tts = self.prepared, self.prepared.tts
         r, voice = p.request, p.voice
         prompt = build_track_prompt(tts.tables, self.dual, special_ids=tts.bundle.manifest.special_ids,
                                     language_id=p.language_id, speaker=None if voice is None else voice.speaker,
                                     mode="icl" if p.icl else "xvector",
-                                    ref_codes=voice.ref_codes if p.icl else None, instruct_ids=p.instruct_ids)
+                                    ref_codes=voice.ref_codes if p.icl else None, instruct_ids=p.instruct_ids,
+                                    guess=guess)
         context = tts.talker.context
         if prompt.embeds.shape[0] > context:
             raise ContextOverflowError(f"the prompt takes {prompt.embeds.shape[0]} positions, the context holds "
@@ -248,7 +257,8 @@ class PendingUtterance:
             s, limited_by = replace(s, max_frames=context - prompt.embeds.shape[0] + 1), "context"
         loop = p._loop(s, DurationCap(self.track, r.language) if r.max_frames is None else None)
         loop.times.prompt = time.perf_counter() - self.started
-        return Utterance(loop, prompt, r, self.started, limited_by, self.label, track=self.dual)
+        return Utterance(loop, prompt, r, self.started, limited_by, self.label, track=self.dual,
+                         random_weights=bool(tts.bundle.manifest.random_weights))
 
 
 def written_label(written: WrittenText) -> str:

@@ -26,7 +26,7 @@ then ``tts_pad``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -49,6 +49,10 @@ class Prompt:
     def text_after(self, step: int) -> np.ndarray:
         """The text row added to the decode input that follows frame ``step``."""
         return self.trailing[step] if step < len(self.trailing) else self.tts_pad
+
+    def confirm(self) -> bool:
+        """Whether the prefill just run on ``embeds`` stands (a whole text's prompt: always)."""
+        return True
 
 
 def supported_languages(languages: dict) -> list[str]:
@@ -202,26 +206,61 @@ def build_prompt(tables: EmbeddingTables, input_ids, *, special_ids: dict, langu
 class TrackPrompt(Prompt):
     """The streaming text mode's prompt for a text still arriving (``kztts.tts.text.track``): its prefill
     holds the text rows it needs, and ``text_after(step)`` takes the next row of the track, waiting for
-    the text it needs. Equal, row for row, to ``build_prompt(..., non_streaming=False)`` of the whole text."""
+    the text it needs. Equal, row for row, to ``build_prompt(..., non_streaming=False)`` of the whole text.
+
+    Built with ``guess=True`` before its first text token is committed, it holds that token as guessed from the
+    text so far (``TextTrack.first_guess``), so the prefill runs while the text that commits it is still on its
+    way; ``confirm()`` then waits for the committed token and tells whether the prefill stands (the very rows
+    committed), else rebuilds ``embeds`` from them for a second prefill. Either way the prefill that counts ran
+    on the committed prompt, so the codes are those of a prompt built after the commit."""
 
     track: "DualTrack | None" = None
     first_row: int = 0  # the track row added to the input after frame 0
+    rebuild: "Callable[[], TrackPrompt] | None" = None  # the prompt from the committed rows (guessed: not None)
+    guessed_role: "list[int] | None" = None
+    codec_bos: "np.ndarray | None" = None  # C(codec_bos), added to the first text row
+    guesses: int = 0  # prefills run on a guess that the committed text did not confirm
 
     def text_after(self, step: int) -> np.ndarray:
         return self.track.row(self.first_row + step)
 
+    def confirm(self) -> bool:
+        if self.rebuild is None:
+            return True
+        rebuild, self.rebuild = self.rebuild, None
+        track = self.track.track
+        track.need(1)
+        if not track.tokens:
+            track.read_all()  # an empty text is refused here
+        if track.role == self.guessed_role:  # the same head: only the text row may differ
+            last = (self.track.row(0)[None] + self.codec_bos)[0]
+            if np.array_equal(last, self.embeds[-1]):
+                return True
+            self.embeds = self.embeds.copy()
+            self.embeds[-1] = last
+        else:
+            committed = rebuild()
+            self.embeds, self.voice_positions = committed.embeds, committed.voice_positions
+        self.guesses += 1
+        return False
+
 
 def build_track_prompt(tables: EmbeddingTables, track: "DualTrack", *, special_ids: dict, language_id: int | None,
-                       speaker: np.ndarray | None, mode: str, ref_codes=None, instruct_ids=None) -> TrackPrompt:
+                       speaker: np.ndarray | None, mode: str, ref_codes=None, instruct_ids=None,
+                       guess: bool = False) -> TrackPrompt:
     """``build_prompt`` in the streaming text mode for a text still arriving: waits for the text rows the
     prefill holds (x-vector: the first token; ICL: as many rows as the reference has codec positions, or
-    the end of a shorter text). ``track``'s ``ref`` holds an ICL voice's reference text tokens."""
+    the end of a shorter text). ``track``'s ``ref`` holds an ICL voice's reference text tokens. ``guess``: an
+    x-vector prompt waits only for some text and guesses its first token (``TrackPrompt``; run its prefill,
+    then ``confirm()``)."""
     _check_mode(mode)
     sid = {k: int(v) for k, v in special_ids.items()}
-    track.track.need(1)  # the role's ids are known with the first text token
-    if not track.track.tokens:
-        track.track.read_all()  # an empty text is refused here, in one line
-    ids = np.asarray(track.track.role, dtype=np.int64)
+    guessed = track.track.first_guess() if guess and mode != "icl" else None
+    if guessed is None:
+        track.track.need(1)  # the role's ids are known with the first text token
+        if not track.track.tokens:
+            track.track.read_all()  # an empty text is refused here, in one line
+    ids = np.asarray(track.track.role if guessed is None else guessed[0], dtype=np.int64)
     embeds, codec_prefix = _head(tables, ids, sid, language_id, speaker, instruct_ids)
     if mode == "icl":
         codes = np.asarray(ref_codes) if ref_codes is not None else None
@@ -234,9 +273,16 @@ def build_track_prompt(tables: EmbeddingTables, track: "DualTrack", *, special_i
         embeds.append(track.rows(len(codec)) + codec)
         first = len(codec)
     else:
-        embeds.append(track.row(0)[None] + codec_prefix[-1:])
+        row = track.row(0) if guessed is None else tables.text([guessed[1]])[0]
+        embeds.append(row[None] + codec_prefix[-1:])
         first = 1
+    rebuild = None
+    if guessed is not None:
+        def rebuild() -> TrackPrompt:
+            return build_track_prompt(tables, track, special_ids=special_ids, language_id=language_id,
+                                      speaker=speaker, mode=mode, instruct_ids=instruct_ids)
     return TrackPrompt(embeds=np.ascontiguousarray(np.concatenate(embeds, axis=0), dtype=np.float32),
                        trailing=np.zeros((0, tables.hidden), np.float32),
                        tts_pad=np.array(tables.tts_pad, dtype=np.float32),
-                       voice_positions=3 + codec_prefix.shape[0] - 1, track=track, first_row=first)
+                       voice_positions=3 + codec_prefix.shape[0] - 1, track=track, first_row=first, rebuild=rebuild,
+                       guessed_role=None if guessed is None else list(guessed[0]), codec_bos=codec_prefix[-1:])

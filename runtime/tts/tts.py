@@ -15,6 +15,7 @@ import numpy as np
 from kztts.bundle.bundle import Bundle
 from kztts.bundle.embeddings import EmbeddingTables
 from kztts.bundle.sessions import SessionConfig
+from kztts.core.audio import synthetic_voice
 from kztts.core.call_lock import CallLock, one_call_at_a_time
 from kztts.core.errors import BundleError, KzttsError
 from kztts.generation.settings import GenerationSettings, reference_settings, with_environment
@@ -28,8 +29,8 @@ from kztts.runners.talker import DEFAULT_CONTEXT
 from kztts.tts.audio_join import OpenJoiner
 from kztts.tts.batch_loop import stream_many, synthesize_many
 from kztts.tts.long_text import stream_pieces, synthesize_pieces
-from kztts.tts.model_kind import ModelKind
-from kztts.tts.prepared import DurationCap, PreparedSpeech, as_prepared
+from kztts.tts.model_kind import KindError, ModelKind
+from kztts.tts.prepared import PreparedSpeech, as_prepared
 from kztts.tts.prompt import Prompt
 from kztts.tts.request import SynthesisRequest, Voice
 from kztts.tts.result import SynthesisResult, joined
@@ -111,6 +112,7 @@ class TTS:
         self._speaker_encoder: SpeakerEncoder | None = None
         self._encoder: Encoder | None = None
         self._calls = CallLock("TTS")
+        self._default: tuple[Voice | None] | None = None  # default_voice(), once computed
         self.voice_prefixes = (VoicePrefixes(self.talker) if voice_prefix and VoicePrefixes.supports(self.talker)
                                else None)
 
@@ -119,6 +121,26 @@ class TTS:
         """A CustomVoice bundle's preset speaker (case-insensitive; ``kztts inspect`` lists them)."""
         speaker = self.kind.speaker(name)
         return Voice(np.array(self.tables.codec([speaker.id])[0], dtype=np.float32), preset=speaker.name)
+
+    def default_voice(self) -> Voice | None:
+        """Who speaks a request that names no one: the one rule every route applies (``synthesize``, ``stream``,
+        ``stream_text``, ``kztts synth`` and ``--file``, ``chat --speak``, the server's ``default`` voice). Base: the
+        built-in voice, the x-vector of ``kztts.core.audio.synthetic_voice()`` (the demo's voice); CustomVoice: its
+        first preset speaker (``ModelKind.default_speaker``); VoiceDesign: None, the instruction (optional) makes
+        the voice. Computed once."""
+        if self._default is None:
+            if self.kind.kind == "custom_voice":
+                voice = self.voice_from_speaker(self.kind.default_speaker)
+            elif self.kind.kind == "base":
+                try:
+                    voice = self.voice_from_wav(synthetic_voice(), 24000)
+                except BundleError as exc:  # no speaker encoder: no built-in voice
+                    raise KindError(f"{exc}; or give a voice that needs no encoder: a saved voice (--voice F.voice) "
+                                    "or an x-vector (--xvector F)", "voice") from None
+            else:
+                voice = None
+            self._default = (voice,)
+        return self._default[0]
 
     def voice_from_file(self, path: str | Path) -> Voice:
         """A saved voice (``kztts voice create``, ``save_voice``), checked against this bundle; no encoder runs."""
@@ -284,7 +306,7 @@ class TTS:
         out: list[np.ndarray] = []
         first_audio = None
         try:
-            for utterance in prepared.written_utterances(pieces):
+            for utterance in prepared.written_utterances(pieces, guess=True):
                 for chunk in self.speak_streamed(utterance, chunk_frames, None, pipeline, first_chunk):
                     audio = joiner.push(chunk)
                     if audio.shape[0]:
@@ -292,9 +314,6 @@ class TTS:
                         out.append(audio)
                         yield audio
                 utterance.request = replace(utterance.request, text=utterance.piece_text())
-                capped = utterance.loop.capped
-                if isinstance(capped, DurationCap) and capped.stopped:
-                    utterance.limited_by = "expected duration"
                 results.append(utterance.finish(utterance.streamed_samples(), self.sample_rate))
                 joiner.end_piece()
         except TextSourceError:
@@ -331,12 +350,13 @@ class TTS:
         return took
 
     @one_call_at_a_time
-    def synthesize_many(self, requests: list, *, batch: int = 4) -> list[SynthesisResult]:
+    def synthesize_many(self, requests: list, *, batch: int = 4, names: list[str] | None = None) -> list[SynthesisResult]:
         """``synthesize`` of each request (a :class:`SynthesisRequest` or a dict of its fields), ``batch`` at a time
         through the batched graphs (continuous batching, ``kztts.tts.batch_loop``); each result equals
         that request's ``synthesize`` alone (bit for bit with fp32 weights; int8/int4 weights may differ
-        in the last bits, see docs/DESIGN.md "Continuous batching"). Results in request order."""
-        return synthesize_many(self, requests, batch)
+        in the last bits, see docs/DESIGN.md "Continuous batching"). Results in request order. ``names``: how
+        warnings and errors name each request (default ``request I``, its index in the list)."""
+        return synthesize_many(self, requests, batch, names)
 
     @one_call_at_a_time
     def stream_many(self, requests: list, *, batch: int = 4, chunk_frames: int = 4,

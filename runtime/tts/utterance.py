@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from kztts.runners.codec import Decoder
     from kztts.tts.text.track import DualTrack
 
+# how a limit says it is the cap of a random-weight model (expected, not a fault: ``kztts synth``'s summary)
+SELDOM_STOPS = "a random-weight model seldom ends its speech by itself"
+
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +42,7 @@ class Utterance:
     codes: list = field(default_factory=list)
     audio: list = field(default_factory=list)  # decoded chunks (stream)
     track: "DualTrack | None" = None  # the text track of a text still arriving (``TTS.stream_text``)
+    random_weights: bool = False  # the bundle's weights are random: it seldom ends its speech by itself
 
     @property
     def voice(self) -> Voice | None:
@@ -59,23 +63,40 @@ class Utterance:
         """The frames so far, [F, 16] int64."""
         return np.array(self.codes, dtype=np.int64).reshape(-1, 16)
 
-    def limit(self) -> str | None:
-        """What cut the utterance before its end of speech, or None. A stop at ``max_frames`` that
-        the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked for."""
+    def _cut(self) -> tuple[str, int] | None:
+        """(what cut the utterance before its end of speech, at how many frames), or None. A stop at
+        ``max_frames`` that the EOS could not have preceded (``max_frames <= min_new_tokens``) is what was asked
+        for; a text still arriving is cut where its expected duration's cap stopped it (``loop.capped``)."""
         s = self.loop.settings
-        if self.loop.stopped_by_eos or len(self.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
+        if self.loop.stopped_by_eos:
             return None
+        if getattr(self.loop.capped, "stopped", False):
+            return "expected duration", len(self.codes)
+        if len(self.codes) < s.max_frames or s.max_frames <= s.min_new_tokens:
+            return None
+        return self.limited_by, s.max_frames
+
+    def limit(self) -> str | None:
+        """What cut the utterance before its end of speech, said for a user, or None (``_cut``)."""
+        cut = self._cut()
+        if cut is None:
+            return None
+        limited_by, frames = cut
         head = f"{self.label} ({self.text[:40]!r}{'...' if len(self.text) > 40 else ''})"
-        if self.limited_by == "context":
-            return (f"{head} stopped at {s.max_frames} frames before its end of speech: the Talker's context of "
+        if limited_by == "context":
+            return (f"{head} stopped at {frames} frames before its end of speech: the Talker's context of "
                     f"{self.loop.talker.context} positions holds its {self.prompt.embeds.shape[0]}-position prompt "
                     f"and no more frames; the rest of its text may be unspoken")
-        if self.limited_by == "expected duration":
+        if limited_by == "expected duration":
             expected = expected_seconds(self.text, self.request.language)
-            return (f"{head} stopped at {s.max_frames} frames ({s.max_frames / FRAMES_PER_SECOND:.1f} s of audio; "
+            if self.random_weights:  # expected: more frames would not make it stop
+                return (f"{head} stopped at {frames} frames ({frames / FRAMES_PER_SECOND:.1f} s of "
+                        f"audio), the cap of a model that does not stop by itself: 3x the text's expected "
+                        f"{expected:.1f} s, at least 3 s; {SELDOM_STOPS}")
+            return (f"{head} stopped at {frames} frames ({frames / FRAMES_PER_SECOND:.1f} s of audio; "
                     f"its text is expected to take {expected:.1f} s) before its end of speech: the model did not "
                     f"stop by itself; give max_frames (--max-frames) to allow more")
-        return f"{head} stopped at max_frames={s.max_frames} before its end of speech"
+        return f"{head} stopped at max_frames={frames} before its end of speech"
 
     # ------------------------------------------------------------ a frame at a time (the batch loop)
     def ready(self, step: int) -> bool:
@@ -128,10 +149,12 @@ class Utterance:
         return self.finish(samples, sample_rate)
 
     def finish(self, samples: np.ndarray, sample_rate: int) -> SynthesisResult:
-        """``result``, and a limit that cut it short logged (one warning per utterance)."""
+        """``result``, and a limit that cut it short logged (one warning per utterance; the cap of a random-weight
+        model, which seldom stops by itself, is no surprise: logged at INFO)."""
         result = self.result(samples, sample_rate)
         if result.pieces[0].limit:
-            log.warning("%s", result.pieces[0].limit)
+            expected = self.random_weights and self._cut()[0] == "expected duration"
+            log.log(logging.INFO if expected else logging.WARNING, "%s", result.pieces[0].limit)
         return result
 
     def streamed_samples(self) -> np.ndarray:

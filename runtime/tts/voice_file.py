@@ -58,7 +58,24 @@ def save_voice(path: str | Path, voice: Voice, manifest: Manifest) -> Path:
     return Path(path)
 
 
+# the first bytes of a recording (FLAC, Ogg, MP3 with an ID3 tag; a WAV: RIFF, its size, WAVE): a file given where a
+# saved voice belongs
+_RECORDING_MAGIC = (b"fLaC", b"OggS", b"ID3")
+
+
+def _is_recording(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return head.startswith(_RECORDING_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WAVE")
+
+
 def _read(path: Path) -> tuple[dict, dict]:
+    if _is_recording(path):
+        raise KzttsError(f"{path}: a recording, not a saved voice; give it as --speaker-wav {path} (or save it as a "
+                         f"voice once: kztts voice create {path} -o NAME{SUFFIX})")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}

@@ -230,16 +230,16 @@ def test_calibrate_plot_into_a_missing_folder_leaves_nothing(capsys, tmp_path):
     assert listing(tmp_path) == []
 
 
-def test_synth_refuses_mp3_before_synthesis(capsys, monkeypatch, tmp_path):
+def test_synth_refuses_aac_before_synthesis(capsys, monkeypatch, tmp_path):
     import kztts.cli.synth
 
     def no_synthesis(*a, **kw):
         raise AssertionError("the model was opened before the output was checked")
 
     monkeypatch.setattr(kztts.cli.synth, "TTS", no_synthesis)
-    rc, _, err = kztts_main(capsys, "synth", "hello", "-o", tmp_path / "out.mp3")
-    line = assert_refused(rc, err, str(tmp_path / "out.mp3"), "'.mp3'")
-    assert ".flac, .ogg, .wav" in line
+    rc, _, err = kztts_main(capsys, "synth", "hello", "-o", tmp_path / "out.aac")
+    line = assert_refused(rc, err, str(tmp_path / "out.aac"), "'.aac'")
+    assert ".flac, .mp3, .ogg, .wav" in line
     assert listing(tmp_path) == []
 
 

@@ -148,3 +148,23 @@ def test_make_tiny_hands_its_flags_to_the_builder(monkeypatch, tmp_path, capsys)
     with pytest.raises(KzttsError, match="file"):
         cli_make_tiny.cmd_make_tiny(parse("make-tiny", tmp_path / "file" / "m"))
     assert len(built) == 1 and Path(tmp_path / "file").is_file()
+
+
+# ---------------------------------------------------------------- every command's --help
+def test_every_argument_of_every_command_has_a_help_line():
+    """``kztts CMD --help`` describes each argument: none is listed bare (make-tiny's out_dir and --seed, synth's text,
+    validate's and inspect's bundle once were)."""
+    import argparse
+
+    bare = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not isinstance(action, argparse._HelpAction) and not (action.help or "").strip():
+                bare.append(" ".join([*path, *(action.option_strings[:1] or [action.dest])]))
+
+    walk(build_parser(), ["kztts"])
+    assert bare == []

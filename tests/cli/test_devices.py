@@ -49,3 +49,20 @@ def test_target_rows_name_the_missing_skel(tmp_path, monkeypatch):
     assert "reports v81" in rows["x_elite"]["why"]
     off = dict(device, available=False, unavailable_reason="disabled by KZTTS_DISABLE_QNN")
     assert {r["status"] for r in target_rows(off)} == {"cpu"}
+
+
+def test_the_text_report_explains_the_qnn_cpu_device_instead_of_the_loader_error():
+    """The QNN EP's CPU device needs libQnnCpu.so, which onnxruntime-qnn does not ship: the text says why the row is
+    unused rather than quoting the loader; any other incompatibility keeps ONNX Runtime's own notes."""
+    from kztts.cli.devices import device_note
+
+    loader = {"notes": "Unable to load backend, error:  libQnnCpu.so: cannot open shared object file"}
+    qnn_cpu = {"ep": "QNNExecutionProvider", "type": "CPU", "incompatibility": loader}
+    assert device_note(qnn_cpu) == "; not used: kztts runs QNN on its HTP backend only (QNN's CPU backend is not shipped)"
+    other = {"ep": "QNNExecutionProvider", "type": "NPU", "incompatibility": {"notes": "driver too old"}}
+    assert device_note(other) == "; ONNX Runtime notes: driver too old"
+    assert device_note({"ep": "CPUExecutionProvider", "type": "CPU", "incompatibility": None}) == ""
+    pytest.importorskip("onnxruntime_qnn", reason="the QNN EP ships in onnxruntime-qnn")
+    out = subprocess.run([sys.executable, "-m", "kztts.cli.main", "devices"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "libQnnCpu" not in out.stdout + out.stderr, out.stdout + out.stderr

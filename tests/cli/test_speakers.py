@@ -50,7 +50,6 @@ def test_jsonl_speaker_and_instruct_keys(cv, custom_voice_bundle, tmp_path, caps
 
 @pytest.mark.parametrize("bundle, args, message", [
     ("custom_voice_bundle", ["--speaker", "bob"], "unknown speaker 'bob'; this bundle's speakers are aiden, dylan"),
-    ("custom_voice_bundle", [], "this CustomVoice 1.7B bundle needs a speaker"),
     ("custom_voice_bundle", ["--speaker-wav", "VOICE"], "a reference voice cannot be used with this CustomVoice"),
     ("custom_voice_06_bundle", ["--speaker", "ryan", "--instruct", "Happy."], "this CustomVoice 0.6B bundle takes no "
                                                                               "instruction"),

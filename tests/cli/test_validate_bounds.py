@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from support import scaled_weight
 
 
 @pytest.fixture(scope="module")
@@ -94,33 +95,6 @@ def failing(report: dict, bounds: dict) -> list[str]:
     from kztts.eval.acceptance import within
 
     return [k for k, b in bounds.items() if report.get(k) is not None and not within(report[k], b)]
-
-
-def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -> Path:
-    """A copy of bundle ``good`` whose ``graph`` (its HTP file) has the first MatMul/Gemm/Conv whose name holds
-    ``node`` computing with its weight scaled by ``factor``: its DequantizeLinear's scale times ``factor`` (a
-    quantization scale written wrong), or, in a float graph, the weight itself (the same arithmetic)."""
-    import onnx
-    from onnx import numpy_helper
-
-    from kztts.bundle.manifest import read_manifest
-
-    shutil.copytree(good, out)
-    spec = read_manifest(out).graphs[graph]
-    rel = spec.extra.get("htp_file", spec.file)
-    model = onnx.load(str(out / rel))
-    inits = {t.name: t for t in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    for n in model.graph.node:
-        if n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose") and node in n.name:
-            w = n.input[1]
-            dq = producer.get(w)
-            t = inits[dq.input[1]] if dq is not None and dq.op_type == "DequantizeLinear" else inits[w]
-            a = numpy_helper.to_array(t)
-            t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
-            onnx.save_model(model, str(out / rel))
-            return out
-    raise AssertionError(f"{rel}: no MatMul/Gemm/Conv named like {node!r}")
 
 
 # ------------------------------------------------------------------ --text

@@ -287,3 +287,12 @@ def test_every_documented_command_parses(documented):
           f"({sum(not c.inline for c in documented)} in code blocks, {sum(c.inline for c in documented)} inline)")
     assert not failed, f"{len(failed)} documented commands no longer parse:\n" + "\n".join(failed)
     assert len(documented) >= MIN_COMMANDS
+
+
+def test_documented_curl_calls_fail_on_an_error_status():
+    """A documented ``curl`` call has ``-f``: without it an error status writes the server's JSON error into the
+    audio file (``-o hello.wav``) and exits 0."""
+    bare = [f"{doc.relative_to(ROOT)}: {line.strip()}" for doc in DOCS
+            for line in doc.read_text(encoding="utf-8").splitlines()
+            if re.search(r"(^\s*|`)curl\s", line) and not re.search(r"curl\s+(-\w*f\w*\b|--fail\b)", line)]
+    assert bare == []

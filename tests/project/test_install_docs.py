@@ -29,3 +29,7 @@ def test_setup_installs_espeak_ng_and_chromium_or_says_how():
     for package in ("espeak-ng", "chromium"):  # the ASR/Piper sentences; the page test's browser
         assert f"command -v {package} >/dev/null || missing+=({package})" in setup, package
     assert 'apt-get install -y -qq "${missing[@]}"' in setup and "sudo apt-get install -y ${missing[*]}" in setup
+    # the browser (and its Debian packages) only with --browser, which CI passes so that its page tests run
+    browser = setup.index("missing+=(chromium)")
+    assert setup.rindex('if [ "$BROWSER" = 1 ]; then', 0, browser) > setup.index("missing+=(espeak-ng)")
+    assert 'stage "setup" bash scripts/setup.sh --browser' in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

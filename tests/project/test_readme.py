@@ -28,6 +28,18 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert blocks("bash")[0].splitlines() == FIRST_COMMANDS
 
 
+def test_readme_names_every_variable_the_runtime_reads():
+    """Each ``KZTTS_*`` variable the runtime reads (a string literal under runtime/, or a sampling override) is a row of
+    the README's "Environment variables" table (KZTTS_API_KEY, ``kztts serve``'s key, once was not)."""
+    from kztts.generation.settings import SAMPLING_FLAGS
+
+    read = {m for f in (ROOT / "runtime").rglob("*.py") for m in re.findall(r"[\"'](KZTTS_[A-Z_]+)[\"']", f.read_text())}
+    read |= set(SAMPLING_FLAGS.values())
+    table = README.read_text(encoding="utf-8").split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"`(KZTTS_[A-Z_]+)`", table))
+    assert "KZTTS_API_KEY" in read and read - rows == set()
+
+
 def test_readme_links_point_at_files():
     text = README.read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)#]+)\)", text)

@@ -182,8 +182,12 @@ def test_speech_whole_and_streamed_is_the_models_own(speech_app, tts, voice):
     events = [json.loads(line[6:]) for line in sse.body.decode().splitlines() if line.startswith("data: ")]
     assert sse.headers["content-type"].startswith("text/event-stream")
     assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == streamed.body
-    assert events[-1] == {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 12,
-                                                                 "total_tokens": 12}}
+    tokens = len(tts.tokenizer.encode(body["input"]))  # the text's own tokens (5), not 0
+    assert tokens > 0 and events[-1] == {"type": "speech.audio.done", "usage": {
+        "input_tokens": tokens, "output_tokens": 12, "total_tokens": tokens + 12}}
+    # sse without a response_format: pcm, the format every stream sends (OpenAI's default mp3 is sent whole only)
+    bare = call(speech_app, "POST", "/v1/audio/speech", {**body, "seed": 5, "stream_format": "sse"})
+    assert bare.status == 200 and bare.body == sse.body
 
 
 def test_refusals_found_after_the_body_are_statuses(speech_app, chat_app, chat):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,19 @@ def test_cmd_serve_runs_the_server_and_says_where(tmp_path, monkeypatch, capsys,
     assert capsys.readouterr().err == ""  # a key: no warning
     assert command.cmd_serve(parse(tmp_path)) == 0
     assert capsys.readouterr().err == ""  # this machine only: no warning
+
+
+def test_serve_demo_names_the_embedded_demo_bundle(tmp_path, monkeypatch, capsys, server_log_level, equal_bundle):
+    """``kztts serve demo``: the demo's bundle (a cached export whose path is a hash), unless a folder named demo is
+    here (a real folder wins)."""
+    from support import kztts_main
+
+    served = []
+    monkeypatch.setattr(command, "serve", lambda options, on_ready: served.append(options) or 0)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = kztts_main(capsys, "serve", "demo")
+    assert code == 0, err
+    assert served[-1].bundle == equal_bundle  # the demo: the tiny "equal" model's cached export
+    (tmp_path / "demo").mkdir()
+    code, _, err = kztts_main(capsys, "serve", "demo")
+    assert code == 0 and served[-1].bundle == Path("demo"), err

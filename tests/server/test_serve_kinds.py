@@ -77,7 +77,6 @@ def test_preset_speaker_and_instructions_equal_kztts_synth(cv_server, custom_voi
 
 @pytest.mark.parametrize("body, status, code, param, words", [
     ({"voice": "bob"}, 404, "voice_not_found", "voice", "voice 'bob' is not offered here; the voices are: aiden"),
-    ({}, 404, "voice_not_found", "voice", "voice 'default' is not offered here"),
     ({"voice": "ryan", "instructions": 5}, 400, "invalid_type", "instructions", "'instructions' must be a string"),
 ])
 def test_custom_voice_refusals(cv_server, body, status, code, param, words):

@@ -46,6 +46,9 @@ class TwoRowPrompt:
     def text_after(self, step):
         return np.zeros(4, np.float32)
 
+    def confirm(self):
+        return True
+
 
 def frame_loop(logits, talker: SamplingParams, *, window=None, min_new=2, max_frames=20, seed=3):
     from kztts.generation.settings import GenerationSettings

@@ -19,13 +19,13 @@ TEXT = "A sentence long enough to be cut in the message, and more."
 
 
 def run(frames: int, *, max_frames: int = 10, min_new: int = 2, eos: bool = False, limited_by: str = "max_frames",
-        guard=None, label: str = "the text") -> Utterance:
+        guard=None, label: str = "the text", random_weights: bool = False) -> Utterance:
     talker = SimpleNamespace(context=64, **({} if guard is None else {"guard": guard}))
     loop = SimpleNamespace(settings=SimpleNamespace(max_frames=max_frames, min_new_tokens=min_new),
-                           stopped_by_eos=eos, talker=talker, times=StageTimes(talker=0.5))
+                           stopped_by_eos=eos, talker=talker, times=StageTimes(talker=0.5), capped=None)
     r = Utterance(loop, SimpleNamespace(embeds=np.zeros((12, 4))), SimpleNamespace(text=TEXT, language="english",
                                                                              voice="v"),
-            time.perf_counter(), limited_by, label)
+            time.perf_counter(), limited_by, label, random_weights=random_weights)
     r.codes = [np.full(16, k, np.int64) for k in range(frames)]
     return r
 
@@ -43,6 +43,11 @@ def test_what_cut_an_utterance_short():
     assert message.startswith(f"{head} stopped at 10 frames (0.8 s of audio; its text is expected to take "
                               f"{expected_seconds(TEXT, 'english'):.1f} s)")
     assert message.endswith("give max_frames (--max-frames) to allow more")
+    # a random-weight model seldom stops: the cap is said plainly, with no advice that more frames would help
+    random = run(10, limited_by="expected duration", random_weights=True).limit()
+    assert random == (f"{head} stopped at 10 frames (0.8 s of audio), the cap of a model that does not stop by "
+                      f"itself: 3x the text's expected {expected_seconds(TEXT, 'english'):.1f} s, at least 3 s; "
+                      "a random-weight model seldom ends its speech by itself")
 
 
 def test_a_run_becomes_a_result():

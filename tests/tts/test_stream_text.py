@@ -168,6 +168,62 @@ def test_a_slow_source_changes_no_code_and_the_frames_wait(tts, xvector):
     np.testing.assert_array_equal(got, samples)
 
 
+def test_the_prefill_runs_on_a_guessed_first_token_while_the_text_comes(tts, xvector, monkeypatch):
+    """The first prefill runs once some text has come, on its first token as guessed, before the piece that
+    commits it is read; a wrong guess (the first word went on) is prefilled again on the committed token. The
+    codes are the whole text's either way."""
+    from kztts.tts.prompt import TrackPrompt
+
+    events: list = []
+    talker_type = type(tts.talker)
+    prefill, confirm = talker_type.prefill, TrackPrompt.confirm
+
+    def logged_prefill(self, embeds):
+        events.append("prefill")
+        return prefill(self, embeds)
+
+    def logged_confirm(self):
+        events.append(("confirmed", ok := confirm(self)))
+        return ok
+
+    monkeypatch.setattr(talker_type, "prefill", logged_prefill)
+    monkeypatch.setattr(TrackPrompt, "confirm", logged_confirm)
+
+    def source(pieces):
+        for piece in pieces:
+            events.append(piece)
+            yield piece
+
+    text = "Hello there, my friend."
+    request = SynthesisRequest(text, xvector, language="english", greedy=True, max_frames=8)
+    codes, _ = whole(tts, request)
+    for pieces, order in ((["Hello", " there, my friend."], ["Hello", "prefill", " there, my friend.",
+                                                               ("confirmed", True)]),
+                          (["Hel", "lo there, my friend."], ["Hel", "prefill", "lo there, my friend.",
+                                                             ("confirmed", False), "prefill", ("confirmed", True)])):
+        events.clear()
+        got, _ = spoken(tts, source(pieces), request)
+        assert events[:len(order)] == order, events
+        assert np.array_equal(got, codes), pieces
+
+
+def test_a_text_cut_by_its_expected_duration_says_so(tts, xvector, caplog):
+    """With no max_frames, a random-weight model runs to the cap of the text's expected duration (it seldom stops);
+    the result names that cap as what cut it, as synthesize's does, and the log says it once."""
+    import logging
+
+    text = "Hi there."
+    holder: dict = {}
+    with caplog.at_level(logging.INFO, logger="kztts.tts.utterance"):
+        list(tts.stream_text(["Hi", " there."], xvector, language="english", greedy=True, result=holder))
+    got = holder["result"]
+    want = tts.synthesize(text, xvector, language="english", greedy=True, streaming_text=True)
+    assert np.array_equal(got.codes, want.codes) and not got.stopped_by_eos
+    assert len(got.limits) == 1 and f"stopped at {got.frames} frames" in got.limits[0], got.limits
+    assert got.limits == want.limits
+    assert [r.getMessage() for r in caplog.records] == got.limits
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("pieces", [[], [""], ["  ", "\n"]], ids=["none", "empty", "blank"])
 def test_empty_text_is_one_clear_error_before_any_audio(tts, xvector, pieces):

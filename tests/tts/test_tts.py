@@ -204,7 +204,6 @@ def bad_inputs(tmp_path_factory, tiny_bundle_dir):
     ("unreadable", [TEXT, "--speaker-wav", "{d}/garbage.wav"], "garbage.wav: cannot read audio"),
     ("silent", [TEXT, "--speaker-wav", "{d}/silent.wav"], "silent.wav: the audio is silent"),
     ("xvector", [TEXT, "--xvector", "{d}/short.npy"], "short.npy: x-vector has shape [7] (7 values), expected 64"),
-    ("no-voice", [TEXT], "a voice is required"),
     ("unwritable", [TEXT, "--xvector", "{d}/short.npy", "-o", "/nonexistent/dir/x.wav"],
      "directory /nonexistent/dir does not exist"),
     ("bad-flag", [TEXT, "--top-p", "0"], "--top-p='0' is out of range: expected a number in (0, 1]"),

@@ -188,6 +188,17 @@ class TextTrack:
         while not self.closed:
             self.pull()
 
+    def first_guess(self) -> tuple[list[int], int] | None:
+        """While no token is committed: (the template's role ids, the first text token) of the text arrived so
+        far as if it ended there, waiting for some text first. A guess, which more text can still change (the
+        first word may go on); None once a token is committed or the text has ended (nothing to guess)."""
+        while not self.tokens and not self.closed and not self.text.strip():
+            self.pull()
+        if self.tokens or self.closed:
+            return None
+        ids = self._ids(self._normalized())
+        return (ids[:3], ids[3]) if len(ids[3:-5]) else None
+
     # ------------------------------------------------------------ committing tokens
     def _normalized(self) -> str:
         norm = self._raw.normalizer

@@ -152,3 +152,61 @@ def test_without_qnn_the_manifest_says_unvalidated_and_synth_warns_once(w8a16_bu
     assert res.returncode == 0, res.stderr
     warned = [ln for ln in res.stderr.splitlines() if "unvalidated" in ln]
     assert len(warned) == 1 and "decoder w8a16" in warned[0], res.stderr
+
+
+# ------------------------------------------------------------------ an LM bundle's quantized static graphs
+@pytest.fixture(scope="module")
+def lm_w8a16(small_target):
+    """The tiny Qwen3 LM with w8a16 static graphs of the small target (the cache's, built without the check)."""
+    from kztts.export.lm.bundle_writer import cached_lm_bundle
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    _qnn()
+    return cached_lm_bundle(cached_tiny_lm("qwen3"), target=str(small_target), precision="w8a16")
+
+
+def test_an_lm_s_w8a16_graphs_are_validated_and_a_wrong_scale_refused(lm_w8a16, small_target, tmp_path):
+    """The LM check is ``validate --target``'s LM rows (its accuracy texts, not the calibration texts) by the
+    precision's ``lm_bounds``. Measured: the good build's logits cosine min 0.9964, top-1 0.921, perplexity ratio
+    1.001 (bounds 0.95 / 0.90 / 1.10); its first layer's down projection with its scale doubled, in both static
+    graphs, falls below them."""
+    from support import scaled_weight
+
+    from kztts.bundle.manifest import read_manifest
+    from kztts.eval.acceptance import BOUNDS
+    from kztts.export.htp import export_check
+    from kztts.export.htp.export_check import HtpCheckFailed
+    from kztts.export.validate.htp_check import check_lm_bundle
+
+    assert read_manifest(lm_w8a16).htp_unvalidated  # the cache builds it without the check
+    rec = export_check.lm_htp_check_record(lm_w8a16, small_target, check=check_lm_bundle)
+    table = BOUNDS["lm-w8a16"]
+    assert rec["status"] == "validated" and rec["precisions"] == {"talker": "w8a16"}
+    assert rec["bounds"] == {k: list(b) for k, b in table.items()}
+    print(f"\ngood LM w8a16: {rec['figures']}")
+    assert rec["figures"]["logits_cos_min"] > 0.99 and rec["figures"]["top1_agree"] >= 0.9
+    half = scaled_weight(lm_w8a16, tmp_path / "half", "talker_prefill", "/down_proj/MatMul", 2.0)
+    bad = scaled_weight(half, tmp_path / "bad", "talker_decode", "/down_proj/MatMul", 2.0)
+    with pytest.raises(HtpCheckFailed, match=r"refusing the export: .*logits_cos_min") as e:
+        check_lm_bundle(bad, small_target)
+    assert "\n" not in str(e.value)
+    print(f"wrong scale: {e.value}")
+
+
+def test_an_lm_export_through_the_cli_records_its_check(small_target, tmp_path, capsys):
+    """``kztts export LM --target T --precision w8a16`` checks its static graphs and records "validated"; with
+    ``--no-htp-check`` the manifest says unvalidated, and a fp16 export records nothing (nothing quantized)."""
+    from kztts.bundle.manifest import read_manifest
+    from kztts.export.lm.tiny import cached_tiny_lm
+
+    _qnn()
+    lm = cached_tiny_lm("qwen3")
+    code, out, err = kztts_main(capsys, "export", lm, "-o", tmp_path / "q", "--target", small_target,
+                                "--precision", "w8a16")
+    assert code == 0, err
+    check = read_manifest(tmp_path / "q").htp_check
+    assert check["status"] == "validated" and check["figures"]["logits_cos_min"] >= check["bounds"]["logits_cos_min"][1]
+    code, out, err = kztts_main(capsys, "export", lm, "-o", tmp_path / "u", "--target", small_target,
+                                "--precision", "w8a16", "--no-htp-check")
+    assert code == 0, err
+    assert read_manifest(tmp_path / "u").htp_check["status"] == "unvalidated"

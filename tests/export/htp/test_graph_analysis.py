@@ -150,11 +150,21 @@ def test_cli_calibrate_then_validate_on_simulator(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "plan:" in out and plan.is_file() and (tmp_path / "g.plan.report.json").is_file()
     nodes = read_plan(plan)
-    assert set(nodes.values()) <= {"fp16", "w8a16", "a8w8"}
+    # this machine's onnxruntime-qnn (2.7.0) is measured to compute mixed plans' QDQ nodes wrong on a real
+    # vocoder (kztts.bundle.precisions.MEASURED_BROKEN): the plan keeps every node float
+    assert set(nodes.values()) == {"fp16"} and "never w8a16: measured broken" in out
     assert main(["validate", str(g), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target", "simulator",
                  "--strict", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    # the HTP runs the plan's QDQ graph as the CPU EP predicts it (measured: within ~1 dB on this graph)
+    assert rep["passed"] and rep["snr_db_target"] > 30
+    # a mixed plan written by hand still runs as written; on this small graph the HTP computes its QDQ nodes as the
+    # CPU EP predicts (measured: within ~1 dB), which is why the table is per measured graph, not a general rule
+    data = json.loads(plan.read_text())
+    data["nodes"] = {k: ("w8a16" if k.startswith("conv") else v) for k, v in data["nodes"].items()}
+    plan.write_text(json.dumps(data))
+    assert main(["validate", str(g), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target", "simulator",
+                 "--strict", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rep["snr_db_target"] > 20 and abs(rep["snr_db_target"] - rep["snr_db_cpu_qdq"]) < 6
 
 

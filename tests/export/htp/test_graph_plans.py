@@ -60,22 +60,25 @@ def test_one_registry_every_route_reads():
         P.precision("w3a7")
 
 
-def test_the_piper_study_s_broken_a8w8_is_data_the_plan_tool_reads(tmp_path, monkeypatch):
-    assert set(P.broken_on("2.7.0")) == {"a8w8"} and "31.2%" in P.broken_on("2.7.0")["a8w8"].evidence
-    assert P.broken_on("0.0-test") == {} and set(P.broken_on(None)) == {"a8w8"}  # unknown version: excluded
+def test_the_piper_study_s_broken_recipes_are_data_the_plan_tool_reads(tmp_path, monkeypatch):
+    broken = P.broken_on("2.7.0")
+    assert set(broken) == {"a8w8", "w8a16"} and "31.2%" in broken["a8w8"].evidence
+    assert "32.2 dB" in broken["w8a16"].evidence and "mixed per-node plan" in broken["w8a16"].where
+    assert P.broken_on("0.0-test") == {} and set(P.broken_on(None)) == {"a8w8", "w8a16"}  # unknown version: excluded
     g = conv_graph(tmp_path / "g.onnx", inject=False)
     # a target so low that every node would take the cheapest recipe
     free = analyse(g, feeds(), target_db=-50.0, qnn_version=UNBROKEN)
     assert {free.plan()["nodes"][n.name] for n in free.quantizable} == {"a8w8"}
     on_27 = analyse(g, feeds(), target_db=-50.0, qnn_version="2.7.0")
     plan = on_27.plan()
-    assert "a8w8" not in plan["nodes"].values() and {plan["nodes"][n.name] for n in on_27.quantizable} == {"w8a16"}
+    assert set(plan["nodes"].values()) == {"fp16"}  # nothing quantized is left to assign on 2.7.0
     assert plan["qnn_version"] == "2.7.0" and "WER 31.2%" in plan["excluded_precisions"]["a8w8"]
-    assert all("a8w8" not in n.alone_db for n in on_27.nodes)  # not even swept
-    # the table is what decides: a new entry takes w8a16 out of the plans of its version as well
-    monkeypatch.setattr(P, "MEASURED_BROKEN", (*P.MEASURED_BROKEN, P.MeasuredBroken("w8a16", "2.7.0", "t", "t")))
-    none = analyse(g, feeds(), target_db=-50.0, qnn_version="2.7.0", alone=False)
-    assert set(none.plan()["nodes"].values()) == {"fp16"} and set(none.excluded) == {"a8w8", "w8a16"}
+    assert "32.2 dB" in plan["excluded_precisions"]["w8a16"]
+    assert all(not n.alone_db for n in on_27.nodes)  # not even swept
+    # the table is what decides: without the w8a16 entry, w8a16 comes back into the plans of its version
+    monkeypatch.setattr(P, "MEASURED_BROKEN", tuple(b for b in P.MEASURED_BROKEN if b.precision != "w8a16"))
+    some = analyse(g, feeds(), target_db=-50.0, qnn_version="2.7.0")
+    assert {some.plan()["nodes"][n.name] for n in some.quantizable} == {"w8a16"} and set(some.excluded) == {"a8w8"}
 
 
 def test_quantize_plan_reads_bits_from_the_registry(tmp_path):

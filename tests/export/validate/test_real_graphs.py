@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 
 from kztts.core.errors import KzttsError
@@ -107,27 +108,31 @@ def test_piper_decoder_plan_is_judged_on_the_simulator(voice_dir, tmp_path, caps
                  "--max-minutes", "3"]) == 0
     out = capsys.readouterr().out
     _no_bug(out)
-    assert "alone sweep: 23 nodes x 1 recipe(s) (w8a16)" in out and "never a8w8: measured broken" in out
-    nodes = read_plan_file(plan)["nodes"]
-    assert "a8w8" not in nodes.values() and list(nodes.values()).count("w8a16") >= 15
-    # on onnxruntime-qnn 2.7.0 the plan's mixed graph (QDQ convs between float LeakyRelu / Add / ConvTranspose) is
-    # computed wrong on the HTP though the CPU EP computes it as planned: measured 0.6 dB on the simulator against
-    # 32.2 dB on the CPU EP (the two whole sentences), the first node under the goal resblocks.2.convs.1 (1.1 dB,
-    # 38.2 dB at the LeakyRelu before it). validate fails it and says where.
+    # on onnxruntime-qnn 2.7.0 both 8-bit-weight recipes are measured broken in mixed plans (the study below):
+    # the plan tool keeps every node float and says why
+    assert "never a8w8: measured broken" in out and "never w8a16: measured broken" in out
+    data = read_plan_file(plan)
+    assert set(data["nodes"].values()) == {"fp16"}
+    # the float plan (measured 31 dB on the simulator in the study) passes its own goal
+    assert main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
+                 "simulator", "--strict", "--json"]) == 0
+    good = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert good["passed"] and good["snr_db_target"] >= 25.0 and good["failure"] is None
+    # what the plan tool assigned before the w8a16 entry (its convolutions w8a16 among float nodes) is computed
+    # wrong on the HTP though the CPU EP computes it as planned: measured 0.6 dB on the simulator against 32.2 dB
+    # on the CPU EP (the two whole sentences), the first node under the goal resblocks.2.convs.1 (1.1 dB, 38.2 dB
+    # at the LeakyRelu before it). validate fails it and says where.
+    ops = {n.name: n.op_type for n in onnx.load(str(dec), load_external_data=False).graph.node}
+    data["nodes"] = {k: ("w8a16" if ops.get(k) == "Conv" else v) for k, v in data["nodes"].items()}
+    assert list(data["nodes"].values()).count("w8a16") >= 15
+    plan.write_text(json.dumps(data))
     code = main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
                  "simulator"])
     out = capsys.readouterr().out
     _no_bug(out)
     assert code == 1 and "FAIL:" in out and "(the plan's target_db)" in out
     assert "first node under 25 dB on simulator: /dec/" in out
-    # the float plan (every node fp16: measured 31 dB on the simulator in the study) passes the same goal
-    data = read_plan_file(plan)
-    data["nodes"] = {k: "fp16" for k in data["nodes"]}
-    plan.write_text(json.dumps(data))
-    assert main(["validate", str(dec), "--plan", str(plan), "--inputs", str(tmp_path / "s.npz"), "--target",
-                 "simulator", "--strict", "--json"]) == 0
-    good = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert good["passed"] and good["snr_db_target"] >= 25.0 and good["failure"] is None
+    assert "measured broken" in out  # validate names the registry entry the plan runs into
 
 
 # measured 74 s at load 25 (three whole-graph quantizations over a 9 s window, the fp16 graph): slow stage
