@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,9 @@ class ConstTensor:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int  # elements x element size (what the graph holds, not the file's encoding)
-    digest: str  # of the tensor's data as stored
+    digest: str  # of the tensor's data as stored (``read_graph(probe=True)``: of a few bytes of it, see ``probe``)
+    # where the data lies: (file, offset, length) of its bytes, or None (typed fields, no data)
+    source: tuple[str, int, int] | None = None
 
     @property
     def elements(self) -> int:
@@ -61,6 +63,7 @@ class Node:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     subgraph: bool  # inside an If/Loop body (runs when its branch does)
+    ints: dict = field(default_factory=dict)  # its integer attributes (MatMulNBits' K and N)
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ def _packed_varints(buf, span: tuple[int, int]) -> list[int]:
 
 
 class _Reader:
-    def __init__(self, path: Path, buf, wanted: set[str] | None = None) -> None:
-        self.path, self.buf = path, buf
+    def __init__(self, path: Path, buf, wanted: set[str] | None = None, probe: bool = False) -> None:
+        self.path, self.buf, self.probe = path, buf, probe
         self.tensors: list[ConstTensor] = []
         self.nodes: list[Node] = []
         self.depth = 0
@@ -145,7 +148,17 @@ class _Reader:
                 outs.append(self.text(v))
             elif field == _NODE_ATTR:
                 attrs.append(v)
-        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0))
+        ints = {}
+        for a in attrs:
+            aname, value = "", None
+            for field_, wire, v in _fields(self.buf, *a):
+                if field_ == 1 and wire == 2:
+                    aname = self.text(v)
+                elif field_ == 3 and wire == 0:
+                    value = v
+            if aname and value is not None:
+                ints[aname] = value
+        self.nodes.append(Node(name, op, tuple(ins), tuple(outs), self.depth > 0, ints))
         for a in attrs:
             for field, wire, v in _fields(self.buf, *a):
                 if field in (_ATTR_T, _ATTR_TENSORS) and wire == 2 and op == "Constant":
@@ -183,14 +196,25 @@ class _Reader:
             elements *= d
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{kind}{tuple(dims)}".encode())
+        source = None
         if location == 1 or external:
-            self._hash_external(h, external, name)
+            f = self.path.parent / external.get("location", "")
+            offset, length = int(external.get("offset", 0) or 0), external.get("length")
+            if length is None or not self.probe:
+                self._hash_external(h, external, name)
+            if length is not None:
+                source = (str(f.resolve()), offset, int(length))
         elif data is not None:
-            h.update(self.buf[data[0]:data[1]])
+            source = (str(self.path.resolve()), data[0], data[1] - data[0])
+            if not self.probe:
+                h.update(self.buf[data[0]:data[1]])
         else:
             for s in typed:
                 h.update(self.buf[s[0]:s[1]])
-        self.tensors.append(ConstTensor(output or name, kind, tuple(dims), (elements * bits + 7) // 8, h.hexdigest()))
+        digest = h.hexdigest()
+        if self.probe and source is not None:
+            digest = "probe:" + _probe(f"{kind}{tuple(dims)}", source)
+        self.tensors.append(ConstTensor(output or name, kind, tuple(dims), (elements * bits + 7) // 8, digest, source))
         if (output or name) in self.wanted:
             self.arrays[output or name] = self._array(kind, dims, data, external, location, typed, name)
 
@@ -277,13 +301,45 @@ def with_outputs(path: str | Path, names) -> bytes:
     return bytes(out)
 
 
-def read_graph(path: str | Path) -> OnnxGraph:
+_PROBE = 64  # bytes read at the start, the middle and the end of a tensor's data for its probe
+
+
+def _probe(head: str, source: tuple[str, int, int]) -> str:
+    """A digest of a tensor's type, shape, length and a few of its bytes: different probes, different data (equal
+    ones say nothing: ``full_digest`` then)."""
+    f, offset, length = source
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{head}{length}".encode())
+    with open(f, "rb") as fh:
+        for at in sorted({0, max(0, length // 2 - _PROBE // 2), max(0, length - _PROBE)}):
+            fh.seek(offset + at)
+            h.update(fh.read(min(_PROBE, length - at)))
+    return h.hexdigest()
+
+
+def full_digest(t: ConstTensor) -> str:
+    """``t.digest`` as ``read_graph`` computes it without ``probe``: of the type, the shape and all the data."""
+    if not t.digest.startswith("probe:"):
+        return t.digest
+    f, offset, length = t.source
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    try:
+        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            h.update(m[offset:offset + length])
+    except OSError as exc:
+        raise BundleError(f"{f}: data of tensor {t.name!r} unreadable ({exc}); re-export the bundle") from exc
+    return h.hexdigest()
+
+
+def read_graph(path: str | Path, probe: bool = False) -> OnnxGraph:
     """Every constant tensor of the ONNX file ``path`` (initializers and ``Constant`` values, the latter
-    named by their output; subgraphs included) and every node."""
+    named by their output; subgraphs included) and every node. ``probe``: each tensor's digest from a few bytes
+    of its data (``_probe``), not all of it; ``full_digest`` reads the rest when two probes agree."""
     path = Path(path)
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            r = _Reader(path, buf)
+            r = _Reader(path, buf, probe=probe)
             found = False
             for field, wire, v in _fields(buf, 0, len(buf)):
                 if field == _MODEL_GRAPH and wire == 2:
@@ -294,3 +350,63 @@ def read_graph(path: str | Path) -> OnnxGraph:
             return OnnxGraph(r.tensors, r.nodes)
     except (ValueError, IndexError) as exc:
         raise BundleError(f"{path}: not a readable ONNX file ({exc}); re-export the bundle") from exc
+
+
+def _spans(buf, start: int, end: int):
+    """``_fields`` with each field's own byte range (key included): (field, wire, value, field start, field end)."""
+    pos = start
+    while pos < end:
+        first = pos
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            value, pos = (pos, pos + n), pos + n
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            value, pos = (pos, pos + n), pos + n
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {pos}")
+        yield field, wire, value, first, pos
+
+
+_SHAPE_VALUE_TYPES = (6, 7)  # int32, int64: the initializers a shape computation may read
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _key(field, 2) + _encode_varint(len(payload)) + payload
+
+
+def without_weight_data(path: str | Path, keep: int = 1024) -> bytes:
+    """The ONNX file ``path`` as bytes whose main-graph initializers of more than ``keep`` bytes (other than int32 /
+    int64 ones, which a shape computation may read) have no data (their type and shape only). Shapes can be inferred from it without reading a weight (a graph of a few GB stored in
+    one file becomes a few MB)."""
+    path = Path(path)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        out, last = bytearray(), 0
+        for field, wire, v, first, end in _spans(buf, 0, len(buf)):
+            if field != _MODEL_GRAPH or wire != 2:
+                continue
+            graph = bytearray()
+            for gf, gw, gv, gfirst, gend in _spans(buf, *v):
+                if gf != _GRAPH_INIT or gw != 2:
+                    graph += buf[gfirst:gend]
+                    continue
+                kept, raw, dtype = bytearray(), None, 0
+                for tf, tw, tv, tfirst, tend in _spans(buf, *gv):
+                    if tf == _T_RAW and tw == 2:
+                        raw = tv
+                        continue
+                    if tf == _T_TYPE and tw == 0:
+                        dtype = tv
+                    kept += buf[tfirst:tend]
+                if raw is None or raw[1] - raw[0] <= keep or dtype in _SHAPE_VALUE_TYPES:
+                    graph += buf[gfirst:gend]
+                    continue
+                graph += _len_field(_GRAPH_INIT, bytes(kept))
+            out += buf[last:first] + _len_field(_MODEL_GRAPH, bytes(graph))
+            last = end
+        out += buf[last:]
+        return bytes(out)

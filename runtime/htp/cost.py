@@ -16,7 +16,13 @@ counts, per call:
   outputs), all graph inputs and outputs (``io_bytes``; on the HTP these cross host <-> NPU), and the
   intermediate tensors the graph writes (``activation_bytes``, as ONNX Runtime's CPU EP sizes them);
 - MACs of ``MAC_OPS`` (MatMul, MatMulNBits, Gemm, Conv, ConvTranspose, GroupQueryAttention) from the shapes each node
-  sees in one profiled CPU run on zero inputs; elementwise ops, softmax and norms are not counted.
+  sees; elementwise ops, softmax and norms are not counted.
+
+The shapes are read from the graph file (``read_counts``: its structure without the weights' data, the inputs
+fixed at the call's dimensions, ONNX Runtime's symbolic shape inference), and the weights' identities from a few
+bytes of each (``onnx_wire.read_graph(probe=True)``, all of it only when two agree): no session is opened. The
+reference is ``profile_graph`` (one profiled, unoptimised CPU run on zero inputs; ``bundle_cost(measured=True)``,
+``kztts inspect --profile``): the two give the same counts (tests/htp/test_cost_from_files.py).
 
 A frame is 1 Talker decode + 1 ``cp_frame`` + 1/``decoder_chunk`` of a decoder call; for an LM bundle the unit is
 a decoded token: 1 decode call (``talker_decode``, or a hybrid's ``hybrid_static_decode`` / ``hybrid_decode``), the
@@ -44,7 +50,8 @@ import numpy as np
 
 from kztts.bundle import graphs as G
 from kztts.bundle.manifest import KIND_LM, read_manifest
-from kztts.bundle.onnx_wire import read_graph
+from kztts.bundle.onnx_wire import full_digest, read_graph, without_weight_data
+from kztts.bundle.segments import HEAD_STATS, LAYER_STATS
 from kztts.core.errors import BundleError
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.targets import Target
@@ -353,6 +360,265 @@ def _profile(path: str, size: int, mtime_ns: int, dims: tuple, threads: int) -> 
     return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
 
 
+_NP_OF_ONNX = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+_BITS_OF_ONNX = {**{k: np.dtype(v).itemsize * 8 for k, v in _NP_OF_ONNX.items() if v != "bfloat16"}, 16: 16,
+                 21: 4, 22: 4}  # uint4 / int4: two to a byte
+
+
+_REDUCE_OPS = ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+
+
+class ShapeError(BundleError):
+    """A graph whose tensor shapes cannot be read from the file at these dimensions (a data-dependent shape)."""
+
+
+def read_counts(path: Path, dims: dict) -> tuple[dict, dict, dict, int, dict]:
+    """What ``profile_graph`` measures, read from the file instead: the graph (without its external data) with
+    its inputs fixed at ``dims``, every tensor's shape from ONNX Runtime's symbolic shape inference, and from
+    those shapes the same sums: MACs per op type (``node_macs`` on each node's present inputs, a Conv's weight
+    included), input and output bytes, the bytes every node but ``Identity`` and ``Constant`` writes less the
+    outputs', and each ``Gather``'s output bytes. No session is opened. ``ShapeError`` when a shape stays
+    unknown (ask for the measured profile then)."""
+    st = Path(path).stat()
+    return _read_counts(str(path), st.st_size, st.st_mtime_ns, tuple(sorted(dims.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict, dict, dict, int, dict]:
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    dims = dict(dims)
+    # the weights' data is not read: a graph stored in one file holds them inline
+    model = onnx.load_model_from_string(without_weight_data(path))
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    ins: dict[str, tuple[int, str]] = {}
+    lengths = []
+    for i in g.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        kind = _NP_OF_ONNX.get(t.elem_type)
+        if kind is None or kind in ("bfloat16", "uint8", "int8", "uint16", "int16", "uint32", "uint64"):
+            raise BundleError(f"{path}: input {i.name!r} has type {onnx.TensorProto.DataType.Name(t.elem_type)}, "
+                              "which kztts.htp.cost cannot feed")
+        if i.name in dims:  # a length input's value (the fused-attention graph's), not a dimension
+            shape = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
+            lengths.append(numpy_helper.from_array(np.full(shape, dims[i.name], kind), i.name))
+        else:
+            shape = []
+            for d in t.shape.dim:
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                elif d.dim_param in dims:
+                    shape.append(int(dims[d.dim_param]))
+                else:
+                    raise BundleError(f"{path}: input {i.name!r} has dimension {d.dim_param!r}, which kztts.htp.cost "
+                                      f"cannot size (knows {', '.join(dims) or 'none'})")
+            for d, n in zip(t.shape.dim, shape):
+                d.Clear()
+                d.dim_value = n
+        ins[i.name] = (_numel(shape) * np.dtype(kind).itemsize, kind)
+    # Constant nodes as initializers, as ONNX Runtime loads them (a Reduce's axes input is then known to the
+    # inference of a single node)
+    consts = [n for n in g.node if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    for n in consts:
+        t = onnx.TensorProto()
+        t.CopyFrom(n.attribute[0].t)
+        t.name = n.output[0]
+        g.initializer.append(t)
+    if consts:
+        kept_nodes = [n for n in g.node if not (n.op_type == "Constant" and len(n.attribute) == 1
+                                                and n.attribute[0].name == "value")]
+        del g.node[:]
+        g.node.extend(kept_nodes)
+    # the length inputs as constants: the attention's output shapes follow their values
+    names = {x.name for x in lengths}
+    kept = [i for i in g.input if i.name not in names]
+    del g.input[:]
+    g.input.extend(kept)
+    g.initializer.extend(lengths)
+    for o in g.output:  # declared output shapes (symbolic) are inferred instead
+        o.type.tensor_type.ClearField("shape")
+    # a weight without its data here (stripped, or in an external file) is never a shape computation's value
+    dataless = {t.name for t in g.initializer if not t.raw_data and t.data_type not in (6, 7)
+                and not (t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)}
+
+    class Infer(SymbolicShapeInference):
+        def __init__(self, *args):
+            super().__init__(*args)
+            for op in _REDUCE_OPS:  # ONNX's own inference cannot read an axes input; empty axes reduce all
+                self.dispatcher_[op] = functools.partial(self._reduce, self.dispatcher_.get(op))
+
+        def _try_get_value(self, node, idx):
+            if idx < len(node.input) and node.input[idx] in dataless:
+                return None
+            return super()._try_get_value(node, idx)
+
+        def _reduce(self, then, node):
+            attrs = {a.name: a for a in node.attribute}
+            keep = attrs["keepdims"].i if "keepdims" in attrs else 1
+            noop = attrs["noop_with_empty_axes"].i if "noop_with_empty_axes" in attrs else 0
+            if len(node.input) > 1 and node.input[1]:
+                axes = self._try_get_value(node, 1)
+                if axes is None:
+                    raise ShapeError(f"{node.name}: its axes are not a constant")
+                axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+            else:
+                axes = list(attrs["axes"].ints) if "axes" in attrs else []
+            shape = self._get_shape(node, 0)
+            if not axes and noop:
+                out = list(shape)
+            else:
+                axes = {a % len(shape) for a in axes} if axes else set(range(len(shape)))
+                out = [1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes]
+            elem = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+            self.known_vi_[node.output[0]].CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], elem, out))
+            if then is not None and node.op_type == "ReduceProd":  # its value propagation (a shape's product)
+                then(node)
+
+    try:  # SymbolicShapeInference.infer_shapes, less its writing of a temporary model where it fails
+        infer = Infer(2**31 - 1, False, False, 0)
+        infer._preprocess(model)
+        complete = False
+        while infer.run_:
+            complete = infer._infer_impl()
+        infer._update_output_from_vi()
+    except Exception as exc:  # the inference raises bare Exceptions on what it cannot follow
+        raise ShapeError(f"{path}: shapes not inferable at {dims} ({exc})") from exc
+    if not complete:
+        raise ShapeError(f"{path}: shapes not inferable at {dims}")
+    inferred = infer.out_mp_
+    known: dict[str, tuple[int, list[int]]] = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            known[vi.name] = (t.elem_type, [d.dim_value for d in t.shape.dim])
+    for t in inferred.graph.initializer:
+        known[t.name] = (t.data_type, list(t.dims))
+
+    def shape(name: str) -> list[int]:
+        if name not in known:
+            raise ShapeError(f"{path}: the shape of {name!r} is not inferable at {dims}")
+        return known[name][1]
+
+    def nbytes(name: str) -> int:
+        elem, s = known[name] if name in known else (None, shape(name))
+        return (_numel(s) * _BITS_OF_ONNX[elem] + 7) // 8
+
+    graph_outputs = {o.name for o in inferred.graph.output}
+    uses: dict[str, int] = {}  # tensor -> node inputs reading it (one per input slot)
+    for n in inferred.graph.node:
+        for x in n.input:
+            uses[x] = uses.get(x, 0) + 1
+    gone = _dropped_casts(inferred.graph.node, {k: v[0] for k, v in known.items()}, graph_outputs)
+    macs: dict[str, int] = {}
+    gathered: dict[str, int] = {}
+    written = 0
+    for k, n in enumerate(inferred.graph.node):  # the main graph's nodes, as the profiled run executes them
+        # a Constant is an initializer to ONNX Runtime, an Identity an alias (not counted as written)
+        if n.op_type in ("Constant", "Identity") or k in gone:
+            continue
+        outs = [x for x in n.output if x]
+        size = sum(nbytes(x) for x in outs)
+        if n.op_type in MAC_OPS:
+            m = node_macs(n.op_type, [shape(x) for x in n.input if x], [shape(x) for x in outs])
+            if m:
+                macs[n.op_type] = macs.get(n.op_type, 0) + m
+        written += size
+        if n.op_type == "Gather":
+            gathered[n.name] = size
+        if n.op_type == "DequantizeLinear" and outs:
+            written += size * _dq_copies(n, uses, graph_outputs)
+    outputs = {o.name: (nbytes(o.name), _NP_OF_ONNX[known[o.name][0]]) for o in inferred.graph.output}
+    return macs, ins, outputs, max(0, written - sum(b for b, _ in outputs.values())), gathered
+
+
+def counts(path: Path, dims: dict, threads: int = 0) -> tuple[dict, dict, dict, int, dict]:
+    """``read_counts``, or where the file alone cannot give them (the ``onnx`` package missing, a shape that
+    depends on data) ``profile_graph``, said once in the log."""
+    try:
+        return read_counts(path, dims)
+    except ImportError as exc:
+        why = f"the onnx package is missing ({exc}; pip install onnx)"
+    except ShapeError as exc:
+        why = str(exc)
+    log.warning("%s: counting its cost with a profiled run instead of from the file: %s", path, why)
+    return profile_graph(path, dims, threads)
+
+
+def _dq_copies(node, uses: dict[str, int], graph_outputs: set[str]) -> int:
+    """The copies of a ``DequantizeLinear`` ONNX Runtime adds on loading, whatever the optimisation level (its
+    ``EnsureUniqueDQForNodeUnit``: one DQ per consuming input, the original kept for the first unless a graph
+    output reads it): each writes the same tensor again."""
+    n = uses.get(node.output[0], 0)
+    if n == 0 or (n == 1 and node.output[0] not in graph_outputs):
+        return 0
+    return n if node.output[0] in graph_outputs else n - 1
+
+
+def _type_group(elem: int | None) -> int | None:
+    """ONNX Runtime's type groups for its Cast clean-up: bool 0, integers 1, floats 2, else None."""
+    if elem == 9:
+        return 0
+    if elem in (2, 3, 4, 5, 6, 7, 12, 13):
+        return 1
+    if elem in (1, 10, 11, 16):
+        return 2
+    return None
+
+
+def _dropped_casts(nodes, elem: dict[str, int], graph_outputs: set[str]) -> set[int]:
+    """Indices of the ``Cast`` nodes ONNX Runtime removes on loading, whatever the optimisation level (its
+    ``RemoveDuplicateCastTransformer``, run by the transformer that makes the CPU EP's fp16 casts): a Cast whose
+    Cast consumer casts back to its input type loses that consumer, and a Cast all of whose consumers are Casts
+    (removed or kept) and that no graph output reads goes too, its kept consumers reading its input."""
+    nodes = list(nodes)
+    consumers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for x in n.input:
+            if x:
+                consumers.setdefault(x, []).append(k)
+    types = dict(elem)
+    gone: set[int] = set()
+    for k, n in enumerate(nodes):
+        if k in gone or n.op_type != "Cast":
+            continue
+        src, dst = types.get(n.input[0]), types.get(n.output[0])
+        g_src, g_dst = _type_group(src), _type_group(dst)
+        if g_src is None or g_dst is None:
+            continue
+        loss = g_src > g_dst
+        edges = [c for c in consumers.get(n.output[0], []) if c not in gone]
+        remove, keep, bad = [], [], False
+        for c in edges:
+            cn = nodes[c]
+            if cn.op_type != "Cast":
+                continue
+            s1, d1 = types.get(cn.input[0]), types.get(cn.output[0])
+            if _type_group(s1) is None or _type_group(d1) is None or (loss and _type_group(d1) > _type_group(s1)):
+                bad = True
+                break
+            if cn.output[0] not in graph_outputs and src == d1 and s1 == dst:
+                remove.append(c)
+            else:
+                keep.append(c)
+        if bad:
+            continue
+        for c in remove:  # its consumers read this Cast's input instead
+            gone.add(c)
+            consumers.setdefault(n.input[0], []).extend(consumers.get(nodes[c].output[0], []))
+        if edges and len(remove) + len(keep) == len(edges) and n.output[0] not in graph_outputs:
+            gone.add(k)
+            types[n.output[0]] = src  # the kept Casts now read the input, of its type
+            consumers.setdefault(n.input[0], []).extend(keep)
+    return gone
+
+
 def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, int]:
     """(bytes of weights one call reads, bytes of the tables it only gathers rows from), on the device.
     Every use of a constant by a main-graph node reads it (``Identity`` outputs alias their input);
@@ -397,7 +663,8 @@ def weight_reads(graph, device_bytes, gathered: dict[str, int]) -> tuple[int, in
 
 
 def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, dims: dict, calls: float,
-               note: str = "", threads: int = 0, unit_precision=None) -> tuple[GraphCost, list]:
+               note: str = "", threads: int = 0, unit_precision=None, measured: bool = False,
+               requantize: bool = False) -> tuple[GraphCost, list]:
     """The counts of one graph (and its constant tensors, for the sharing pass). On the HTP a float graph's
     float32 MatMul weights [K, N] count at their HTP precision's ``matmul_weight_bytes`` (int8 / int4 codes and
     their scales at a quantized one): ``unit_precision(key)`` gives a MatMul's (key of
@@ -405,9 +672,9 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     layer a precision plan keeps on the CPU (fp32, 4 bytes); every other float32 constant at ``precision``'s
     ``other_float_bytes``. A QDQ graph's weights count as stored."""
     path = Path(bundle_path) / spec.file
-    graph = read_graph(path)
+    graph = _probed_graph(path)
     tensors = graph.tensors
-    macs, ins, outs, written, gathered = profile_graph(path, dims, threads)
+    macs, ins, outs, written, gathered = profile_graph(path, dims, threads) if measured else counts(path, dims, threads)
     entry = G.HTP_PRECISION_ENTRIES.get(precision) if device == "htp" else None
     float_bytes = entry.other_float_bytes if entry is not None else 4
     matmul = {}  # float32 MatMul weight name -> the precision it is held at on the HTP
@@ -425,7 +692,25 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
                     key = keys.get(w)
                     matmul[w] = (unit_precision(key) if unit_precision and key else None) or precision
 
+    # asked for a precision: a CPU graph's block-quantized MatMulNBits weight ([N, blocks, blob] codes, its scales
+    # and zero points) is, on the HTP, a [K, N] weight at that precision, like the float MatMul it stands for
+    # (without: as stored)
+    nbits: dict[str, tuple[int, int]] = {}
+    folded: set[str] = set()
+    if entry is not None and requantize:
+        consts = {t.name: t for t in tensors}
+        for n in graph.nodes:
+            b = consts.get(n.inputs[1]) if n.op == "MatMulNBits" and len(n.inputs) > 2 else None
+            if b is not None and "K" in n.ints and "N" in n.ints:
+                nbits[b.name] = (n.ints["K"], n.ints["N"])
+                matmul[b.name] = precision
+                folded.update(x for x in n.inputs[2:4] if x in consts)
+
     def device_bytes(t) -> int:
+        if t.name in nbits:
+            return int(G.htp_precision(precision).matmul_weight_bytes(*nbits[t.name]))
+        if t.name in folded:
+            return 0
         if t.name in matmul:
             p = matmul[t.name]
             return t.elements * 4 if p == "cpu" else int(G.htp_precision(p).matmul_weight_bytes(*t.shape))
@@ -451,7 +736,48 @@ def graph_cost(bundle_path: Path, spec, role: str, device: str, precision: str, 
     c.activation_bytes = written
     c.macs = sum(macs.values())
     c.macs_by_op = dict(macs)
-    return c, [(t.digest + f"@{device_bytes(t)}", device_bytes(t)) for t in tensors]
+    return c, [(t, device_bytes(t)) for t in tensors]
+
+
+def _probed_graph(path: Path):
+    """``read_graph(path, probe=True)``, kept per file version (a Talker graph counted for prefill and decode)."""
+    st = Path(path).stat()
+    return _read_probed(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_probed(path: str, size: int, mtime_ns: int):
+    return read_graph(path, probe=True)
+
+
+class _Held:
+    """The constants already held on one device, by digest (``read_graph``'s probe, the full digest read only
+    when two probes agree and the data is not the same bytes of the same file) and device bytes."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, int], list] = {}
+        self._full: dict = {}
+
+    def full(self, t) -> str:
+        key = t.source or id(t)
+        if key not in self._full:
+            self._full[key] = full_digest(t)
+        return self._full[key]
+
+    def shared(self, t, nbytes: int) -> bool:
+        prior = self.by_key.get((t.digest, nbytes))
+        if not prior:
+            return False
+        if not t.digest.startswith("probe:") or any(p.source == t.source for p in prior):
+            return True
+        return any(self.full(p) == self.full(t) for p in prior)
+
+    def add(self, consts) -> int:
+        """Bytes of ``consts`` (one graph's (tensor, device bytes)) held already, then holds them."""
+        shared = sum(b for t, b in consts if self.shared(t, b))
+        for t, b in consts:
+            self.by_key.setdefault((t.digest, b), []).append(t)
+        return shared
 
 
 def plan_unit_precision(plan: LayerPlacement, role: str):
@@ -549,17 +875,19 @@ def paper_estimate(rows: list[GraphCost], target: Target, frame_rate: float = FR
 
 
 def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precision: str | None = None,
-                plan: LayerPlacement | None = None) -> dict:
+                plan: LayerPlacement | None = None, measured: bool = False) -> dict:
     """Per-graph counts of a bundle at ``target`` and the frame's paper estimate. The
     HTP graphs count at ``precision`` (default: the target's), or as precision plan ``plan`` has them (each
     Talker layer and head at its precision or on the CPU, ``cp_frame`` at its ``graphs`` entry): on paper,
-    whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored)."""
+    whatever precision the bundle's graphs were exported in (a QDQ graph's weights count as stored). The counts
+    are read from the graph files (``read_counts``); ``measured``: from one profiled CPU run per graph
+    (``profile_graph``, their reference)."""
     if precision is not None:
         G.htp_precision(precision)  # ValueError naming the known ones
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
     rows: list[GraphCost] = []
-    seen: dict[str, set[str]] = {}  # device -> digests of the constants already held there
+    seen: dict[str, _Held] = {}  # device -> the constants already held there
     for role, graph, device, dims, calls, note in frame_graphs(manifest, target):
         spec = manifest.graphs[graph]
         unit_precision = None
@@ -576,10 +904,9 @@ def bundle_cost(bundle_dir: str | Path, target: Target, threads: int = 0, precis
             prec = spec.extra.get("cpu_precision", spec.precision)
             if prec in G.HTP_PRECISION_ENTRIES:
                 prec = "fp32"
-        row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision)
-        held = seen.setdefault(device, set())
-        row.shared_weight_bytes = sum(b for d, b in consts if d in held)
-        held.update(d for d, _ in consts)
+        row, consts = graph_cost(bundle_dir, spec, role, device, prec, dims, calls, note, threads, unit_precision,
+                                 measured, requantize=precision is not None)
+        row.shared_weight_bytes = seen.setdefault(device, _Held()).add(consts)
         rows.append(row)
     frame = [r for r in rows if r.calls_per_frame]
     unit = "token" if manifest.kind == KIND_LM else "frame"
@@ -696,4 +1023,144 @@ def format_cost(report: dict) -> str:
         comp = f"{p['compute_ms_per_call']:.3f}" if p["compute_ms_per_call"] is not None else "n/a"
         lines.append(f"  {p['role']:<16}{p['graph']:<{gw}}{p['device']:<5} bytes {p['bytes_ms_per_call']:.3f} ms/call, "
                      f"compute {comp} ms/call, {p['bound']}-bound, {p['ms']:.3f} ms/{u}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ first audio of an LM that speaks
+# What the Talker needs before its first frame: in the streaming text mode the prompt holds the first text token,
+# and a token is committed once the next pre-token has started (kztts.tts.text.track): the LM's 2nd token
+TOKENS_BEFORE_FIRST_FRAME = 2
+SPOKEN_PROMPT = "What is the tallest mountain in Europe, and how high is it?"  # a chat message, as a user types it
+
+
+def call_ms(row: dict, target: Target) -> float | None:
+    """One call of a report row on paper, as ``paper_estimate`` counts it: max(bytes / bandwidth, MACs /
+    throughput) (None without a bandwidth figure or on a simulator)."""
+    cost = target.cost or {}
+    bw = cost.get("effective_gbps") or cost.get("dram_gbps")
+    if target.runs_on == "simulator" or not bw:
+        return None
+    tops = cost.get("htp_int8_tops")
+    compute = row["macs"] / (tops * 1e12 / 2) * 1e3 if (row["device"] == "htp" and tops) else None
+    if row["device"] == "htp" and row["role"] == "decoder":
+        compute = row["macs"] / (conv_decoder_rate(target)["gmacs_per_s"] * 1e9) * 1e3
+    return max(row["bytes_per_call"] / (bw * 1e9) * 1e3, compute or 0.0)
+
+
+def _prefill_chunk(bundle_dir: Path, row: dict, target: Target) -> int:
+    """Positions one prefill call takes: the static graph's ``seq``, else the dimension it was counted at."""
+    if row["dims"]:
+        return int(row["dims"]["seq"])
+    spec = read_manifest(bundle_dir).graphs[row["graph"]]
+    return int(spec.extra.get("seq", target.shapes.prefill_chunk))
+
+
+def as_static(row: dict, manifest, target: Target, precision: str) -> dict:
+    """A Talker (LM) row counted on its CPU graph at the target's shapes (the bundle has no static graph for them)
+    as the static graph of ``precision`` would count, from the shapes (``kztts.export.htp.static_graphs``' layout):
+    its inputs and outputs (the additive mask, logits and hidden of every position, the KV at the precision's KV
+    type, the probes' stats) and the head's MACs over every position; the weights as counted. A row counted on
+    its static graph, on the CPU, or of a hybrid LM is returned as it is."""
+    if not row["dims"] or row["device"] != "htp" or not row["role"].startswith("talker") or manifest.hybrid:
+        return row
+    c = manifest.talker
+    s = target.shapes
+    seq = s.prefill_chunk if row["role"] == "talker_prefill" else 1
+    ctx, layers, hidden, vocab = s.context, int(c["num_layers"]), int(c["hidden"]), int(c["vocab"])
+    kv_heads, head_dim = int(c["num_kv_heads"]), int(c["head_dim"])
+    kv_dtype = {"fp16": "float16", "fp32": "float32", "uint8": "uint8"}[G.htp_kv_dtype(precision)]
+    kvb = np.dtype(kv_dtype).itemsize
+    kv_read, kv_write = (layers * 2 * kv_heads * head_dim * n * kvb for n in (ctx - seq, seq))
+    ins = 4 * (seq * hidden + seq * ctx + 2 * seq * head_dim) + kv_read
+    outs = 4 * (seq * vocab + seq * hidden + layers * len(LAYER_STATS) + len(HEAD_STATS)) + kv_write
+    macs = row["macs"] + (seq - 1) * hidden * vocab  # the CPU graph's head reads the last position, the static one all
+    out = dict(row, io_bytes=ins + outs, host_npu_bytes=ins + outs, kv_read_bytes=kv_read, kv_write_bytes=kv_write,
+               kv_dtype=kv_dtype, macs=macs, dims={},
+               note=f"the static {row['role']} of {precision} from the shapes, its weights as {row['graph']}'s")
+    out["bytes_per_call"] = out["weight_read_bytes"] + out["io_bytes"]
+    return out
+
+
+def decoder_first_row(tts_dir: str | Path, report: dict, target: Target, frames: int) -> dict:
+    """The decoder's row for its first run, of ``frames`` frames: a static graph runs whole (its own frame count),
+    a dynamic one is counted again at ``frames``."""
+    row = next(r for r in report["graphs"] if r["role"] == "decoder")
+    if not row["dims"]:
+        return row
+    manifest = read_manifest(Path(tts_dir))
+    cost, _ = graph_cost(Path(tts_dir), manifest.graphs[row["graph"]], "decoder", row["device"], row["precision"],
+                         {"frames": frames}, 1.0)
+    return cost.to_json()
+
+
+def first_audio(lm_dir: str | Path, lm_report: dict, tts_dir: str | Path, tts_report: dict, target: Target,
+                prompt_tokens: int, first_chunk: int = 1) -> dict:
+    """From a chat message to the first audio, both models on the target's devices, stage by stage, on paper
+    (``kztts inspect LM --target T --speak TTS``): the LM's prefill of the prompt (whole calls of its prefill
+    graph), its decode steps until the Talker's first text token is committed (``TOKENS_BEFORE_FIRST_FRAME``, the
+    first from the prefill), the Talker's prefill (one call: a streaming prompt holds ~10 positions), the first
+    frame (the Code Predictor's 15 steps; its first code comes from the Talker prefill's logits) and the first
+    decoder run (``first_chunk`` frames). One after another: one NPU."""
+    manifests = {name: read_manifest(Path(d)) for name, d in (("lm", lm_dir), ("tts", tts_dir))}
+    # a Talker row counted on a CPU graph stands for the static graph the target runs: counted as that graph
+    lm = {r["role"]: as_static(r, manifests["lm"], target, lm_report["precision"]) for r in lm_report["graphs"]}
+    tts = {r["role"]: as_static(r, manifests["tts"], target, tts_report["precision"]) for r in tts_report["graphs"]}
+    out: dict = {"label": LABEL, "target": target.name, "prompt_tokens": prompt_tokens, "first_chunk": first_chunk,
+                 "tokens_before_first_frame": TOKENS_BEFORE_FIRST_FRAME, "available": False}
+    missing = [f"{name} {role}" for name, rows, roles in (("LM", lm, ("talker_prefill", "talker_decode")),
+                                                          ("TTS", tts, ("talker_prefill", "code_predictor", "decoder")))
+               for role in roles if role not in rows]
+    if missing:
+        out["reason"] = f"no graph for {', '.join(missing)}"
+        return out
+    if call_ms(lm["talker_decode"], target) is None:
+        out["reason"] = (lm_report["paper_estimate"].get("reason") or tts_report["paper_estimate"].get("reason")
+                         or "no estimate")
+        return out
+    chunk = _prefill_chunk(Path(lm_dir), lm["talker_prefill"], target)
+    decoder = decoder_first_row(tts_dir, tts_report, target, first_chunk)
+    stages = []
+    for name, row, calls, what in (
+            ("LM prefill", lm["talker_prefill"], -(-prompt_tokens // chunk),
+             f"{prompt_tokens} prompt tokens, {chunk} a call"),
+            ("first tokens", lm["talker_decode"], TOKENS_BEFORE_FIRST_FRAME - 1,
+             f"{TOKENS_BEFORE_FIRST_FRAME} tokens: the prefill's and {TOKENS_BEFORE_FIRST_FRAME - 1} decode step "
+             "(the 1st text token is committed when the 2nd starts)"),
+            ("Talker prefill", tts["talker_prefill"], 1, "the streaming prompt (~10 positions)"),
+            ("first frame", tts["code_predictor"], 1, "Code Predictor's 15 steps (code 0 from the prefill's logits)"),
+            ("first decoder run", decoder, 1, f"{first_chunk} frame{'s' if first_chunk > 1 else ''}")):
+        per_call = call_ms(row, target)
+        cost = target.cost or {}
+        stages.append({"stage": name, "graph": row["graph"], "device": row["device"], "calls": calls,
+                       "bytes_per_call": row["bytes_per_call"], "macs_per_call": row["macs"],
+                       "ms_per_call": per_call, "ms": calls * per_call, "what": what,
+                       "static_from_shapes": bool(row.get("note", "").startswith("the static")),
+                       "compute_counted": row["device"] == "htp" and bool(cost.get("htp_int8_tops"))
+                       or row["role"] == "decoder" and row["device"] == "htp"})
+    if prompt_tokens > target.shapes.context:
+        stages[0]["what"] += f" (more than the {target.shapes.context}-position context)"
+    out.update(available=True, stages=stages, total_ms=sum(s["ms"] for s in stages),
+               audio_ms=first_chunk * tts_report["paper_estimate"]["frame_period_ms"])
+    return out
+
+
+def format_first_audio(est: dict) -> str:
+    """``first_audio`` as text: a row per stage, then the total."""
+    head = f"first audio at {est['target']}, on paper ({est['label']}): a chat message to the first audio"
+    if not est["available"]:
+        return f"{head}: not available ({est['reason']})"
+    lines = [head, f"  {'stage':<19}{'graph':<16}{'device':<7}{'calls':>6}{'MB/call':>10}{'GMACs':>9}{'ms/call':>9}"
+                   f"{'ms':>9}  what"]
+    for s in est["stages"]:
+        mark = "*" if s["static_from_shapes"] else " "
+        lines.append(f"  {s['stage']:<19}{s['graph'] + mark:<16}{s['device']:<7}{s['calls']:>6}"
+                     f"{_mb(s['bytes_per_call']):>10}{s['macs_per_call'] / 1e9:>9.3f}{s['ms_per_call']:>9.2f}"
+                     f"{s['ms']:>9.2f}  {s['what']}")
+    lines.append(f"  {'total':<67}{est['total_ms']:>9.1f}  to the first {est['audio_ms']:.0f} ms of audio")
+    if any(s["static_from_shapes"] for s in est["stages"]):
+        lines.append("  * the static graph the target runs, counted from the shapes (its inputs and outputs, KV type, "
+                     "MACs; weights as the CPU graph's at the precision): the bundle has none for these shapes")
+    if not all(s["compute_counted"] for s in est["stages"] if s["device"] == "htp"):
+        lines.append("  the HTP's compute is not counted (no published TOPS for this SoC): bytes only, a lower bound "
+                     "where a stage is compute-bound (a prefill)")
     return "\n".join(lines)

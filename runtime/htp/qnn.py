@@ -336,7 +336,11 @@ def bundle_target(bundle) -> str:
 def session_precision(graph_precision: str, sess: ort.InferenceSession) -> str:
     """The arithmetic in force: QNN runs float graphs in fp16 (soc_model is always set), QDQ
     graphs in their quantized types; the CPU EP runs float graphs in fp32."""
-    on_qnn = EP_NAME in sess.get_providers() and bool(assignment(sess).get(EP_NAME))
+    return planned_precision(graph_precision, EP_NAME in sess.get_providers() and bool(assignment(sess).get(EP_NAME)))
+
+
+def planned_precision(graph_precision: str, on_qnn: bool) -> str:
+    """``session_precision`` of a graph the plan runs on QNN (``on_qnn``) or on the CPU EP, without a session."""
     entry = G.HTP_PRECISION_ENTRIES.get(graph_precision)
     quantized = entry is not None and entry.quantized
     if not on_qnn:

@@ -352,17 +352,23 @@ def two_graph_bundle(bundle, folder, graphs: tuple[str, ...]):
 
 @pytest.mark.parametrize("variant", ["proj"], indirect=True)
 def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path, capsys, monkeypatch):
-    """The text form of ``kztts inspect BUNDLE --target T`` against its JSON form, on a CPU export's
-    static ``cp_frame`` and dynamic Talker graphs. With QNN disabled, so that nothing is compiled for
-    the simulator (~15 s per graph): the header says so and the static graph runs on the CPU EP."""
+    """The text form of ``kztts inspect BUNDLE --target T --profile`` (each graph opened) against its JSON form,
+    on a CPU export's static ``cp_frame`` and dynamic Talker graphs. With QNN disabled, so that nothing is compiled
+    for the simulator (~15 s per graph): the header says so and the static graph runs on the CPU EP. Without
+    ``--profile`` the rows say where the plan runs each graph, read from the files."""
     from kztts.htp import qnn
 
     monkeypatch.setattr(qnn, "_STATE", qnn._State())
     monkeypatch.setenv("KZTTS_DISABLE_QNN", "1")
     bundle = two_graph_bundle(tiny_bundle_dir, tmp_path / "b", ("talker", "cp_frame"))
-    code, out, err = kztts_main(capsys, "inspect", bundle, "--target", small_target)
+    code, read, err = kztts_main(capsys, "inspect", bundle, "--target", small_target)
     assert code == 0, err
-    code, js, err = kztts_main(capsys, "inspect", bundle, "--target", small_target, "--json")
+    rows = {ln.split()[0]: ln.split()[5:] for ln in read.split("\n\n")[0].splitlines()[5:-1]}
+    assert rows == {"talker": ["cpu", "fp32", "(cpu)"], "cp_frame": ["cpu", "fp32", "(cpu)"]}, read
+    code, out, err = kztts_main(capsys, "inspect", bundle, "--target", small_target, "--profile")
+    assert code == 0, err
+    assert out.split("\n\n", 1)[1] == read.split("\n\n", 1)[1]  # the same cost, read or profiled
+    code, js, err = kztts_main(capsys, "inspect", bundle, "--target", small_target, "--json", "--profile")
     assert code == 0, err
     report = json.loads(js)
     lines = out.splitlines()

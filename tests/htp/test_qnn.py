@@ -339,7 +339,7 @@ def test_w4a16_runs_wholly_on_the_htp_and_matches_its_qdq_graph_on_the_cpu(qnn, 
 # ------------------------------------------------------------------ kztts inspect / validate --target
 def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
     out = subprocess.run([sys.executable, "-m", "kztts.cli.main", "inspect", str(htp_bundle), "--target",
-                          str(small_target), "--json"], capture_output=True, text=True, timeout=300)
+                          str(small_target), "--json", "--profile"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)  # stdout is pure JSON
     assert "LIBNATIVE" not in out.stderr  # the HTP library's native banner goes to the debug log
@@ -349,6 +349,12 @@ def test_inspect_reports_placement_and_precision(qnn, htp_bundle, small_target):
         assert rows[name]["cpu_nodes"] == 0 and rows[name]["qnn_nodes"] > 0, rows[name]
         assert rows[name]["precision"] == "fp16 (htp)"
     assert rows["talker"]["qnn_nodes"] == 0 and rows["talker"]["precision"] == "fp32 (cpu)"
+    # without --profile no graph is opened: the rows say where the plan runs each graph, as the sessions did
+    from kztts.cli.inspect import inspect_bundle
+
+    planned = inspect_bundle(htp_bundle, small_target)
+    assert {r["graph"]: (r["device"], r["precision"], r["context_binary"]) for r in planned["graphs"]} == \
+        {n: (r["device"], r["precision"], r["context_binary"]) for n, r in rows.items()}
 
 
 @pytest.mark.slow  # the only run of the plain `validate --target` path (cmd_validate_target, its HTP decoder SNR):

@@ -107,4 +107,6 @@ def test_inspect_applies_the_skel_check(plain_bundle, v73_package):
     report = inspect_bundle(plain_bundle.path, "x2-elite")
     assert "v81" in report["missing_skel"]
     static = [g for g in report["graphs"] if g["variant"] == "static"]
-    assert static and all(g["qnn_nodes"] == 0 and not g["context_binary"] for g in static)
+    assert static and all(g["device"] == "cpu" and not g["context_binary"] for g in static)
+    opened = inspect_bundle(plain_bundle.path, "x2-elite", profile=True)  # each graph opened: none on QNN
+    assert all(g["qnn_nodes"] == 0 and not g["context_binary"] for g in opened["graphs"] if g["variant"] == "static")
