@@ -42,6 +42,7 @@ from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
+from kztts.export.common.embeddings import COMPACT_TABLES, compact_tables
 from kztts.export.common.graph_parts import graph_spec
 from kztts.export.common.bundle_output import check_output, link_tree
 
@@ -266,8 +267,13 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     changes = {n: c for n, c in changes.items() if n in manifest.graphs}
     with staged_dir(out) as work:
         rewritten = {manifest.graphs[n].file for n in changes}
+        # quantized weights: the tables compact too (kztts.export.common.embeddings.compact_tables)
+        tables = {manifest.embeddings[n]["file"] for n in COMPACT_TABLES if n in manifest.embeddings} \
+            if weights != "fp32" else set()
         # their external-data files too: onnx.load refuses a data file with a second hard link
-        link_tree(base, work, rewritten | {f for r in rewritten for f in _external_data_files(base, r)})
+        link_tree(base, work, rewritten | tables | {f for r in rewritten for f in _external_data_files(base, r)})
+        if tables:
+            data["embeddings"] = compact_tables(base, work, data["embeddings"])
         for name, what in changes.items():
             spec = manifest.graphs[name]
             precision = spec.precision

@@ -9,6 +9,10 @@ a lookup reads only the rows it gathers.
 - ``codec_sum(codes)``  C(c0) + sum_{g=1..15} cp_codec[g-1](c_g): the talker input of one
   frame ([16] -> [H]) or of several ([F, 16] -> [F, H])
 - ``tts_bos`` / ``tts_eos`` / ``tts_pad``  T of the special text ids, f32 [H], cached
+
+A bundle with quantized weights (``kztts export --weights int8|int4``) keeps its tables compact: the text table in
+8 bits per row (``dtype`` "int8" and a ``scale_file`` of one fp32 scale per row: a row is ``int8 * scale``), the
+codec tables in fp16 (``kztts.export.common.compact_tables``).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import numpy as np
 
 from kztts.core.errors import BundleError, KzttsError
 
-_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32}
+_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int8": np.int8}
 _TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b",
            "codec_embedding", "cp_codec_embedding")
 
@@ -55,6 +59,18 @@ def load_table(bundle_dir: Path, name: str, spec: dict) -> np.ndarray:
     return arr
 
 
+def load_row_scales(bundle_dir: Path, name: str, spec: dict) -> np.ndarray | None:
+    """The per-row fp32 scales of an int8 table (its ``scale_file``), None for a float table."""
+    if spec.get("dtype") != "int8":
+        return None
+    rows = int(spec["shape"][0])
+    scales = load_table(bundle_dir, f"{name} scales", {"file": spec.get("scale_file", ""), "dtype": "fp32",
+                                                       "shape": [rows]}) if spec.get("scale_file") else None
+    if scales is None:
+        raise BundleError(f"{bundle_dir}/kztts.json: int8 table {name!r} has no scale_file; re-export the bundle")
+    return scales
+
+
 class EmbeddingTables:
     """Embedding tables of a bundle. Opening maps the files; nothing big is read."""
 
@@ -66,10 +82,11 @@ class EmbeddingTables:
         self.specs = {n: dict(embeddings[n]) for n in _TABLES}
         t = {n: load_table(self.bundle_dir, n, self.specs[n]) for n in _TABLES}
         self.text_dtype = self.specs["text_embedding"]["dtype"]
-        if self.text_dtype not in ("bf16", "fp16"):
+        if self.text_dtype not in ("bf16", "fp16", "int8"):
             raise BundleError(f"{self.bundle_dir / self.specs['text_embedding']['file']}: text_embedding "
-                              f"dtype {self.text_dtype!r}; expected 'bf16' or 'fp16'")
+                              f"dtype {self.text_dtype!r}; expected 'bf16', 'fp16' or 'int8'")
         self.text_table = t["text_embedding"]  # np.memmap, never read whole
+        self.text_scales = load_row_scales(self.bundle_dir, "text_embedding", self.specs["text_embedding"])
         # small tables: read once, fp32, pre-transposed for x @ W^T
         self.fc1_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc1_w"], dtype=np.float32).T)
         self.fc1_b = np.asarray(t["text_proj_fc1_b"], dtype=np.float32)
@@ -112,6 +129,8 @@ class EmbeddingTables:
         """Raw text embedding rows (before the projection), f32 [n, text_hidden]."""
         idx = self._ids(ids, self.text_vocab, "text")
         rows = self.text_table[idx]
+        if self.text_dtype == "int8":
+            return rows.astype(np.float32) * self.text_scales[idx][:, None]
         return bf16_to_f32(rows) if self.text_dtype == "bf16" else rows.astype(np.float32)
 
     def project(self, x: np.ndarray) -> np.ndarray:

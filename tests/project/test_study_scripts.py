@@ -34,6 +34,8 @@ SCRIPTS = {
     "paper_cost": ("precision_plan/paper_cost.py", "{bundle} --out {out}/pc --targets x_elite,sm8750", "Command:"),
     "batching_profile": ("batching/profile_batched.py", "{bundle} --batch 1,2 --frames 2 --threads 1", '"batches"'),
     "frame_profile": ("frame_profile/profile_frame.py", "{bundle} --threads 1 --frames 4", "ms/run"),
+    "compact_tables": ("tables/compact_tables.py", "{bundle} --weights int8 --frames 2 --threads 1 --json {out}/t.json",
+                       "| xvec_stream |"),
     "serve": ("serve/bench_serve.py", "--bundle {bundle} --clients 1 --requests 2 --max-frames 4 --threads 1 "
               "--batch 2 --out {out}/serve.json", "ttfa"),
 }

@@ -137,3 +137,42 @@ def test_variant_rejects_unknown_precision(base_bundle):
 
     with pytest.raises(KzttsError, match="int3"):
         variant(base_bundle, weights="int3")
+
+
+def test_a_quantized_bundle_keeps_compact_tables(base_bundle, tmp_path):
+    """int8/int4 weights come with compact tables: the text table 8 bits per row (one fp32 scale per row), the
+    codec tables fp16, about half the bytes. Each text row is within half a step of its scale of the fp32 bundle's
+    (measured: the prompt rows' cosine 0.99998 on the tiny model, benchmarks/tables); a bundle whose int8 table
+    lost its scales is one line."""
+    import json
+    import shutil
+
+    from kztts.bundle.manifest import read_manifest
+    from kztts.core.errors import BundleError
+
+    q = variant(base_bundle, weights="int4")
+    full, small = read_manifest(base_bundle).embeddings, read_manifest(q).embeddings
+    assert small["text_embedding"]["dtype"] == "int8" and "scale_file" in small["text_embedding"]
+    assert small["codec_embedding"]["dtype"] == small["cp_codec_embedding"]["dtype"] == "fp16"
+    assert small["text_proj_fc1_w"] == full["text_proj_fc1_w"]  # the projection stays fp32
+
+    def size(bundle, spec):
+        return sum((bundle / f).stat().st_size for s in spec.values() for f in (s["file"], s.get("scale_file")) if f)
+
+    assert size(q, small) < 0.6 * size(base_bundle, full)
+    t_full = EmbeddingTables.from_bundle(Bundle.open(base_bundle, load_graphs=False))
+    t_small = EmbeddingTables.from_bundle(Bundle.open(q, load_graphs=False))
+    ids = np.arange(0, t_full.text_vocab, 997)
+    raw, rows = t_full.text_rows(ids), t_small.text_rows(ids)
+    step = np.abs(raw).max(axis=1) / 127
+    assert np.all(np.abs(rows - raw) <= step[:, None] * 0.5 + 1e-7)
+    assert cosine_rows(t_small.text(ids), t_full.text(ids)).min() > 0.9999
+    np.testing.assert_allclose(t_small.codec([0, 5, 100]), t_full.codec([0, 5, 100]), rtol=1e-3, atol=1e-6)
+    broken = tmp_path / "broken"
+    shutil.copytree(q, broken)
+    data = json.loads((broken / "kztts.json").read_text())
+    del data["embeddings"]["text_embedding"]["scale_file"]
+    (broken / "kztts.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="int8 table 'text_embedding' has no scale_file") as e:
+        EmbeddingTables.from_bundle(Bundle.open(broken, load_graphs=False))
+    assert "\n" not in str(e.value)
