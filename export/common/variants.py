@@ -312,14 +312,14 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
 
 
 def cached_variant(base: str | Path, *, weights: str, kv: str = "fp32", decoder: str = "fp32") -> Path:
-    """The variant of an exported bundle, built once next to it (keyed by this module's code).
+    """The variant of an exported bundle, built once next to it (keyed by this module's code and the tables').
     ``weights="fp32", kv="fp32", decoder="fp32"`` is the base itself."""
     _check(weights, kv, decoder)
     base = Path(base).resolve()
     if (weights, kv, decoder) == ("fp32", "fp32", "fp32"):
         return base
     name = f"{base.name}.{variant_tag(weights, kv, decoder)}"
-    return build_once(base.parent / f"{name}-{code_key(__file__, length=8)}",
+    return build_once(base.parent / f"{name}-{code_key(__file__, compact_tables.__code__.co_filename, length=8)}",
                       lambda work: make_variant(base, work, weights=weights, kv=kv, decoder=decoder),
                       replaces=f"{name}-*")  # older variant code, same base
 
