@@ -261,3 +261,28 @@ def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -
             onnx.save_model(model, str(out / rel))
             return out
     raise AssertionError(f"{rel}: no MatMul/Gemm/Conv named like {node!r}")
+
+
+def scaled_nbits(good: Path, out: Path, graph: str, node: str, factor: float) -> Path:
+    """A copy of bundle ``good`` whose CPU ``graph`` has the first MatMulNBits whose name holds ``node`` computing
+    with its weight scales times ``factor`` (a quantized weight written with the wrong scale); the graph is saved
+    whole (its weights inline) and its manifest entry's size follows."""
+    import onnx
+    from onnx import numpy_helper
+
+    shutil.copytree(good, out)
+    manifest = json.loads((out / "kztts.json").read_text())
+    rel = manifest["graphs"][graph]["file"]
+    model = onnx.load(str(out / rel))
+    inits = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits" and node in n.name:
+            t = inits[n.input[2]]
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
+            (out / rel).unlink()
+            onnx.save_model(model, str(out / rel))
+            manifest["graphs"][graph]["bytes"] = (out / rel).stat().st_size
+            (out / "kztts.json").write_text(json.dumps(manifest, indent=1))
+            return out
+    raise AssertionError(f"{rel}: no MatMulNBits named like {node!r}")

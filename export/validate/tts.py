@@ -154,5 +154,15 @@ def validate(bundle_dir: str | Path, reference_dir: str | Path, *, frames: int =
         "cp_codes_match_frame": min(m["cp_codes_match_frame"] for m in per_mode),
         "cp_codes_match_step": min(m["cp_codes_match_step"] for m in per_mode),
         "cp_logits_cos_min": min(m["cp_logits_cos_min"] for m in per_mode),
+        # over every mode's rows together (each mode has ``frames`` frames): the argmax-like scores a quantized
+        # bundle is bounded by, where one flip moves the score by 1/(modes x frames), not 1/frames
+        "talker_argmax_match_all": _pooled(per_mode, "talker_argmax_match"),
+        "cp_codes_match_all": _pooled(per_mode, "cp_codes_match_frame", "cp_codes_match_step"),
         "modes": per_mode,
     }
+
+
+def _pooled(per_mode: list[dict], *keys: str) -> float:
+    """The mean over the modes' rows of the worst of ``keys`` per mode (weighted by each mode's frames)."""
+    weight = sum(m["frames"] for m in per_mode)
+    return sum(min(m[k] for k in keys) * m["frames"] for m in per_mode) / weight

@@ -49,11 +49,22 @@ def _plan_bounds(args: argparse.Namespace, kind: str) -> dict | None:
     return {k: b for k, b in bounds.items() if k.startswith("talker_")} if kind == "bounds" else bounds
 
 
+def cpu_bounds_name(bundle: Path) -> str:
+    """The ``BOUNDS`` table of a bundle's CPU graphs against qwen-tts: "cpu" (fp32: the reference's numbers), or
+    its variant's ("cpu-int8", "cpu-int4": quantized weights and compact tables; "cpu-kv-fp16")."""
+    variant = read_manifest(bundle).data.get("variant") or {}
+    if variant.get("weights", "fp32") != "fp32":
+        return f"cpu-{variant['weights']}"
+    return "cpu-kv-fp16" if variant.get("kv", "fp32") != "fp32" else "cpu"
+
+
 def cmd_validate_cpu(args: argparse.Namespace) -> int:
     from kztts.export.validate.tts import validate
 
     report = validate(Path(args.bundle), Path(args.reference), frames=_frames(args))
-    bounds = BOUNDS["cpu"]
+    name = cpu_bounds_name(Path(args.bundle))
+    bounds = BOUNDS[name]
+    report["bounds"] = name
 
     def text() -> None:
         print(f"{'mode':<16}{'language':<10}{'prompt':>6}{'frames':>7}{'prompt max|d|':>15}"
@@ -63,6 +74,7 @@ def cmd_validate_cpu(args: argparse.Namespace) -> int:
                   f"{m['prompt_max_abs']:>15.2e}{m['talker_logits_cos_min']:>12.7f}"
                   f"{m['talker_hidden_cos_min']:>12.7f}{m['talker_argmax_match']:>8.3f}"
                   f"{m['cp_codes_match_frame']:>9.3f}{m['cp_codes_match_step']:>8.3f}{m['cp_logits_cos_min']:>11.7f}")
+        print(f"bounds: {name}")
         print("\n".join(metric_lines(report, bounds, bounds, width=24)))
 
     return _finish(args, report, bounds, text)
