@@ -60,20 +60,21 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # qwen-tts, `kztts validate B --reference M` (8 modes x 32 frames; the argmax-like scores over all 8 x 33
     # Talker rows and 8 x 32 frames, so one flip moves them by 0.4%). Good builds, tiny proj / equal / narrow /
     # mha: int8 prompt rows max |d| 5.2e-3..5.8e-3 (the text table's 8-bit rows), Talker logits cosine min
-    # 0.99952..0.99959, argmax 0.977..0.996, CP codes 0.653..0.707, CP logits cosine min 0.9949..0.9987; int4
-    # the same prompt rows, Talker 0.9442..0.9608, argmax 0.726..0.773, CP codes 0.094..0.110, CP cosine
-    # 0.573..0.867. Bounds: 3.4x the worst prompt difference; int8 4x the worst cosine distance and 3x the worst
-    # argmax shortfall; int4 2.7x the Talker's cosine distance, 1.6x its argmax shortfall, and for the random
-    # Code Predictor at 4 bits (its codes agree ~10%) bounds that catch a broken graph, not a poor one. Bad
-    # builds: the Talker's first down projection with its scales doubled (tests/cli/test_validate_variants.py)
+    # 0.99931..0.99959, argmax 0.970..0.996, CP codes 0.650..0.707, CP logits cosine min 0.9949..0.9987; int4
+    # the same prompt rows, Talker 0.9369..0.9608, argmax 0.640..0.773, CP codes 0.094..0.110, CP cosine
+    # 0.573..0.867. Bounds: 3.4x the worst prompt difference; int8 2.9x the worst cosine distance and 2.3x the
+    # worst argmax shortfall; int4 2.1x the Talker's cosine distance and 1.4x its argmax shortfall, and for the
+    # random Code Predictor at 4 bits (its codes agree ~10%) bounds that catch a broken graph, not a poor one.
+    # Bad build: the int4 Talker's first down projection with its scales doubled, Talker cosine 0.852, argmax
+    # 0.477 (tests/cli/test_validate_variants.py)
     "cpu-int8": {"prompt_max_abs": ("<=", 0.02), "talker_logits_cos_min": (">=", 0.998),
                  "talker_hidden_cos_min": (">=", 0.998), "talker_argmax_match_all": (">=", 0.93),
                  "cp_codes_match_all": (">=", 0.4), "cp_logits_cos_min": (">=", 0.98)},
-    "cpu-int4": {"prompt_max_abs": ("<=", 0.02), "talker_logits_cos_min": (">=", 0.85),
-                 "talker_hidden_cos_min": (">=", 0.85), "talker_argmax_match_all": (">=", 0.55),
+    "cpu-int4": {"prompt_max_abs": ("<=", 0.02), "talker_logits_cos_min": (">=", 0.87),
+                 "talker_hidden_cos_min": (">=", 0.87), "talker_argmax_match_all": (">=", 0.5),
                  "cp_codes_match_all": (">=", 0.04), "cp_logits_cos_min": (">=", 0.4)},
     # fp16 KV cache I/O (--kv fp16), weights fp32: Talker logits cosine 0.9999999+, argmax 1.0, CP codes pooled
-    # 0.995..1.0 (a near-tie flips in one mode: 0.973 there), CP cosine 0.9999996+
+    # 0.993..1.0 (near-ties flip in a mode: 0.973 there), CP cosine 0.9999996+
     "cpu-kv-fp16": {"prompt_max_abs": ("<=", 1e-5), "talker_logits_cos_min": (">=", 0.9999),
                     "talker_hidden_cos_min": (">=", 0.9999), "talker_argmax_match_all": (">=", 0.98),
                     "cp_codes_match_all": (">=", 0.95), "cp_logits_cos_min": (">=", 0.9999)},
