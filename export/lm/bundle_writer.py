@@ -35,6 +35,7 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
 from kztts.export.graphs.talker_graph import export_talker, talker_shape
 from kztts.export.htp.export_plan import ExportPlan, plan_export
@@ -142,6 +143,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             if cpu_graphs == "all":
                 # its batched form: several conversations per run (kztts serve), each row alone in the graph
                 graphs["talker_batched"] = export_talker_batched(model, work, export_id)
+        graphs, weights = share_graph_weights(work, graphs)  # each weight once, before the HTP graphs read any
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")
@@ -158,7 +160,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             "model_type": lm.config.model_type, "source": {**src, "gguf": source.is_file()},
             "config": {"lm": lm_config(lm)},
             "special_ids": special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
-            "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables,
+            "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables, "weights": weights,
             "graphs": {n: g.to_json() for n, g in graphs.items()},
         }
         write_manifest(work, manifest)

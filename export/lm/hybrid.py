@@ -32,6 +32,7 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
 from kztts.export.htp.export_plan import ExportPlan, plan_export
 from kztts.export.graphs.hybrid_graphs import STATIC_DECODE, STATIC_PREFILL, export_hybrid_cpu, export_hybrid_static
 from kztts.export.graphs.hybrid_stack import hybrid_shape
@@ -113,7 +114,7 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
         lm_parts.save_tokenizer(loaded.tokenizer_json, work)
         steps.update()
         steps.phase("CPU graphs")
-        graphs = export_hybrid_cpu(lm, work, export_id)
+        graphs, weights = share_graph_weights(work, export_hybrid_cpu(lm, work, export_id))
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")
@@ -127,7 +128,7 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
             "config": {"lm": hybrid_shape(lm).to_config()},
             "special_ids": lm_parts.special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
             "chat": lm_parts.chat_facts(loaded.hf_tokenizer), "generation": lm_parts.generation(lm),
-            "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+            "embeddings": tables, "weights": weights, "graphs": {n: g.to_json() for n, g in graphs.items()},
         }
         write_manifest(work, manifest)
         steps.close()

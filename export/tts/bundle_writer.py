@@ -15,6 +15,7 @@ from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.common.embeddings import export_embeddings
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
 from kztts.export.common.tokenizer import export_tokenizer
 from kztts.export.graphs.code_predictor_graph import export_code_predictor
 from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
@@ -77,6 +78,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         graphs.update(export_encoder(model, work, export_id))
         if model.speaker_encoder is not None:  # Base only: the other kinds clone no voice
             graphs.update(export_speaker_encoder(model, work, export_id))
+        graphs, weights = share_graph_weights(work, graphs)  # each weight once, before the HTP graphs read any
         steps.update()
         if target is not None:
             steps.phase(f"HTP graphs for {target.name}")
@@ -90,7 +92,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             "source": source, "config": model_config(model), "special_ids": special_ids(model),
             "languages": dict(model.config.talker_config.codec_language_id or {}),
             "generation": dict(getattr(model, "generate_config", None) or {}),
-            "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+            "embeddings": tables, "weights": weights, "graphs": {n: g.to_json() for n, g in graphs.items()},
             "random_weights": random_weight_provenance(model_dir),
         }
         write_manifest(work, manifest)

@@ -18,6 +18,7 @@ from kztts.core import progress
 from kztts.core.atomic import check_writable_dir
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
+from kztts.core.metrics import peak_rss_mb
 
 
 def lm_export_requested(args: argparse.Namespace) -> bool:
@@ -100,8 +101,6 @@ def disk_bytes(folder: Path) -> int:
 def export_footprint(out: Path, seconds: float) -> str:
     """What an export cost: the bundle's bytes on disk, the peak resident set of this process and of its child
     processes (the HTP check's simulator runs), the wall time."""
-    from kztts.core.metrics import peak_rss_mb
-
     children = 0.0
     if resource is not None:  # ru_maxrss: KiB on Linux, bytes on macOS
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
