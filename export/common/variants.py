@@ -1,7 +1,9 @@
 """Precision variants of an exported bundle: int8 / int4 weights, fp16 KV-cache I/O, int8 decoder.
 
 A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
-changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
+changes are rewritten; every other file is a hard link to the base (same bytes, no copy), but for the CPU graphs'
+shared weights file (``kztts.export.common.onnx_export.share_weights``): the variant writes its own, each weight at
+the variant's precision once (the unchanged graphs' weights included), and rewrites every graph file to point there.
 ``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``variant_output`` is where
 ``kztts export --weights/--kv/--decoder`` exports a checkpoint (TTS or LM) so that its variant becomes a bundle
 of its own.
