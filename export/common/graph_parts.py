@@ -61,6 +61,6 @@ def share_graph_weights(bundle_dir: Path, specs: dict[str, GraphSpec], sources: 
     rel = (next(iter(folders)) / SHARED_WEIGHTS).as_posix()
     sources = sources or {}
     size = share_weights([(sources.get(n, bundle_dir / s.file), bundle_dir / s.file) for n, s in specs.items()],
-                         bundle_dir / rel)
+                         bundle_dir / rel, consume=not sources)  # an export: its staging folder
     out = {n: replace(s, extra={**s.extra, "bytes": (bundle_dir / s.file).stat().st_size}) for n, s in specs.items()}
     return out, {"file": rel, "bytes": size, "graphs": list(specs)}

@@ -333,7 +333,7 @@ class _SharedFile:
         return self.offset
 
 
-def share_weights(graphs: list[tuple[Path, Path]], data: Path) -> int:
+def share_weights(graphs: list[tuple[Path, Path]], data: Path, consume: bool = False) -> int:
     """Write graphs ``(source, destination)`` with every tensor of at least ``SHARED_MIN_BYTES`` in the one file
     ``data`` (beside the destinations), each distinct tensor once: the Talker's plain, fused and batched graphs, the
     Code Predictor's step and frame graphs, the whole and streaming decoder hold the same weights. A fused weight
@@ -341,7 +341,9 @@ def share_weights(graphs: list[tuple[Path, Path]], data: Path) -> int:
     concatenation of weights already in the file becomes a ``Concat`` of those (``SHARED_CONCAT``), which ONNX
     Runtime folds when it opens the graph. Sources are read before anything is replaced (a source may be its
     destination, or read its tensors from ``data`` itself); each destination is replaced atomically (never written
-    through a hard link). Returns the bytes of ``data``."""
+    through a hard link). ``consume``: delete a graph's own data file as soon as its tensors are in ``data`` (an
+    export's staging folder, discarded on failure: its disk then never holds both layouts of the big graphs).
+    Returns the bytes of ``data``."""
     import onnx
 
     data = Path(data)
@@ -351,7 +353,8 @@ def share_weights(graphs: list[tuple[Path, Path]], data: Path) -> int:
     try:
         for src, dst in graphs:
             model = onnx.load(str(src), load_external_data=False)
-            old |= {src.parent / e.value for t in _all_tensors(model) for e in t.external_data if e.key == "location"}
+            own = {src.parent / e.value for t in _all_tensors(model) for e in t.external_data if e.key == "location"}
+            old |= own
             for g in _graphs_of(model.graph):
                 concats, keep = [], []
                 for t in g.initializer:
@@ -367,6 +370,10 @@ def share_weights(graphs: list[tuple[Path, Path]], data: Path) -> int:
                         if a.HasField("t"):
                             _share(a.t, src.parent, data.name, shared, None, None)
             models.append((model, dst))
+            if consume:
+                for f in own:
+                    if f.resolve() != data.resolve() and f.parent.resolve() == data.parent.resolve():
+                        f.unlink(missing_ok=True)
         size = shared.close()
         os.replace(tmp, data)
     except BaseException:

@@ -152,3 +152,49 @@ def test_a_quantized_variant_shares_its_weights_too(equal_bundle):
         assert any(n.op_type == "MatMulNBits" for n in model.graph.node)
     tensors = _tensors(v, data["weights"]["graphs"])
     assert _graphs_bytes(v) / _distinct_bytes(tensors) <= MAX_LAYOUT_RATIO
+
+
+def test_graphs_past_2_gb_share_their_data_files_and_compute_the_same(monkeypatch, tmp_path):
+    """Graphs written with external data (every graph over 2 GB; here all, the threshold lowered) share it the same
+    way: their own ``.data`` files are gone once their tensors are in the shared file (an export's disk never holds
+    both layouts), and each graph's outputs are unchanged, the fused one's Concat included."""
+    import onnxruntime as ort
+
+    from kztts.bundle.manifest import GraphSpec
+    from kztts.export.common import onnx_export
+    from kztts.export.common.checkpoint import load_reference
+    from kztts.export.common.graph_parts import share_graph_weights
+    from kztts.export.graphs import gqa_graphs
+    from kztts.export.graphs.talker_graph import export_talker
+    from kztts.export.tts.tiny import cached_tiny
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    model = load_reference(cached_tiny("equal")).model
+    specs: dict[str, GraphSpec] = {"talker": export_talker(model, tmp_path, "t"),
+                                   "talker_gqa": gqa_graphs.export_talker_gqa(model, tmp_path, "t")}
+    own = [onnx_export.data_file(tmp_path / s.file) for s in specs.values()]
+    assert all(f.is_file() for f in own)
+    rng = np.random.default_rng(0)
+
+    def run(spec):
+        sess = ort.InferenceSession(str(tmp_path / spec.file), providers=["CPUExecutionProvider"])
+        feeds = {}
+        for i in sess.get_inputs():
+            shape = [d if isinstance(d, int) else 2 for d in i.shape]
+            if i.name in ("cos_cache", "sin_cache"):
+                shape[0] = 8  # the rotary table covers every position
+            if "int" in i.type:
+                # 2 new positions after 2 cached ones: GroupQueryAttention's seqlens_k = total - 1
+                value = {"total_sequence_length": 4, "seqlens_k": 3}.get(i.name, 1)
+                feeds[i.name] = np.full(shape, value, dtype=np.int64 if "64" in i.type else np.int32)
+            else:
+                feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+        return sess.run(None, feeds)
+
+    before = {n: run(s) for n, s in specs.items()}
+    rng = np.random.default_rng(0)
+    specs, entry = share_graph_weights(tmp_path, specs)
+    assert not any(f.exists() for f in own) and (tmp_path / entry["file"]).stat().st_size == entry["bytes"]
+    for n, s in specs.items():
+        for a, b in zip(before[n], run(s)):
+            np.testing.assert_array_equal(a, b)
