@@ -89,6 +89,10 @@ SLOW_TESTS: dict[str, tuple[str, int | None, str]] = {
     "tests/export/htp/test_decoder_w8a16.py::test_the_manifest_records_w8a16_and_the_cost_counts_it":
         ("the file's export --decoder w8a16 of the tiny model (its CPU graphs, the calibration prompts spoken, the "
          "QDQ decoder_chunk; 57 s at load 10-13)", 28, "here, load 0.3"),
+    "tests/export/htp/test_export_plan.py::test_a_w8a16_decoder_export_parses_its_target_once":
+        ("kztts export --target T --decoder w8a16 of the tiny model in-process (its CPU graphs, the calibration "
+         "prompts spoken, the QDQ decoder_chunk), its target parses counted; the export of test_decoder_w8a16 takes 28 s at load 0.3", 60,
+         "here, load 5-6: 191 s"),
     "tests/export/htp/test_decoder_w8a16.py::test_the_simulator_meets_the_w8a16_bound":
         ("the file's w8a16 export when run alone (28 s), then 5 frames on the simulator (3.3 s)", 3, "here, load 10"),
     "tests/export/htp/test_decoder_w8a16.py::test_codes_unchanged_and_samples_within_the_bound":

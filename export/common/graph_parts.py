@@ -2,12 +2,14 @@
 manifest entry as ONNX Runtime sees it."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import onnxruntime as ort
 
 from kztts.bundle.manifest import GraphSpec, TensorSpec
 from kztts.bundle.sessions import _ORT_DTYPES, EXPORT_ID_KEY, GRAPH_KEY
+from kztts.export.common.onnx_export import SHARED_WEIGHTS, share_weights
 
 
 def stamp_graph(path: Path, name: str, export_id: str) -> None:
@@ -43,3 +45,22 @@ def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precisi
 
     return GraphSpec(name, rel_file, variant, precision, spec(sess.get_inputs()), spec(sess.get_outputs()),
                      {"bytes": path.stat().st_size, "export_id": export_id})
+
+
+def share_graph_weights(bundle_dir: Path, specs: dict[str, GraphSpec], sources: dict[str, Path] | None = None
+                        ) -> tuple[dict[str, GraphSpec], dict]:
+    """The CPU graphs ``specs`` of the bundle at ``bundle_dir`` rewritten over one shared weights file
+    (``kztts.export.common.onnx_export.share_weights``: each weight stored once), in ``specs``' order (the plain
+    graphs before the fused ones, whose fused weights become Concats of the plain ones). ``sources``: where a graph
+    is read from when not from the bundle itself (a precision variant's unchanged graphs, in its base). Returns
+    the specs with their new file sizes and the manifest's ``weights`` entry: {file, bytes, graphs}."""
+    bundle_dir = Path(bundle_dir)
+    folders = {Path(s.file).parent for s in specs.values()}
+    if len(folders) != 1:
+        raise ValueError(f"shared weights: the graphs are in several folders ({sorted(map(str, folders))})")
+    rel = (next(iter(folders)) / SHARED_WEIGHTS).as_posix()
+    sources = sources or {}
+    size = share_weights([(sources.get(n, bundle_dir / s.file), bundle_dir / s.file) for n, s in specs.items()],
+                         bundle_dir / rel, consume=not sources)  # an export: its staging folder
+    out = {n: replace(s, extra={**s.extra, "bytes": (bundle_dir / s.file).stat().st_size}) for n, s in specs.items()}
+    return out, {"file": rel, "bytes": size, "graphs": list(specs)}

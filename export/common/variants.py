@@ -1,7 +1,9 @@
 """Precision variants of an exported bundle: int8 / int4 weights, fp16 KV-cache I/O, int8 decoder.
 
 A variant is a new bundle directory built from an exported fp32 bundle. The graphs it
-changes are rewritten; every other file is a hard link to the base (same bytes, no copy).
+changes are rewritten; every other file is a hard link to the base (same bytes, no copy), but for the CPU graphs'
+shared weights file (``kztts.export.common.onnx_export.share_weights``): the variant writes its own, each weight at
+the variant's precision once (the unchanged graphs' weights included), and rewrites every graph file to point there.
 ``cached_variant`` builds one next to a cached bundle (``kztts bench``); ``variant_output`` is where
 ``kztts export --weights/--kv/--decoder`` exports a checkpoint (TTS or LM) so that its variant becomes a bundle
 of its own.
@@ -42,8 +44,10 @@ from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
+from kztts.bundle.manifest import GraphSpec
 from kztts.export.common.embeddings import COMPACT_TABLES, compact_tables
-from kztts.export.common.graph_parts import graph_spec
+from kztts.export.common.graph_parts import graph_spec, share_graph_weights
+from kztts.export.common.onnx_export import unshare_weights
 from kztts.export.common.bundle_output import check_output, link_tree
 
 log = logging.getLogger(__name__)
@@ -265,13 +269,15 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     for name in DECODER_GRAPHS if decoder != "fp32" else ():
         changes.setdefault(name, []).append(decoder)
     changes = {n: c for n, c in changes.items() if n in manifest.graphs}
+    shared = manifest.data.get("weights")  # the base's one weights file: the variant writes its own
     with staged_dir(out) as work:
         rewritten = {manifest.graphs[n].file for n in changes}
         # quantized weights: the tables compact too (kztts.export.common.embeddings.compact_tables)
         tables = {manifest.embeddings[n]["file"] for n in COMPACT_TABLES if n in manifest.embeddings} \
             if weights != "fp32" else set()
         # their external-data files too: onnx.load refuses a data file with a second hard link
-        link_tree(base, work, rewritten | tables | {f for r in rewritten for f in _external_data_files(base, r)})
+        link_tree(base, work, rewritten | tables | {f for r in rewritten for f in _external_data_files(base, r)}
+                  | ({shared["file"]} if shared else set()))
         if tables:
             data["embeddings"] = compact_tables(base, work, data["embeddings"])
         for name, what in changes.items():
@@ -287,6 +293,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
                 precision = "int8-static"
             else:
                 model = onnx.load(str(base / spec.file))
+                unshare_weights(model)  # a fused weight is a constant again: the quantizer sees it
                 del model.metadata_props[:]  # re-stamped below with this variant's export id
                 bits = {"int8": 8, "int4": 4}.get(what[0])
                 if bits is not None:
@@ -304,6 +311,11 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             if name in KV_GRAPHS:
                 new["kv_dtype"] = kv
             data["graphs"][name] = new
+        if shared:  # every shared graph over the variant's own weights file: what it changed, and what it did not
+            specs = {n: GraphSpec.from_json(n, data["graphs"][n]) for n in shared["graphs"]}
+            specs, data["weights"] = share_graph_weights(
+                work, specs, sources={n: base / s.file for n, s in specs.items() if n not in changes})
+            data["graphs"].update({n: s.to_json() for n, s in specs.items()})
         data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
         if weights != "fp32":
             data["variant"].update(block_size=int(block_size), accuracy_level=int(accuracy_level))

@@ -67,6 +67,7 @@ from kztts.export.htp.qdq import QDQ_WEIGHT_BITS, quantize_graphs
 from kztts.htp.placement import LayerPlacement
 from kztts.htp.qnn import bundle_target, create_session, qnn_available, qnn_unavailable_reason
 from kztts.htp.targets import Target, load_target
+from kztts.export.htp.export_plan import ExportPlan
 
 log = logging.getLogger(__name__)
 
@@ -184,52 +185,12 @@ def _talker_at_precision(model, work_dir: Path, float_files: dict[str, str], tar
                            matmul_precisions=matmul_precisions)
 
 
-def check_target_options(target, *, segments: bool, placement) -> None:
-    """``--segments`` and ``--placement`` shape a target's static graphs: refused without ``--target``."""
-    if segments and target is None:
-        raise KzttsError("--segments needs --target (the layer segments are static graphs of a target)")
-    if placement is not None and target is None:
-        raise KzttsError("--placement needs --target (a precision plan is for a target's static graphs)")
-
-
-def check_decoder_precision(target, decoder_precision: str, talker_only: bool = False) -> None:
-    """A quantized ``decoder_chunk`` (``--decoder w8a16``) needs a target that places the decoder on the HTP."""
-    if decoder_precision not in G.HTP_DECODER_PRECISIONS:
-        raise KzttsError(f"decoder precision {decoder_precision!r} on the HTP: expected one of "
-                         f"{', '.join(G.HTP_DECODER_PRECISIONS)}")
-    if decoder_precision == G.FLOAT_HTP_PRECISION:
-        return
-    if target is None:
-        raise KzttsError(f"--decoder {decoder_precision} is the decoder on the HTP: it needs --target TARGET whose "
-                         "placement.decoder is htp (e.g. x_elite_htp_decoder)")
-    target = load_target(target)
-    if talker_only or not target.on_htp("decoder"):
-        raise KzttsError(f"--decoder {decoder_precision}: target {target.name} ({target.path}) keeps the decoder "
-                         "on the CPU (placement.decoder); pick a target whose placement.decoder is htp "
-                         "(e.g. x_elite_htp_decoder), or a CPU decoder precision")
-
-
-def _check_options(target, precision: str, context_binary: bool, calibration: CalibrationSource | None,
-                   plan: LayerPlacement | None) -> str:
-    """The options checked before the long work: the precision is one QDQ graphs can hold, a QDQ graph has its
-    calibration data, the QNN EP is there for context binaries, the target's KV type suits the precision. Returns
-    the Talker's KV I/O type."""
-    if precision not in G.HTP_PRECISIONS:
-        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    entry = G.htp_precision(precision)
-    if entry.quantized and entry.weight_bits not in QDQ_WEIGHT_BITS:
-        raise KzttsError(f"HTP precision {precision!r} is listed in kztts.bundle.graphs.HTP_PRECISIONS but "
-                         f"kztts.export.htp.qdq writes no {entry.weight_bits}-bit weights (QDQ_WEIGHT_BITS)")
-    if calibration is None and (entry.quantized or (plan is not None and plan.quantized)):
+def _check_calibration(plan: ExportPlan, calibration: CalibrationSource | None) -> None:
+    """A QDQ graph needs its calibration data."""
+    quantized = G.htp_precision(plan.precision).quantized or (plan.placement is not None and plan.placement.quantized)
+    if calibration is None and quantized:
         raise ValueError("QDQ graphs need calibration data: export_htp_graphs(calibration=None) writes float "
                          "graphs only")
-    if context_binary and not qnn_available():
-        raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
-    try:
-        return G.htp_kv_dtype(precision, target.kv_dtype)
-    except ValueError as exc:
-        raise KzttsError(f"{target.path}: kv_dtype: {exc}; with --precision {precision} drop the key or pick one "
-                         "of those") from None
 
 
 def _static_talker(model, work_dir: Path, export_id: str, target, precision: str, kv: str,
@@ -269,11 +230,6 @@ def _static_talker(model, work_dir: Path, export_id: str, target, precision: str
     return specs
 
 
-def plan_precision(plan: LayerPlacement) -> str:
-    """The precision of whole-stack graphs exported with ``plan``: its least precise quantized one."""
-    return G.least_precise(p for p in plan.whole_stack_precisions().values())
-
-
 def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: LayerPlacement, target,
                       seg_spec, calibration: CalibrationSource) -> dict[str, GraphSpec]:
     """The QDQ layer graphs ``plan`` runs (``quantized_units``): ``talker_{phase}_layer_{l}_{precision}`` beside the
@@ -301,62 +257,53 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
     return out
 
 
-def export_htp_graphs(model, work_dir: Path, *, export_id: str, target, calibration: CalibrationSource | None,
-                      precision: str | None = None, context_binary: bool = False, segments: bool = False,
-                      talker_only: bool = False, plan: LayerPlacement | None = None,
-                      decoder_precision: str = G.FLOAT_HTP_PRECISION) -> dict[str, GraphSpec]:
-    """The static HTP graphs of ``target`` (a Target or name) into ``work_dir/graphs``.
+def export_htp_graphs(model, work_dir: Path, *, export_id: str, plan: ExportPlan,
+                      calibration: CalibrationSource | None, talker_only: bool = False) -> dict[str, GraphSpec]:
+    """The static HTP graphs of ``plan.target`` into ``work_dir/graphs`` (``plan``:
+    ``kztts.export.htp.export_plan.ExportPlan``, which decided the precisions).
 
     Returns manifest specs by graph name: ``talker_prefill`` and ``talker_decode`` (when placed on the HTP) at
-    ``precision`` (``kztts.bundle.graphs.HTP_PRECISIONS``: a float graph the HTP computes in fp16, or a QDQ graph
-    calibrated on ``calibration``'s data, ``kztts.export.htp.calibration``: the TTS prompts or an LM's texts; None
-    writes float graphs only). ``context_binary`` adds EPContext models prepared for the target
-    (``extra.context_file``). ``segments`` adds the Talker as per-layer graphs
+    ``plan.precision`` (``kztts.bundle.graphs.HTP_PRECISIONS``: a float graph the HTP computes in fp16, or a QDQ
+    graph calibrated on ``calibration``'s data, ``kztts.export.htp.calibration``: the TTS prompts or an LM's texts;
+    None writes float graphs only). ``plan.context_binary`` adds EPContext models prepared for the target
+    (``extra.context_file``). ``plan.segments`` adds the Talker as per-layer graphs
     (``kztts.export.graphs.segment_graphs``; float, fp16 on the HTP) so a layer placement can be chosen at load
     time. ``talker_only``: no Code Predictor or decoder graphs (a causal LM, ``kztts.export.lm.bundle_writer``, is
     a Talker-shaped stack only).
-    ``plan``: a precision plan (``kztts.htp.placement``): with ``segments`` the QDQ variants of the layer graphs
-    it runs quantized, else whole-stack QDQ graphs with its precision per MatMul (at ``plan_precision``
-    unless ``precision`` is given); its ``graphs.cp_frame`` precision for the Code Predictor.
-    ``decoder_precision``: the ``decoder_chunk``'s (``kztts export --decoder w8a16``; fp16 by default) when the target
-    places the decoder on the HTP; a quantized one for a target that does not is refused.
+    ``plan.placement``: a precision plan (``kztts.htp.placement``): with ``segments`` the QDQ variants of the layer
+    graphs it runs quantized, else whole-stack QDQ graphs with its precision per MatMul; its ``graphs.cp_frame``
+    precision for the Code Predictor. ``plan.decoder_precision``: the ``decoder_chunk``'s (``kztts export --decoder
+    w8a16``; fp16 by default) when the target places the decoder on the HTP.
     """
-    target = load_target(target)
-    if plan is not None and not segments and plan.quantized:
-        precision = precision or plan_precision(plan)
-        if not G.htp_precision(precision).quantized:
-            raise KzttsError(f"--precision {precision} with a quantized precision plan: whole-stack graphs with a "
-                             "precision per MatMul are QDQ graphs; drop --precision or export with --segments")
-    precision = precision or target.precision
-    kv = _check_options(target, precision, context_binary, calibration, plan)
-    check_decoder_precision(target, decoder_precision, talker_only)
+    _check_calibration(plan, calibration)
+    target, precision, kv, segments = plan.target, plan.precision, plan.htp_kv, plan.segments
+    placement = plan.placement
     work_dir = Path(work_dir)
     limit = int(model.config.talker_config.max_position_embeddings)
     if target.shapes.context - 1 > limit:
         raise KzttsError(f"{target.path}: shapes.context {target.shapes.context} exceeds the model's {limit} "
                          "positions")
-    whole_plan = plan if plan is not None and not segments else None
-    specs = _static_talker(model, work_dir, export_id, target, precision, kv, calibration, whole_plan)
+    specs = _static_talker(model, work_dir, export_id, target, precision, kv, calibration, plan.whole_stack_plan)
     if segments:
         def seg_spec(name: str, rel: str, precision: str = G.FLOAT_HTP_PRECISION, **extra) -> GraphSpec:
             return _spec(work_dir, name, rel, precision, export_id, target, mask_value=target.attention_mask_value,
                          segment=True, **extra)
 
         specs.update(export_talker_segments(model, work_dir, export_id=export_id, target=target, spec_fn=seg_spec))
-        if plan is not None and plan.quantized_units():
-            specs.update(_segment_variants(model, work_dir, specs, plan, target, seg_spec, calibration))
+        if placement is not None and placement.quantized_units():
+            specs.update(_segment_variants(model, work_dir, specs, placement, target, seg_spec, calibration))
 
     if target.on_htp("cp_frame") and not talker_only:
-        cp_precision = (plan.graphs.get("cp_frame") if plan is not None else None) or \
-            (precision if plan is None else G.FLOAT_HTP_PRECISION)
+        cp_precision = (placement.graphs.get("cp_frame") if placement is not None else None) or \
+            (precision if placement is None else G.FLOAT_HTP_PRECISION)
         spec = export_cp_frame_htp(model, work_dir, export_id, target, cp_precision, calibration)
         if spec is not None:
             specs["cp_frame"] = spec
     if target.on_htp("decoder") and not talker_only:
-        specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target, decoder_precision,
+        specs[DECODER_CHUNK] = export_decoder_chunk(model, work_dir, export_id, target, plan.decoder_precision,
                                                     calibration)
 
-    if context_binary and specs:
+    if plan.context_binary and specs:
         binaries = {n: s for n, s in specs.items() if not s.extra.get("segment")}  # segments: chosen at load
         specs.update(_with_context_binaries(work_dir, binaries, target, export_id))
     return specs

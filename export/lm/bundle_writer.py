@@ -36,11 +36,14 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
 from kztts.export.graphs.talker_graph import export_talker, talker_shape
 from kztts.export.htp.export_check import lm_htp_check_record
-from kztts.export.htp.static_graphs import check_target_options, export_htp_graphs
+from kztts.export.htp.export_plan import ExportPlan, plan_export
+from kztts.export.htp.static_graphs import export_htp_graphs
 from kztts.export.lm.checkpoint import load_causal_lm
+from kztts.export.lm.gguf_meta import gguf_layer_count
 from kztts.export.lm.hybrid import export_hybrid_bundle, is_hybrid_source
 from kztts.export.lm.lm_parts import (
     chat_facts,
@@ -51,9 +54,8 @@ from kztts.export.lm.lm_parts import (
     write_token_embedding,
 )
 from kztts.export.lm.text_calibration import LmTexts
-from kztts.htp.targets import load_target, target_path
+from kztts.htp.targets import target_path
 from kztts.lm import chatml
-from kztts.plan.resolve import resolve_placement
 
 log = logging.getLogger(__name__)
 
@@ -95,67 +97,34 @@ def _load(source: Path):
     return loaded.model, loaded.tokenizer_json, loaded.hf_tokenizer
 
 
-def check_lm_precision(precision: str, target, segments: bool) -> None:
-    """The HTP precisions an LM bundle has: fp16 (with or without the layer graphs) and the quantized ones (the
-    whole-stack static graphs, calibrated on text by ``kztts.export.lm.text_calibration``; fp32 KV I/O; a
-    precision per layer: ``--segments --placement PLAN``)."""
-    if precision not in G.HTP_PRECISIONS:
-        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    if not G.htp_precision(precision).quantized:
-        return
-    if segments:
-        raise KzttsError(
-            f"--segments with --precision {precision} is not supported for LM bundles: the layer graphs are float "
-            "graphs (fp16 on the HTP) whose magnitude probes the fp16 guard and `kztts calibrate` read, so a placement "
-            f"over them would run fp16, not {precision}. Export the {precision} graphs without --segments (placements "
-            "all-htp and prefill-htp-decode-cpu), or quantized layer graphs beside the float ones with a precision "
-            "plan: --precision fp16 --segments --placement PLAN (`kztts calibrate` writes one)")
-    if G.htp_kv_dtype(precision, target.kv_dtype) == "uint8":
-        raise KzttsError(f"{target.path}: kv_dtype uint8 (8-bit KV with fixed scales) is measured on TTS prompts "
-                         f"only (kztts.export.htp.kv_quant); an LM bundle's {precision} graphs keep fp32 KV: drop the "
-                         "key or give kv_dtype fp32")
-
-
-CPU_GRAPH_SETS = {
-    "all": "the plain and the fused-attention Talker and its batched form (kztts serve's conversations at once)",
-    "fused": "the fused-attention Talker alone: a third of the export's time and disk; no plain-attention "
-             "fallback (KZTTS_ATTENTION=plain), and kztts serve answers one conversation at a time",
-}
-
-
 def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                      target: str | None = None, precision: str | None = None, context_binary: bool = False,
                      segments: bool = False, placement: str | None = None, cpu_graphs: str = "all",
-                     check_htp: Callable | None = None) -> Path:
+                     plan: ExportPlan | None = None, check_htp: Callable | None = None) -> Path:
     """Export a causal LM (a Hugging Face directory or a GGUF file) to an LM bundle at ``out_dir``:
     the CPU graphs, and with ``target`` its static HTP graphs (``segments``: per layer; ``placement``: a precision
     plan, ``kztts.export.htp.static_graphs.export_htp_graphs``). ``cpu_graphs`` ``"fused"`` writes the
-    fused-attention Talker alone (``CPU_GRAPH_SETS``). ``check_htp``: what judges quantized static graphs on the
-    simulator and refuses the export below their bounds (``kztts.export.validate.htp_check.check_lm_bundle``,
-    given by the command); without it the manifest says they are unvalidated (``kztts.export.htp.export_check``).
-    A hybrid LM (Qwen3-Next / Qwen3.5, float static graphs only) goes to ``kztts.export.lm.hybrid``."""
+    fused-attention Talker alone (``kztts.export.htp.export_plan.CPU_GRAPH_SETS``). ``plan``: those options
+    decided already (``kztts.export.htp.export_plan.plan_export``); without it they are planned here.
+    ``check_htp``: what judges quantized static graphs on the simulator and refuses the export below their bounds
+    (``kztts.export.validate.htp_check.check_lm_bundle``, given by the command); without it the manifest says they
+    are unvalidated (``kztts.export.htp.export_check``). A hybrid LM (Qwen3-Next / Qwen3.5, float static graphs
+    only) goes to ``kztts.export.lm.hybrid``."""
     source, out_dir = Path(source), Path(out_dir)
-    if cpu_graphs not in CPU_GRAPH_SETS:
-        raise KzttsError(f"cpu_graphs {cpu_graphs!r}: choose one of {', '.join(CPU_GRAPH_SETS)}")
-    if is_hybrid_source(source):
-        if cpu_graphs != "all":
-            raise KzttsError(f"--cpu-graphs {cpu_graphs}: {source} is a hybrid LM, whose CPU graphs are one prefill "
-                             "and one decode graph (nothing to leave out); export without it")
-        if placement is not None:
-            raise KzttsError("--placement: a hybrid LM (qwen3_next) has no precision plans (no layer graphs, one "
-                             "precision per static graph)")
+    if plan is None and is_hybrid_source(source):
         return export_hybrid_bundle(source, out_dir, overwrite=overwrite, target=target, precision=precision,
-                                    context_binary=context_binary, segments=segments)
+                                    context_binary=context_binary, segments=segments, placement=placement,
+                                    cpu_graphs=cpu_graphs)
+    if plan is None:
+        plan = plan_export(source, gguf=source.is_file(), target=target, precision=precision,
+                           context_binary=context_binary, segments=segments, placement=placement,
+                           cpu_graphs=cpu_graphs, num_layers=gguf_layer_count(source) if source.is_file() else None)
+    if plan.kind == "hybrid":
+        return export_hybrid_bundle(source, out_dir, overwrite=overwrite, plan=plan)
+    target_cfg, cpu_graphs = plan.target, plan.cpu_graphs
     check_output(out_dir, overwrite)
-    check_target_options(target, segments=segments, placement=placement)
-    target_cfg = None
-    if target is not None:
-        target_cfg = load_target(target)
-        if placement is None or segments:  # a whole-stack plan picks its precision (plan_precision)
-            precision = precision or target_cfg.precision
-            check_lm_precision(precision, target_cfg, segments)
     with bundle_output(out_dir, overwrite) as work:
-        steps = progress.Steps(4 + (target is not None), "export")
+        steps = progress.Steps(4 + (target_cfg is not None), "export")
         steps.phase("loading checkpoint")
         lm, tokenizer, hf_tok = _load(source)
         steps.update()
@@ -179,17 +148,12 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             if cpu_graphs == "all":
                 # its batched form: several conversations per run (kztts serve), each row alone in the graph
                 graphs["talker_batched"] = export_talker_batched(model, work, export_id)
+        graphs, weights = share_graph_weights(work, graphs)  # each weight once, before the HTP graphs read any
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")
-            cfg = lm_config(lm)
-            plan = None
-            if placement is not None:
-                plan = resolve_placement(placement, int(cfg["num_layers"]))
-            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
-                                            calibration=LmTexts(cfg), precision=precision,
-                                            context_binary=context_binary, segments=segments, talker_only=True,
-                                            plan=plan))
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, plan=plan,
+                                            calibration=LmTexts(lm_config(lm)), talker_only=True))
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]
         if unknown:
@@ -201,7 +165,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             "model_type": lm.config.model_type, "source": {**src, "gguf": source.is_file()},
             "config": {"lm": lm_config(lm)},
             "special_ids": special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
-            "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables,
+            "chat": chat_facts(hf_tok), "generation": generation(lm), "embeddings": tables, "weights": weights,
             "graphs": {n: g.to_json() for n, g in graphs.items()},
         }
         write_manifest(work, manifest)

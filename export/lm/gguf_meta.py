@@ -84,4 +84,13 @@ def read_gguf_meta(path: str | Path) -> GGUFMeta:
     return meta
 
 
-__all__ = ["GGUFMeta", "read_gguf_meta"]
+def gguf_layer_count(path: str | Path) -> int:
+    """The number of decoder layers of a GGUF file (``<architecture>.block_count``), from its header alone."""
+    values = read_gguf_meta(path).values
+    key = f"{values.get('general.architecture')}.block_count"
+    if key not in values:
+        raise KzttsError(f"{path}: the GGUF header has no {key}; not a causal LM kztts exports")
+    return int(values[key])
+
+
+__all__ = ["GGUFMeta", "gguf_layer_count", "read_gguf_meta"]

@@ -32,13 +32,14 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
+from kztts.export.htp.export_plan import ExportPlan, plan_export
 from kztts.export.graphs.hybrid_graphs import STATIC_DECODE, STATIC_PREFILL, export_hybrid_cpu, export_hybrid_static
 from kztts.export.graphs.hybrid_stack import hybrid_shape
 from kztts.export.htp.static_graphs import _spec, _with_context_binaries
 from kztts.export.lm import lm_parts
 from kztts.export.lm.checkpoint import load_causal_lm
-from kztts.htp.qnn import qnn_available, qnn_unavailable_reason
-from kztts.htp.targets import Target, load_target, target_path
+from kztts.htp.targets import target_path
 from kztts.lm import chatml
 
 log = logging.getLogger(__name__)
@@ -55,35 +56,13 @@ def is_hybrid_source(source: str | Path) -> bool:
         return False
 
 
-def check_hybrid_options(target: Target | None, precision: str | None, segments: bool) -> str | None:
-    """The HTP precision of a hybrid export (fp16); a quantized one is refused in one line."""
-    if target is None:
-        return None
-    precision = precision or target.precision
-    if precision not in G.HTP_PRECISIONS:
-        raise KzttsError(f"precision {precision!r}: expected one of {', '.join(G.HTP_PRECISIONS)}")
-    if G.htp_precision(precision).quantized:
-        raise KzttsError(f"--precision {precision} is not available for hybrid LMs (qwen3_next): their static graphs "
-                         "are fp16 (the QDQ calibration drives the Talker-shaped LM graphs only); export with "
-                         f"--precision {G.FLOAT_HTP_PRECISION}")
-    if segments:
-        log.warning("hybrid LMs have no per-layer graphs: exporting the whole-stack static graphs, whose probes "
-                    "cover every layer (the fp16 guard and kztts calibrate read them)")
-    return precision
-
-
-def export_hybrid_htp(lm, work: Path, export_id: str, target: Target, context_binary: bool) -> dict:
-    """The two static hybrid graphs of ``target`` (fp16), as {name: manifest spec}."""
+def export_hybrid_htp(lm, work: Path, export_id: str, plan: ExportPlan) -> dict:
+    """The two static hybrid graphs of ``plan.target`` (fp16), as {name: manifest spec}."""
+    target, kv = plan.target, plan.htp_kv
     S, C = target.shapes.prefill_chunk, target.shapes.context
     limit = int(lm.config.max_position_embeddings)
     if C - 1 > limit:
         raise KzttsError(f"{target.path}: shapes.context {C} exceeds the model's {limit} positions")
-    if context_binary and not qnn_available():
-        raise KzttsError(f"--context-binary needs the QNN execution provider: {qnn_unavailable_reason()}")
-    try:
-        kv = G.htp_kv_dtype("fp16", target.kv_dtype)
-    except ValueError as exc:
-        raise KzttsError(f"{target.path}: kv_dtype: {exc}") from None
     if target.talker_graphs == "prefill-only":
         log.info("%s: talker_graphs prefill-only, but a hybrid's decode steps need their own graph (a padded prefill "
                  "chunk cannot re-run positions through a recurrent state): writing both", target.name)
@@ -95,20 +74,27 @@ def export_hybrid_htp(lm, work: Path, export_id: str, target: Target, context_bi
         export_hybrid_static(lm, work / rel, seq, C, kv)
         specs[name] = _spec(work, name, rel, "fp16", export_id, target, seq=seq,
                             stats=list(G.DELTANET_STATS), **common)
-    if context_binary:
+    if plan.context_binary:
         specs.update(_with_context_binaries(work, specs, target, export_id))
     return specs
 
 
 def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                          target: str | None = None, precision: str | None = None, context_binary: bool = False,
-                         segments: bool = False) -> Path:
+                         segments: bool = False, placement: str | None = None, cpu_graphs: str = "all",
+                         plan: ExportPlan | None = None) -> Path:
     """Export a hybrid causal LM (a Hugging Face ``qwen3_next`` directory) to an LM bundle at ``out_dir``: the
-    CPU graphs, and with ``target`` its static HTP graphs (module docstring)."""
+    CPU graphs, and with ``target`` its static HTP graphs (module docstring). ``plan``: those options decided
+    already (``kztts.export.htp.export_plan.plan_export``); without it they are planned here."""
     source, out_dir = Path(source), Path(out_dir)
+    if plan is None:
+        if segments:
+            log.warning("hybrid LMs have no per-layer graphs: exporting the whole-stack static graphs, whose probes "
+                        "cover every layer (the fp16 guard and kztts calibrate read them)")
+        plan = plan_export(source, kind="hybrid", target=target, precision=precision, context_binary=context_binary,
+                           placement=placement, cpu_graphs=cpu_graphs)
+    target_cfg = plan.target
     check_output(out_dir, overwrite)
-    target_cfg = load_target(target) if target is not None else None
-    check_hybrid_options(target_cfg, precision, segments)
     with bundle_output(out_dir, overwrite) as work:
         steps = progress.Steps(4 + (target_cfg is not None), "export")
         steps.phase("loading checkpoint")
@@ -128,11 +114,11 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
         lm_parts.save_tokenizer(loaded.tokenizer_json, work)
         steps.update()
         steps.phase("CPU graphs")
-        graphs = export_hybrid_cpu(lm, work, export_id)
+        graphs, weights = share_graph_weights(work, export_hybrid_cpu(lm, work, export_id))
         steps.update()
         if target_cfg is not None:
             steps.phase(f"HTP graphs for {target_cfg.name}")
-            graphs.update(export_hybrid_htp(lm, work, export_id, target_cfg, context_binary))
+            graphs.update(export_hybrid_htp(lm, work, export_id, plan))
             steps.update()
         from tokenizers import Tokenizer
 
@@ -142,7 +128,7 @@ def export_hybrid_bundle(source: str | Path, out_dir: str | Path, *, overwrite: 
             "config": {"lm": hybrid_shape(lm).to_config()},
             "special_ids": lm_parts.special_ids(lm, Tokenizer.from_file(str(work / "tokenizer.json"))),
             "chat": lm_parts.chat_facts(loaded.hf_tokenizer), "generation": lm_parts.generation(lm),
-            "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+            "embeddings": tables, "weights": weights, "graphs": {n: g.to_json() for n, g in graphs.items()},
         }
         write_manifest(work, manifest)
         steps.close()
@@ -162,4 +148,4 @@ def cached_hybrid_bundle(model_dir: str | Path, target: str | None = None) -> Pa
         model_dir, work, overwrite=True, target=str(target_path(target)) if target else None))
 
 
-__all__ = ["cached_hybrid_bundle", "check_hybrid_options", "export_hybrid_bundle", "is_hybrid_source"]
+__all__ = ["cached_hybrid_bundle", "export_hybrid_bundle", "is_hybrid_source"]

@@ -15,6 +15,7 @@ from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.common.embeddings import export_embeddings
 from kztts.export.common.export_key import exporter_code_key
+from kztts.export.common.graph_parts import share_graph_weights
 from kztts.export.common.tokenizer import export_tokenizer
 from kztts.export.graphs.code_predictor_graph import export_code_predictor
 from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
@@ -22,12 +23,12 @@ from kztts.export.graphs.gqa_graphs import export_gqa_graphs
 from kztts.export.graphs.speaker_graph import export_speaker_encoder
 from kztts.export.graphs.talker_graph import export_talker
 from kztts.export.htp.export_check import htp_check_record
-from kztts.export.htp.static_graphs import check_decoder_precision, check_target_options, export_htp_graphs
+from kztts.export.htp.static_graphs import export_htp_graphs
+from kztts.export.htp.export_plan import ExportPlan, plan_export
 from kztts.export.tts.prompt_calibration import TtsPrompts
 from kztts.export.tts.tiny_build import MARKER
 from kztts.export.tts.tts_parts import kind_entries, model_config, special_ids
-from kztts.htp.targets import load_target, target_path
-from kztts.plan.resolve import resolve_placement
+from kztts.htp.targets import target_path
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +36,25 @@ log = logging.getLogger(__name__)
 def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
                   target: str | None = None, precision: str | None = None,
                   context_binary: bool = False, segments: bool = False, placement: str | None = None,
-                  decoder_precision: str = FLOAT_HTP_PRECISION, check_htp: Callable | None = None) -> Path:
+                  decoder_precision: str = FLOAT_HTP_PRECISION, check_htp: Callable | None = None,
+                  plan: ExportPlan | None = None) -> Path:
     """Export everything the CPU runtime needs, plus the static HTP graphs of ``target``
     when given (and its per-layer Talker segments with ``segments``; ``placement``: a precision plan;
     ``decoder_precision``: the HTP decoder's, ``kztts.export.htp.static_graphs.export_htp_graphs``); written to a
     temp dir, then moved into place, under the lock of ``out_dir`` (``build_cache.exclusive_output``).
+    ``plan``: those options decided already (``kztts.export.htp.export_plan.plan_export``, what the command
+    builds); without it they are planned here.
     ``check_htp``: what judges the quantized HTP graphs on the simulator and refuses the export below their bounds
     (``kztts.export.validate.htp_check.check_bundle``, given by the command); without it the manifest says they
     are unvalidated (``kztts.export.htp.export_check``)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if plan is None:
+        plan = plan_export(model_dir, kind="tts", target=target, precision=precision, context_binary=context_binary,
+                           segments=segments, placement=placement, decoder_precision=decoder_precision)
+    target = plan.target
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
-    check_target_options(target, segments=segments, placement=placement)
-    check_decoder_precision(target, decoder_precision)
     with bundle_output(out_dir, overwrite) as work:
-        plan = None
-        if target is not None:
-            target_cfg = load_target(target)  # fail on a bad target before the long work
-            if placement is not None:
-                plan = resolve_placement(placement, int(cfg["talker_config"]["num_hidden_layers"]))
         steps = progress.Steps(6 + (target is not None), "export")
         steps.phase("loading checkpoint")
         tts = load_reference(model_dir)
@@ -77,13 +78,12 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
         graphs.update(export_encoder(model, work, export_id))
         if model.speaker_encoder is not None:  # Base only: the other kinds clone no voice
             graphs.update(export_speaker_encoder(model, work, export_id))
+        graphs, weights = share_graph_weights(work, graphs)  # each weight once, before the HTP graphs read any
         steps.update()
         if target is not None:
-            steps.phase(f"HTP graphs for {target}")
-            graphs.update(export_htp_graphs(model, work, export_id=export_id, target=target_cfg,
-                                            calibration=TtsPrompts(model), precision=precision,
-                                            context_binary=context_binary, segments=segments, plan=plan,
-                                            decoder_precision=decoder_precision))
+            steps.phase(f"HTP graphs for {target.name}")
+            graphs.update(export_htp_graphs(model, work, export_id=export_id, plan=plan,
+                                            calibration=TtsPrompts(model)))
             steps.update()
         steps.phase("manifest")
         manifest = {
@@ -92,7 +92,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             "source": source, "config": model_config(model), "special_ids": special_ids(model),
             "languages": dict(model.config.talker_config.codec_language_id or {}),
             "generation": dict(getattr(model, "generate_config", None) or {}),
-            "embeddings": tables, "graphs": {n: g.to_json() for n, g in graphs.items()},
+            "embeddings": tables, "weights": weights, "graphs": {n: g.to_json() for n, g in graphs.items()},
             "random_weights": random_weight_provenance(model_dir),
         }
         write_manifest(work, manifest)

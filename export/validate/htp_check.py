@@ -93,7 +93,7 @@ def check_bundle(bundle_dir: str | Path, target: str | Path | Target) -> dict:
     Needs the QNN execution provider (:func:`kztts.htp.qnn.qnn_available`)."""
     bundle_dir = Path(bundle_dir)
     tcfg = load_target(target)
-    tname = str(target) if not isinstance(target, Target) else tcfg.name
+    tname = str(tcfg.path)  # the worker processes read the target from its file
     roles = quantized_htp_steps(bundle_dir, tcfg)
     figures: dict = {}
     bounds: dict = {}

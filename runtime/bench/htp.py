@@ -51,13 +51,15 @@ def bench_target_file(target: str, context: int, out_dir: Path) -> Path:
 def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: str, out: Path) -> Path:
     """Write ``base`` + the static HTP graphs of ``target_file`` at ``precision`` into ``out``."""
     from kztts.export.common.checkpoint import load_reference
+    from kztts.export.htp.export_plan import plan_export
     from kztts.export.htp.static_graphs import export_htp_graphs
     from kztts.export.common.bundle_output import link_tree
     from kztts.export.tts.prompt_calibration import TtsPrompts
 
     manifest = read_manifest(base)
     data = json.loads(json.dumps(manifest.data))
-    target = load_target(target_file)
+    plan = plan_export(model_dir, kind="tts", target=target_file, precision=precision, context_binary=True)
+    target = plan.target
     export_id = manifest.graphs["talker"].extra.get("export_id", "unbundled")
     cp_file = manifest.graphs["cp_frame"].file if "cp_frame" in manifest.graphs else None
     with staged_dir(out) as work:
@@ -68,8 +70,7 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
         model = load_reference(model_dir).model
         # with their QNN context binaries, as a device bundle ships: a session loads the compiled
         # graph (fp16 weights) instead of holding the fp32 ONNX beside its compilation
-        specs = export_htp_graphs(model, work, export_id=export_id, target=target, calibration=TtsPrompts(model),
-                                  precision=precision, context_binary=True)
+        specs = export_htp_graphs(model, work, export_id=export_id, plan=plan, calibration=TtsPrompts(model))
         del model
         data["graphs"].update({n: s.to_json() for n, s in specs.items()})
         data["bench_htp"] = {"base": base.name, "target": target.name, "precision": precision,

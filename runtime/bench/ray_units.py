@@ -223,6 +223,10 @@ def plan_memory_mb(bundle: str | Path, roles: Sequence[str], *, target=None, pla
                 htp += graph_bytes(b, g)
             else:
                 cpu += _cpu_graph_bytes(b, g)
+                shared = b.manifest.data.get("weights")  # the CPU graphs' one weights file: counted once
+                if shared and g in shared["graphs"] and ("weights", "cpu") not in seen:
+                    seen.add(("weights", "cpu"))
+                    cpu += shared["bytes"]
     budget = getattr(plan.target, "process_context_mb", None) if htp else None
     hosts = math.ceil(htp / (budget * MB)) if budget else 0
     mb = PROCESS_MB * (1 + hosts) + CPU_FACTOR * cpu / MB + HTP_FACTOR * htp / MB + tables / MB

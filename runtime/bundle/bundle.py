@@ -53,6 +53,14 @@ class Bundle:
             if size is not None and f.stat().st_size != size:
                 raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {size}: the file "
                                   "is truncated or from another export; re-export the bundle")
+        shared = self.manifest.data.get("weights")  # the CPU graphs' one weights file (format 2)
+        if shared is not None:
+            f = self.path / shared["file"]
+            if not f.is_file():
+                raise BundleError(f"{f}: the graphs' shared weights file is missing; re-export the bundle")
+            if f.stat().st_size != shared["bytes"]:
+                raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {shared['bytes']}: the shared "
+                                  "weights file is truncated or from another export; re-export the bundle")
         for name, spec in self.manifest.embeddings.items():
             self.table(name)
 

@@ -11,7 +11,9 @@ from kztts.core.errors import BundleError
 
 MANIFEST_NAME = "kztts.json"
 FORMAT = "kztts-bundle"
-FORMAT_VERSION = 1
+# 2: the CPU graphs' weights in one shared file (``weights``: each weight once); 1: each graph its own (still read)
+FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
 MODEL_TYPE = "qwen3_tts"
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
 # tts_model_type: Base clones a voice, CustomVoice speaks preset speakers, VoiceDesign makes a voice from an instruction
@@ -193,9 +195,14 @@ def read_manifest(bundle_dir: Path) -> Manifest:
             raise BundleError(f"{path}: key {key!r} should be a {typ.__name__}")
     if data["format"] != FORMAT:
         raise BundleError(f"{path}: format is {data['format']!r}, expected {FORMAT!r}")
-    if data["format_version"] != FORMAT_VERSION:
+    if data["format_version"] not in READ_FORMAT_VERSIONS:
         raise BundleError(f"{path}: format_version {data['format_version']} is not supported by this "
-                          f"kztts (expects {FORMAT_VERSION}); re-export the bundle with this version")
+                          f"kztts (reads {', '.join(map(str, READ_FORMAT_VERSIONS))}); re-export the bundle with "
+                          "this version")
+    weights = data.get("weights")
+    if weights is not None and not (isinstance(weights, dict) and isinstance(weights.get("file"), str)
+                                    and isinstance(weights.get("bytes"), int)):
+        raise BundleError(f"{path}: weights should be an object with file and bytes; re-export the bundle")
     if lm:
         return _read_lm(path, data)
     if data["model_type"] != MODEL_TYPE or data["tokenizer_type"] != TOKENIZER_TYPE:

@@ -4,13 +4,21 @@ the static HTP graphs."""
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from pathlib import Path
+
+try:
+    import resource  # the child processes' peak RSS (POSIX)
+except ImportError:  # Windows
+    resource = None
 
 from kztts.bundle import graphs as G
 from kztts.core import progress
 from kztts.core.atomic import check_writable_dir
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
+from kztts.core.metrics import peak_rss_mb
 
 
 def lm_export_requested(args: argparse.Namespace) -> bool:
@@ -26,70 +34,47 @@ def lm_export_requested(args: argparse.Namespace) -> bool:
     return lm_model_type(args.model_dir) is not None
 
 
-def export_lm(args: argparse.Namespace) -> Path:
-    # the export extra (torch): checked by cmd_export
-    from kztts.export.lm.bundle_writer import export_lm_bundle
-    from kztts.export.common.variants import variant_output
-    from kztts.export.validate.htp_check import check_lm_bundle
+def plan_from_args(args: argparse.Namespace):
+    """The export's ``ExportPlan`` (``kztts.export.htp.export_plan``): the target parsed once, the precisions
+    resolved and every option checked, before any work."""
+    # the export extra: checked by cmd_export
+    from kztts.export.htp.export_plan import plan_export
+    from kztts.export.lm.gguf_meta import gguf_layer_count
 
+    lm_export_requested(args)  # MODEL_DIR or --gguf, not both
     source = Path(args.gguf or args.model_dir)
-    if not (source.is_file() if args.gguf else source.is_dir()):
-        raise KzttsError(f"{source}: no such {'GGUF file' if args.gguf else 'directory'}")
-    if args.decoder != "fp32":
-        raise KzttsError(f"--decoder {args.decoder}: an LM bundle has no speech decoder; export without it")
-    from kztts.export.lm.hybrid import is_hybrid_source
+    if args.gguf and not source.is_file():
+        raise KzttsError(f"{source}: no such GGUF file")
+    return plan_export(source, gguf=args.gguf is not None, target=args.target, precision=args.precision,
+                       weights=args.weights, kv=args.kv, decoder=args.decoder, context_binary=args.context_binary,
+                       segments=args.segments, placement=args.placement, cpu_graphs=args.cpu_graphs,
+                       num_layers=gguf_layer_count(source) if args.gguf else None)
 
-    if is_hybrid_source(source):
-        if args.segments:
-            raise KzttsError(f"--segments: {source} is a hybrid LM (qwen3_next), which has no per-layer graphs; its "
-                             "whole-stack static graphs (--target) carry every layer's fp16 probes: drop --segments")
-        if args.kv != "fp32":
-            raise KzttsError(f"--kv {args.kv}: a hybrid LM's graphs keep their KV and DeltaNet states in fp32 (no fp16 "
-                             "cache variant); export without --kv")
-        if args.weights != "fp32":
-            # no bound holds: on the tiny random hybrids int8 / int4 MatMulNBits give logits cosine min -0.03 / -0.25
-            # against fp32 (benchmarks/hybrid_lm: their small delta-rule outputs, rescaled by the gated norm, turn
-            # small weight errors into large ones); no trained hybrid could be fetched to show a model where they hold
-            raise KzttsError(f"--weights {args.weights}: a hybrid LM's {args.weights} CPU weights have no accuracy bound "
-                             "(tiny hybrids: logits cosine min -0.03 at int8, -0.25 at int4 against fp32, "
-                             "benchmarks/hybrid_lm); export fp32 weights")
-    progress.phase("exporting the causal LM %s to %s", source, args.output)
+
+def export(args: argparse.Namespace, plan) -> Path:
+    """Write the bundle ``plan`` describes to ``args.output`` (its precision variant: ``variant_output``)."""
+    from kztts.export.common.variants import variant_output  # the export extra: checked by cmd_export
+
     out = Path(args.output)
-    with variant_output(out, base_name=source.name, weights=args.weights, kv=args.kv,
+    if plan.kind == "tts":
+        progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
+                       plan.source, args.output)
+    else:
+        progress.phase("exporting the causal LM %s to %s", plan.source, args.output)
+    with variant_output(out, base_name=plan.source.name, weights=plan.weights, kv=plan.kv, decoder=plan.decoder,
                         overwrite=args.overwrite) as fp32_out:
-        export_lm_bundle(source, fp32_out, overwrite=args.overwrite, target=args.target, precision=args.precision,
-                         context_binary=args.context_binary, segments=args.segments, cpu_graphs=args.cpu_graphs,
-                         placement=args.placement, check_htp=None if args.no_htp_check else check_lm_bundle)
-    return out
+        if plan.kind == "tts":
+            from kztts.export.tts.bundle_writer import export_bundle
+            from kztts.export.validate.htp_check import check_bundle
 
+            export_bundle(plan.source, fp32_out, overwrite=args.overwrite, plan=plan,
+                          check_htp=None if args.no_htp_check else check_bundle)
+        else:
+            from kztts.export.lm.bundle_writer import export_lm_bundle
+            from kztts.export.validate.htp_check import check_lm_bundle
 
-def export_tts(args: argparse.Namespace) -> Path:
-    # the export extra (torch): checked by cmd_export
-    from kztts.export.common.checkpoint import read_config
-    from kztts.export.tts.bundle_writer import export_bundle
-    from kztts.export.common.variants import variant_output
-    from kztts.export.validate.htp_check import check_bundle
-
-    read_config(Path(args.model_dir))  # a wrong directory is refused before the phase line
-    htp_decoder = args.decoder in G.HTP_DECODER_FLAGS
-    if htp_decoder:
-        from kztts.export.htp.static_graphs import check_decoder_precision
-
-        check_decoder_precision(args.target, args.decoder)
-    if args.cpu_graphs != "all":
-        raise KzttsError(f"--cpu-graphs {args.cpu_graphs}: {args.model_dir} is a Qwen3-TTS checkpoint, whose runners "
-                         "use the plain and the fused graphs both; --cpu-graphs applies to LM exports")
-    progress.phase("exporting %s to %s (about a minute for a small model; more for 0.6B/1.7B)",
-                   args.model_dir, args.output)
-    out = Path(args.output)
-    # --decoder names the CPU decoder graphs' variant, or the HTP decoder's precision (the CPU ones stay fp32)
-    with variant_output(out, base_name=Path(args.model_dir).name, weights=args.weights, kv=args.kv,
-                        decoder="fp32" if htp_decoder else args.decoder, overwrite=args.overwrite) as fp32_out:
-        export_bundle(Path(args.model_dir), fp32_out, overwrite=args.overwrite, target=args.target,
-                      precision=args.precision, context_binary=args.context_binary, segments=args.segments,
-                      placement=args.placement,
-                      decoder_precision=args.decoder if htp_decoder else G.FLOAT_HTP_PRECISION,
-                      check_htp=None if args.no_htp_check else check_bundle)
+            export_lm_bundle(plan.source, fp32_out, overwrite=args.overwrite, plan=plan,
+                             check_htp=None if args.no_htp_check else check_lm_bundle)
     return out
 
 
@@ -101,8 +86,37 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     check_output(Path(args.output), args.overwrite)
     need_export_extra()
-    print(export_lm(args) if lm_export_requested(args) else export_tts(args))
+    start = time.perf_counter()
+    out = export(args, plan_from_args(args))
+    progress.phase("%s", export_footprint(out, time.perf_counter() - start))
+    print(out)
     return 0
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``, each hard-linked file once (a variant links its base's files)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for f in folder.rglob("*"):
+        st = f.stat()
+        if f.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+def export_footprint(out: Path, seconds: float) -> str:
+    """What an export cost: the bundle's bytes on disk, the peak resident set of this process and of its child
+    processes (the HTP check's simulator runs), the wall time."""
+    children = 0.0
+    if resource is not None:  # ru_maxrss: KiB on Linux, bytes on macOS
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
+    graphs = disk_bytes(out / "graphs") if (out / "graphs").is_dir() else 0
+    line = (f"{out}: {disk_bytes(out) / 1e6:,.1f} MB on disk ({graphs / 1e6:,.1f} MB of graphs); "
+            f"peak RSS {peak_rss_mb():,.0f} MB")
+    if children:
+        line += f" (child processes {children:,.0f} MB)"
+    return line + f"; {seconds:,.0f} s"
 
 
 def add_command(sub) -> None:

@@ -46,7 +46,7 @@ def test_manifest_not_json(bundle_copy):
 
 def test_wrong_format_version(bundle_copy):
     _edit_manifest(bundle_copy, format_version=99)
-    with pytest.raises(BundleError, match="format_version 99 is not supported by this kztts \\(expects 1\\)"):
+    with pytest.raises(BundleError, match="format_version 99 is not supported by this kztts \\(reads 1, 2\\)"):
         Bundle.open(bundle_copy)
 
 

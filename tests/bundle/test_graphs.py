@@ -37,13 +37,13 @@ def test_kv_names_come_from_the_registry_and_match_the_manifest(plain_bundle, ht
             assert set(G.GRAPHS[name].inputs) <= ins and set(G.GRAPHS[name].outputs) <= outs, name
 
 
-def test_a_new_htp_precision_is_one_registry_entry_plus_its_weight_writer(monkeypatch, tmp_path, small_target):
+def test_a_new_htp_precision_is_one_registry_entry_plus_its_weight_writer(monkeypatch, tmp_path, small_target, tiny_dir):
     """What adding a precision touches: its registry entry makes every CLI choice, the target schema, the bench
     axis and the cost on paper accept it; the export refuses it until the QDQ graphs can hold its weights. The QDQ
     graphs hold every quantized precision of the registry (w4a16 was added so)."""
     from kztts.bench.grid import parse_htp_precisions
     from kztts.cli.main import build_parser
-    from kztts.export.htp import static_graphs as htp_export
+    from kztts.export.htp.export_plan import plan_export
     from kztts.export.htp.qdq import QDQ_WEIGHT_BITS
     from kztts.htp.targets import load_target
 
@@ -60,8 +60,7 @@ def test_a_new_htp_precision_is_one_registry_entry_plus_its_weight_writer(monkey
     (tmp_path / "t.json").write_text(json.dumps(data))
     assert load_target(tmp_path / "t.json").precision == "w2a16"
     with pytest.raises(KzttsError, match="writes no 2-bit weights"):
-        htp_export.export_htp_graphs(None, tmp_path, export_id="x", target=small_target, calibration=None,
-                                     precision="w2a16")
+        plan_export(tiny_dir, target=small_target, precision="w2a16")
     # bytes on the device: 2 bits per weight + one fp32 scale per column
     assert w2.matmul_weight_bytes(64, 8) == 64 * 8 / 4 + 8 * 4
     assert G.least_precise(["fp16", "w2a16", "w8a16"]) == "w2a16"

@@ -170,7 +170,7 @@ class _StubGraph:
 @pytest.fixture
 def quick_export(monkeypatch, reference):
     """``export_bundle`` with its graph and tokenizer exporters replaced by stubs writing one small file
-    each, and the checkpoint loaded once per session (the ``reference`` fixture, what load_reference
+    each (so nothing to share in a weights file), and the checkpoint loaded once per session (the ``reference`` fixture, what load_reference
     returns): the checkpoint is still hashed, the embeddings and the manifest still written. What is
     tested is where the bundle goes, not the graphs (other tests check those). Returns the stub calls."""
     from kztts.export.tts import bundle_writer
@@ -192,6 +192,7 @@ def quick_export(monkeypatch, reference):
     for name in ("export_code_predictor", "export_gqa_graphs", "export_decoder", "export_encoder",
                  "export_speaker_encoder"):
         monkeypatch.setattr(bundle_writer, name, stub(name))
+    monkeypatch.setattr(bundle_writer, "share_graph_weights", lambda work, graphs: (graphs, None))  # no ONNX files
     return calls
 
 

@@ -104,9 +104,9 @@ def test_decode_io_binding_equals_arrays_per_call(htp_bundle):
         assert np.array_equal(a, b)
 
 
-def test_kv_dtype_target_key_is_validated(small_target, tmp_path):
+def test_kv_dtype_target_key_is_validated(small_target, tiny_dir, tmp_path):
     from kztts.core.errors import KzttsError
-    from kztts.export.htp.static_graphs import export_htp_graphs
+    from kztts.export.htp.export_plan import plan_export
     from kztts.htp.targets import TargetError, load_target
 
     data = json.loads(Path(small_target).read_text())
@@ -128,8 +128,7 @@ def test_kv_dtype_target_key_is_validated(small_target, tmp_path):
         load_target(target(kv_dtype=16))
     # an export's --precision must fit the target's KV type: refused before any work
     with pytest.raises(KzttsError, match=r"kv_dtype: .*'uint8'.*fp16 graphs.*--precision fp16"):
-        export_htp_graphs(None, tmp_path, export_id="x", target=target(precision="w8a16", kv_dtype="uint8"),
-                          calibration=None, precision="fp16")
+        plan_export(tiny_dir, target=target(precision="w8a16", kv_dtype="uint8"), precision="fp16")
 
 
 def test_fp16_kv_on_the_simulator_matches_fp32_kv(htp_bundle, fp32_kv_bundle, small_target, sequences):
