@@ -4,14 +4,8 @@ the static HTP graphs."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-try:
-    import resource  # the child processes' peak RSS (POSIX)
-except ImportError:  # Windows
-    resource = None
 
 from kztts.bundle import graphs as G
 from kztts.core import progress
@@ -106,17 +100,11 @@ def disk_bytes(folder: Path) -> int:
 
 
 def export_footprint(out: Path, seconds: float) -> str:
-    """What an export cost: the bundle's bytes on disk, the peak resident set of this process and of its child
-    processes (the HTP check's simulator runs), the wall time."""
-    children = 0.0
-    if resource is not None:  # ru_maxrss: KiB on Linux, bytes on macOS
-        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
+    """What an export cost: the bundle's bytes on disk, the peak resident set of this process (the HTP check's
+    simulator runs are child processes of their own, not counted), the wall time."""
     graphs = disk_bytes(out / "graphs") if (out / "graphs").is_dir() else 0
-    line = (f"{out}: {disk_bytes(out) / 1e6:,.1f} MB on disk ({graphs / 1e6:,.1f} MB of graphs); "
-            f"peak RSS {peak_rss_mb():,.0f} MB")
-    if children:
-        line += f" (child processes {children:,.0f} MB)"
-    return line + f"; {seconds:,.0f} s"
+    return (f"{out}: {disk_bytes(out) / 1e6:,.1f} MB on disk ({graphs / 1e6:,.1f} MB of graphs); "
+            f"peak RSS {peak_rss_mb():,.0f} MB; {seconds:,.0f} s")
 
 
 def add_command(sub) -> None:
