@@ -374,6 +374,23 @@ class ShapeError(BundleError):
     """A graph whose tensor shapes cannot be read from the file at these dimensions (a data-dependent shape)."""
 
 
+def _read_external_constants(graph, folder: Path) -> None:
+    """Read into ``graph`` the data of its Constant nodes' values and integer initializers stored in an external
+    file (a bundle's shared weights file holds them too): shape inference needs their values. Read here, not by
+    onnx, whose loader refuses a data file with a second name (a bundle beside it may hard-link the shared file)."""
+    tensors = [t for t in graph.initializer if t.data_type in (6, 7)]  # INT32, INT64
+    tensors += [a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    for t in tensors:
+        if t.data_location != 1:  # EXTERNAL
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        with open(folder / info["location"], "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            t.raw_data = f.read(int(info["length"]))
+        del t.external_data[:]
+        t.data_location = 0
+
+
 def read_counts(path: Path, dims: dict) -> tuple[dict, dict, dict, int, dict]:
     """What ``profile_graph`` measures, read from the file instead: the graph (without its external data) with
     its inputs fixed at ``dims``, every tensor's shape from ONNX Runtime's symbolic shape inference, and from
@@ -395,6 +412,7 @@ def _read_counts(path: str, size: int, mtime_ns: int, dims: tuple) -> tuple[dict
     # the weights' data is not read: a graph stored in one file holds them inline
     model = onnx.load_model_from_string(without_weight_data(path))
     g = model.graph
+    _read_external_constants(g, Path(path).parent)
     inits = {t.name for t in g.initializer}
     ins: dict[str, tuple[int, str]] = {}
     lengths = []

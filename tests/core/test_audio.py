@@ -62,7 +62,7 @@ def test_write_wav_leaves_no_partial_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     with pytest.raises(KzttsError, match="unsupported output extension"):
-        write_wav(tmp_path / "out.mp3", np.zeros(100, np.float32), 24000)
+        write_wav(tmp_path / "out.aiff", np.zeros(100, np.float32), 24000)
     with pytest.raises(KzttsError, match="does not exist"):
         write_wav(tmp_path / "no" / "out.wav", np.zeros(100, np.float32), 24000)
     with pytest.raises(KzttsError, match="NaN"):
