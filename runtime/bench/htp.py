@@ -64,16 +64,13 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
     cp_file = manifest.graphs["cp_frame"].file if "cp_frame" in manifest.graphs else None
     with staged_dir(out) as work:
         # cp_frame is re-stamped in place by the HTP export: copy it, never write through a link. The shared
-        # weights file is linked symbolically: a second hard link to it would make onnx refuse to load the base's
-        # graphs (it takes a data file with two names for an attack)
+        # weights file is copied: a second hard link to it makes onnx refuse to load the base's graphs (a data
+        # file with two names is taken for an attack), and ONNX Runtime refuses a symbolic link out of the folder
         shared = manifest.data.get("weights")
         link_tree(base, work, ({cp_file} if cp_file else set()) | ({shared["file"]} if shared else set()),
                   across_fs="symlink")
         if shared:
-            try:
-                (work / shared["file"]).symlink_to((base / shared["file"]).resolve())
-            except OSError:  # no symbolic links here (Windows without the privilege)
-                shutil.copy2(base / shared["file"], work / shared["file"])
+            shutil.copy2(base / shared["file"], work / shared["file"])
         if cp_file:
             shutil.copy2(base / cp_file, work / cp_file)
         model = load_reference(model_dir).model
