@@ -202,8 +202,10 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     from kztts.runners.talker_static import StaticTalker
 
     def export(out: Path) -> Path:
+        # the HTP check is not what this compares (and this wide-drawn tiny Qwen2 falls below the w8a16 bounds
+        # set on the real 1.5B: logits cosine 0.882, top-1 0.825, so the export would refuse it)
         assert main(["export", "--gguf", str(cached_tiny_gguf()), "--target", str(small_target), "--precision",
-                     "w8a16", "-o", str(out)]) == 0
+                     "w8a16", "-o", str(out), "--no-htp-check"]) == 0
         return out
 
     inline = export(tmp_path / "inline")
@@ -212,8 +214,11 @@ def test_lm_export_w8a16_external_equals_inline(small_target, tmp_path, monkeypa
     m = LM(external).bundle.manifest
     assert {n: m.graphs[n].precision for n in ("talker_prefill", "talker_decode")} == {
         "talker_prefill": "w8a16", "talker_decode": "w8a16"}
-    files = sorted(p.name for p in (external / "graphs").iterdir())
-    assert files == sorted(n for g in m.graphs.values() for n in (Path(g.file).name, Path(g.file).name + ".data"))
+    files = {p.name for p in (external / "graphs").iterdir()}
+    graphs = {Path(g.file).name for g in m.graphs.values()}
+    shared = {Path(m.data["weights"]["file"]).name} if m.data.get("weights") else set()
+    # the graphs, the CPU graphs' one shared weights file, and the static graphs' own data files only
+    assert graphs <= files and files <= graphs | shared | {n + ".data" for n in graphs}, files
     assert not any(onnx_export.data_file(inline / g.file).exists() for g in m.graphs.values())
     mask = load_target(small_target).attention_mask_value
 
