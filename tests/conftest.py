@@ -105,6 +105,19 @@ def small_target(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def decoder_target(small_target, tmp_path_factory):
+    """``small_target`` with only the speech decoder on the HTP: an export writes ``decoder_chunk`` alone as an HTP
+    graph, and the Talker and the Code Predictor run on the CPU (the simulator's cost is the decoder's alone)."""
+    import json
+
+    data = json.loads(small_target.read_text())
+    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="htp")
+    p = tmp_path_factory.mktemp("targets") / "simulator_small_decoder.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+@pytest.fixture(scope="session")
 def prefill_only_target(small_target, tmp_path_factory):
     """``small_target`` with one Talker graph, as the shipped simulator target: decode steps run the
     padded prefill graph (``kztts.runners.talker_prefill_only``)."""

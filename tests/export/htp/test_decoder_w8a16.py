@@ -27,17 +27,6 @@ def _qnn():
 
 
 @pytest.fixture(scope="module")
-def decoder_target(small_target, tmp_path_factory):
-    """``small_target`` with only the speech decoder on the HTP: the export writes ``decoder_chunk`` alone as an HTP
-    graph, and the Talker and the Code Predictor run on the CPU."""
-    data = json.loads(small_target.read_text())
-    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="htp")
-    p = tmp_path_factory.mktemp("targets") / "simulator_small_decoder.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
-@pytest.fixture(scope="module")
 def w8a16_bundle(tiny_dir, decoder_target):
     from kztts.export.tts.bundle_writer import cached_target_bundle
 

@@ -54,16 +54,6 @@ def test_the_manifest_refuses_an_unknown_check_status(tmp_path, proj_bundle):
 
 
 @pytest.fixture(scope="module")
-def decoder_target(small_target, tmp_path_factory):
-    """``small_target`` with only the speech decoder on the HTP (as tests/export/htp/test_decoder_w8a16.py)."""
-    data = json.loads(small_target.read_text())
-    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="htp")
-    p = tmp_path_factory.mktemp("targets") / "simulator_small_decoder.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
-@pytest.fixture(scope="module")
 def w8a16_bundle(tiny_dir, decoder_target):
     """The cached ``--decoder w8a16`` bundle (built without the check: its manifest says unvalidated)."""
     from kztts.export.tts.bundle_writer import cached_target_bundle

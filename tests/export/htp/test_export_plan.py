@@ -28,16 +28,6 @@ def parses(monkeypatch):
     return seen
 
 
-@pytest.fixture(scope="module")
-def decoder_target(small_target, tmp_path_factory):
-    """``small_target`` with only the speech decoder on the HTP (the export's HTP graph is ``decoder_chunk``)."""
-    data = json.loads(small_target.read_text())
-    data["placement"].update(talker_prefill="cpu", talker_decode="cpu", cp_frame="cpu", decoder="htp")
-    p = tmp_path_factory.mktemp("targets") / "simulator_small_decoder.json"
-    p.write_text(json.dumps(data, indent=1))
-    return p
-
-
 def test_the_plan_resolves_each_choice_once(tiny_dir, small_target, decoder_target, parses):
     from kztts.export.htp.export_plan import plan_export
 
