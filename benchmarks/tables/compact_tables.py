@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the compact tables of a quantized bundle cost: the same int8/int4 variant with its tables compact (text
-table 8 bits per row, codec tables fp16: ``kztts.export.common.embeddings.compact_tables``) and with its fp32
+table 8 bits per row, codec tables fp16: ``kztts.bundle.table_compact.compact_tables``) and with its fp32
 bundle's tables (bf16 text, fp32 codec), compared on ``kztts validate``'s four validation prompts (their own
 voice, each in its prompt mode: x-vector and ICL, streaming and not):
 

@@ -14,9 +14,7 @@ Tables (see docs/DESIGN.md, "Embedding tables"):
 The big text table is written row-block by row-block (a .npy header, then sequential
 writes) so the export holds at most one block of converted values besides the model.
 
-A bundle with quantized weights gets compact tables (``compact_tables``, from its fp32 bundle's): the text table in
-8 bits per row (symmetric, one fp32 scale per row: the 0.6B's 622 MB become 311 MB), the codec tables in fp16. The
-projection MLP stays fp32 (25 MB at 0.6B).
+A bundle with quantized weights gets compact tables (``kztts.bundle.table_compact``, from its fp32 bundle's).
 """
 from __future__ import annotations
 
@@ -25,14 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts.bundle.embeddings import bf16_to_f32, load_table
+from kztts.bundle.table_compact import BLOCK_ROWS, TABLE_DIR, save_table, table_rel
 from kztts.core.atomic import atomic_path
 from kztts.core.errors import KzttsError
 
 log = logging.getLogger(__name__)
 
-TABLE_DIR = "embeddings"
-_BLOCK_ROWS = 8192  # rows converted at a time (8192 x 2048 fp32 = 64 MB)
 
 
 def _to_numpy_f32(t) -> np.ndarray:
@@ -45,14 +41,6 @@ def _to_numpy_f32(t) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _rel(name: str) -> str:
-    return f"{TABLE_DIR}/{name}.npy"
-
-
-def _save(out_dir: Path, name: str, arr: np.ndarray, dtype: str) -> dict:
-    with atomic_path(out_dir / _rel(name)) as tmp, open(tmp, "wb") as f:
-        np.save(f, arr)
-    return {"file": _rel(name), "dtype": dtype, "shape": list(arr.shape)}
 
 
 def bf16_exact(x: np.ndarray) -> bool:
@@ -67,70 +55,16 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
 
 
-def _write_blocks(path: Path, dtype, shape: tuple[int, ...], blocks) -> None:
-    """A .npy of ``shape`` written block by block (``blocks``: arrays in row order), never in place."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, header)
-        for block in blocks:
-            f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
-
-
-def row_quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 codes, fp32 scale per row) of float32 ``rows``: symmetric, ``max |row| / 127`` (1 for a zero row)."""
-    peak = np.abs(rows).max(axis=1)
-    scale = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
-    return np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8), scale
-
-
-COMPACT_TABLES = ("text_embedding", "codec_embedding", "cp_codec_embedding")
-
-
-def compact_tables(base: Path, out_dir: Path, embeddings: dict) -> dict:
-    """Write into ``out_dir`` the compact form of the TTS tables of the bundle at ``base`` (module docstring) and
-    return its manifest ``embeddings`` entry; tables it does not compact keep their entries (and files)."""
-    out = dict(embeddings)
-    (out_dir / TABLE_DIR).mkdir(parents=True, exist_ok=True)
-    spec = embeddings.get("text_embedding")
-    if spec is not None and spec["dtype"] in ("bf16", "fp16"):
-        table = load_table(base, "text_embedding", spec)
-        rows, cols = (int(n) for n in table.shape)
-        scales = np.empty(rows, np.float32)
-
-        def codes():
-            for start in range(0, rows, _BLOCK_ROWS):
-                block = table[start:start + _BLOCK_ROWS]
-                block = bf16_to_f32(block) if spec["dtype"] == "bf16" else block.astype(np.float32)
-                q, scales[start:start + block.shape[0]] = row_quantize(block)
-                yield q
-
-        _write_blocks(out_dir / _rel("text_embedding.int8"), np.int8, (rows, cols), codes())
-        _save(out_dir, "text_embedding.scale", scales, "fp32")
-        out["text_embedding"] = {"file": _rel("text_embedding.int8"), "dtype": "int8", "shape": [rows, cols],
-                                 "scale_file": _rel("text_embedding.scale")}
-    for name in ("codec_embedding", "cp_codec_embedding"):
-        spec = embeddings.get(name)
-        if spec is None or spec["dtype"] != "fp32":
-            continue
-        table = np.asarray(load_table(base, name, spec))
-        with np.errstate(over="ignore"):
-            half = table.astype(np.float16)
-        if np.any(np.isinf(half) & np.isfinite(table)):
-            continue  # beyond fp16: kept as it is
-        out[name] = _save(out_dir, f"{name}.fp16", half, "fp16")
-    return out
-
-
 def _write_text_table(weight, out_dir: Path) -> dict:
     """Stream the text embedding into a .npy as bf16 bits (or fp16 when not bf16-exact)."""
     rows, cols = (int(s) for s in weight.shape)
     exact = True
-    for start in range(0, rows, _BLOCK_ROWS):
-        if not bf16_exact(_to_numpy_f32(weight[start:start + _BLOCK_ROWS])):
+    for start in range(0, rows, BLOCK_ROWS):
+        if not bf16_exact(_to_numpy_f32(weight[start:start + BLOCK_ROWS])):
             exact = False
             break
     name = "text_embedding"
-    path = out_dir / _rel(name)
+    path = out_dir / table_rel(name)
     if exact:
         dtype, np_dtype = "bf16", np.uint16
     else:
@@ -145,8 +79,8 @@ def _write_text_table(weight, out_dir: Path) -> dict:
               "shape": (rows, cols)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.lib.format.write_array_header_1_0(f, header)
-        for start in range(0, rows, _BLOCK_ROWS):
-            block = _to_numpy_f32(weight[start:start + _BLOCK_ROWS])
+        for start in range(0, rows, BLOCK_ROWS):
+            block = _to_numpy_f32(weight[start:start + BLOCK_ROWS])
             if exact:
                 f.write(f32_to_bf16_bits(block).tobytes())
             else:
@@ -156,7 +90,7 @@ def _write_text_table(weight, out_dir: Path) -> dict:
                     raise KzttsError(f"{path}: text embedding values exceed the fp16 range; the "
                                      "checkpoint cannot be stored in a kztts bundle")
                 f.write(half.tobytes())
-    return {"file": _rel(name), "dtype": dtype, "shape": [rows, cols]}
+    return {"file": table_rel(name), "dtype": dtype, "shape": [rows, cols]}
 
 
 def export_embeddings(model, out_dir: Path) -> dict:
@@ -188,8 +122,8 @@ def export_embeddings(model, out_dir: Path) -> dict:
         for i, lin in ((1, proj.linear_fc1), (2, proj.linear_fc2)):
             if lin.bias is None:
                 raise KzttsError(f"text projection linear_fc{i} has no bias; this is not a Qwen3-TTS 12 Hz model")
-            tables[f"text_proj_fc{i}_w"] = _save(out_dir, f"text_proj_fc{i}_w", _to_numpy_f32(lin.weight), "fp32")
-            tables[f"text_proj_fc{i}_b"] = _save(out_dir, f"text_proj_fc{i}_b", _to_numpy_f32(lin.bias), "fp32")
+            tables[f"text_proj_fc{i}_w"] = save_table(out_dir, f"text_proj_fc{i}_w", _to_numpy_f32(lin.weight), "fp32")
+            tables[f"text_proj_fc{i}_b"] = save_table(out_dir, f"text_proj_fc{i}_b", _to_numpy_f32(lin.bias), "fp32")
         if tables["text_proj_fc2_w"]["shape"][0] != hidden:
             raise KzttsError(f"text projection outputs {tables['text_proj_fc2_w']['shape'][0]}, "
                              f"the talker hidden size is {hidden}")
@@ -197,7 +131,7 @@ def export_embeddings(model, out_dir: Path) -> dict:
         codec = _to_numpy_f32(talker.get_input_embeddings().weight)
         if codec.shape != (tc.vocab_size, hidden):
             raise KzttsError(f"talker codec embedding is {codec.shape}, expected ({tc.vocab_size}, {hidden})")
-        tables["codec_embedding"] = _save(out_dir, "codec_embedding", codec, "fp32")
+        tables["codec_embedding"] = save_table(out_dir, "codec_embedding", codec, "fp32")
 
         cp_embs = talker.code_predictor.get_input_embeddings()
         n_groups = int(tc.num_code_groups)
@@ -208,5 +142,5 @@ def export_embeddings(model, out_dir: Path) -> dict:
             raise KzttsError(f"code predictor codec embeddings have shapes {sorted(shapes)}; expected "
                              f"[vocab, {hidden}] (talker hidden) for all {n_groups - 1}")
         cp = np.stack([_to_numpy_f32(e.weight) for e in cp_embs])
-        tables["cp_codec_embedding"] = _save(out_dir, "cp_codec_embedding", cp, "fp32")
+        tables["cp_codec_embedding"] = save_table(out_dir, "cp_codec_embedding", cp, "fp32")
     return tables

@@ -45,7 +45,7 @@ from kztts.core.build_cache import build_once, code_key, exclusive_output, scrat
 from kztts.core.errors import KzttsError
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
 from kztts.bundle.manifest import GraphSpec
-from kztts.export.common.embeddings import COMPACT_TABLES, compact_tables
+from kztts.bundle.table_compact import COMPACT_TABLES, compact_tables
 from kztts.export.common.graph_parts import graph_spec, share_graph_weights
 from kztts.export.common.onnx_export import unshare_weights
 from kztts.export.common.bundle_output import check_output, link_tree
@@ -272,7 +272,7 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
     shared = manifest.data.get("weights")  # the base's one weights file: the variant writes its own
     with staged_dir(out) as work:
         rewritten = {manifest.graphs[n].file for n in changes}
-        # quantized weights: the tables compact too (kztts.export.common.embeddings.compact_tables)
+        # quantized weights: the tables compact too (kztts.bundle.table_compact.compact_tables)
         tables = {manifest.embeddings[n]["file"] for n in COMPACT_TABLES if n in manifest.embeddings} \
             if weights != "fp32" else set()
         # their external-data files too: onnx.load refuses a data file with a second hard link

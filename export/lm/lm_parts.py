@@ -16,7 +16,8 @@ import numpy as np
 from torch import nn
 
 from kztts.export.common.checkpoint import fingerprint
-from kztts.export.common.embeddings import TABLE_DIR, _save, _to_numpy_f32, bf16_exact, f32_to_bf16_bits
+from kztts.bundle.table_compact import TABLE_DIR, save_table
+from kztts.export.common.embeddings import _to_numpy_f32, bf16_exact, f32_to_bf16_bits
 from kztts.lm import chatml
 from kztts.lm.lm import TOKEN_EMBEDDING
 
@@ -44,8 +45,8 @@ def write_token_embedding(lm: nn.Module, out_dir: Path) -> dict:
     (out_dir / TABLE_DIR).mkdir(parents=True, exist_ok=True)
     table = _to_numpy_f32(lm.model.embed_tokens.weight)
     if bf16_exact(table):
-        return {TOKEN_EMBEDDING: _save(out_dir, TOKEN_EMBEDDING, f32_to_bf16_bits(table), "bf16")}
-    return {TOKEN_EMBEDDING: _save(out_dir, TOKEN_EMBEDDING, np.ascontiguousarray(table), "fp32")}
+        return {TOKEN_EMBEDDING: save_table(out_dir, TOKEN_EMBEDDING, f32_to_bf16_bits(table), "bf16")}
+    return {TOKEN_EMBEDDING: save_table(out_dir, TOKEN_EMBEDDING, np.ascontiguousarray(table), "fp32")}
 
 
 def save_tokenizer(tokenizer, out_dir: Path) -> None:

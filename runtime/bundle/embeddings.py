@@ -12,7 +12,7 @@ a lookup reads only the rows it gathers.
 
 A bundle with quantized weights (``kztts export --weights int8|int4``) keeps its tables compact: the text table in
 8 bits per row (``dtype`` "int8" and a ``scale_file`` of one fp32 scale per row: a row is ``int8 * scale``), the
-codec tables in fp16 (``kztts.export.common.compact_tables``).
+codec tables in fp16 (``kztts.bundle.table_compact.compact_tables``).
 """
 from __future__ import annotations
 

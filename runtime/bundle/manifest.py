@@ -18,6 +18,7 @@ MODEL_TYPE = "qwen3_tts"
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
 # tts_model_type: Base clones a voice, CustomVoice speaks preset speakers, VoiceDesign makes a voice from an instruction
 TTS_KINDS = ("base", "custom_voice", "voice_design")
+BUILTIN_VOICE_KEY = "builtin_voice"  # a device bundle's Base built-in voice, its x-vector stored (kztts pack)
 
 # Keys every manifest has; the nested ones are checked where they are used.
 _REQUIRED = {

@@ -410,3 +410,75 @@ def without_weight_data(path: str | Path, keep: int = 1024) -> bytes:
             last = end
         out += buf[last:]
         return bytes(out)
+
+
+_MOVED_KEYS = ("location", "offset", "length")
+
+
+def relocated(path: str | Path, move) -> bytes:
+    """The ONNX file ``path`` as bytes with its external-data records rewritten: ``move(location, offset, length)``
+    gives a tensor's new ``(location, offset)``, or None to keep it. Every tensor is visited (initializers,
+    ``Constant`` values and other tensor attributes, subgraphs); only the messages on the way to a changed record
+    are re-encoded (``kztts pack`` writes a device bundle's weights file this way, without the ``onnx`` package)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            out, last = bytearray(), 0
+            for field, wire, v, first, end in _spans(buf, 0, len(buf)):
+                if field == _MODEL_GRAPH and wire == 2:
+                    graph = _moved_graph(buf, v, move)
+                    if graph is not None:
+                        out += buf[last:first] + _len_field(_MODEL_GRAPH, graph)
+                        last = end
+            out += buf[last:]
+            return bytes(out)
+    except (ValueError, IndexError) as exc:
+        raise BundleError(f"{path}: not a readable ONNX file ({exc}); re-export the bundle") from exc
+
+
+def _moved(buf, span: tuple[int, int], move, children: dict) -> bytes | None:
+    """A message re-encoded with the fields ``children`` names ({field: rewrite}) rewritten; None: unchanged."""
+    out, changed = bytearray(), False
+    for field, wire, v, first, end in _spans(buf, *span):
+        rewrite = children.get(field) if wire == 2 else None
+        new = rewrite(buf, v, move) if rewrite is not None else None
+        if new is None:
+            out += buf[first:end]
+        else:
+            out += _len_field(field, new)
+            changed = True
+    return bytes(out) if changed else None
+
+
+def _moved_tensor(buf, span: tuple[int, int], move) -> bytes | None:
+    external, kept = {}, bytearray()
+    for field, wire, v, first, end in _spans(buf, *span):
+        if field == _T_EXTERNAL and wire == 2:
+            kv = {f: bytes(buf[s[0]:s[1]]).decode() for f, _, s in _fields(buf, *v)}
+            external[kv.get(1, "")] = kv.get(2, "")
+            if kv.get(1, "") in _MOVED_KEYS:
+                continue
+        kept += buf[first:end]
+    if "location" not in external:
+        return None
+    length = int(external["length"]) if external.get("length") else None
+    to = move(external["location"], int(external.get("offset", 0) or 0), length)
+    if to is None:
+        return None
+    entries = {"location": to[0], "offset": str(to[1]), **({"length": str(length)} if length is not None else {})}
+    for key, value in entries.items():
+        kept += _len_field(_T_EXTERNAL, _len_field(1, key.encode()) + _len_field(2, value.encode()))
+    return bytes(kept)
+
+
+def _moved_attr(buf, span, move):
+    return _moved(buf, span, move, {_ATTR_T: _moved_tensor, _ATTR_TENSORS: _moved_tensor, _ATTR_G: _moved_graph,
+                                    _ATTR_GRAPHS: _moved_graph})
+
+
+def _moved_node(buf, span, move):
+    return _moved(buf, span, move, {_NODE_ATTR: _moved_attr})
+
+
+def _moved_graph(buf, span, move):
+    return _moved(buf, span, move, {_GRAPH_INIT: _moved_tensor, _GRAPH_NODE: _moved_node})

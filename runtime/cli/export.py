@@ -1,9 +1,11 @@
-"""``kztts export``: a Qwen3-TTS checkpoint, a Qwen2/Qwen3 causal LM (a directory or ``--gguf FILE``) or a hybrid
-Qwen3-Next one (a directory) to a bundle; with ``--weights/--kv/--decoder`` a precision variant, with ``--target``
-the static HTP graphs."""
+"""The commands that write a bundle. ``kztts export``: a Qwen3-TTS checkpoint, a Qwen2/Qwen3 causal LM (a directory
+or ``--gguf FILE``) or a hybrid Qwen3-Next one (a directory) to a bundle; with ``--weights/--kv/--decoder`` a
+precision variant, with ``--target`` the static HTP graphs. ``kztts pack``: a bundle to the device bundle of a
+target (``kztts.plan.pack``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from kztts.core.atomic import check_writable_dir
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
 from kztts.core.metrics import peak_rss_mb
+from kztts.plan.pack import TABLE_MODES, pack_bundle
 
 
 def lm_export_requested(args: argparse.Namespace) -> bool:
@@ -146,3 +149,43 @@ def add_command(sub) -> None:
     # a bad value is one line (no usage block), like the command's other errors
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_export)
+    add_pack_command(sub)
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    check_writable_dir(args.output, "device bundle", create_parents=True)
+    start = time.perf_counter()
+    report = pack_bundle(args.bundle, args.output, args.target, voice_cloning=args.voice_cloning,
+                         tables=args.tables, overwrite=args.overwrite)
+    print(f"{'graph':<18}{'role':<17}{'device':<8}{'form':<16}{'MB':>10}")
+    for g in report.graphs:
+        mb = sum(report.files.get(f, 0) for f in g.files) / 1e6
+        print(f"{g.name:<18}{g.role:<17}{g.device:<8}{g.form:<16}{mb:>10,.1f}")
+    tables = sum(n for f, n in report.files.items() if f.startswith("embeddings/"))
+    weights = report.files.get("graphs/weights.data", 0)
+    if weights:
+        print(f"{'shared weights':<59}{weights / 1e6:>10,.1f}")
+    print(f"{'tables (' + report.tables + ')':<59}{tables / 1e6:>10,.1f}")
+    print(f"{report.out}: {report.bytes / 1e6:,.1f} MB for {report.target} ({report.source_bytes / 1e6:,.1f} MB "
+          f"exported); {time.perf_counter() - start:,.0f} s")
+    print(f"run it: kztts synth TEXT --bundle {report.out} --target {report.target} --strict")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def add_pack_command(sub) -> None:
+    s = sub.add_parser("pack", help="bundle -> device bundle: only what a target's plan opens on the device")
+    s.add_argument("bundle", help="the exported bundle (with the target's static graphs or context binaries)")
+    s.add_argument("--target", required=True, help="the qnn_configs target whose plan the device runs")
+    s.add_argument("-o", "--output", required=True, help="device bundle directory to write")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    s.add_argument("--voice-cloning", action="store_true",
+                   help="keep the speech and speaker encoders (voices from recordings on the device); without it "
+                        "the device speaks with the built-in voices and .voice files made on the full bundle")
+    s.add_argument("--tables", choices=TABLE_MODES, default="auto",
+                   help="embedding tables: compact (8-bit text table, fp16 codec tables), as-exported, or auto: "
+                        "compact when the HTP graphs are quantized")
+    s.add_argument("--json", metavar="FILE", help="also write what was packed as JSON")
+    s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
+    s.set_defaults(func=cmd_pack)

@@ -293,6 +293,9 @@ def open_target_session(bundle, graph_name: str, target: Target, strict: bool = 
         graph_files(bundle, graph_name)  # raises the BundleError
     qnn_file, cpu_file = graph_files(bundle, graph_name)
     built_for = spec.extra.get("context_target", spec.extra.get("target"))
+    packed = bool(spec.extra.get("packed_context"))
+    if packed:
+        _check_packed_context(qnn_file, graph_name, spec, built_for, target)
     if qnn_file != cpu_file and built_for and built_for != target.name:
         log.info("%s: context binary was prepared for %r, not %r: compiling the source graph", graph_name,
                  built_for, target.name)
@@ -312,7 +315,7 @@ def open_target_session(bundle, graph_name: str, target: Target, strict: bool = 
         if not f.is_file():
             raise BundleError(f"{f}: graph file for {graph_name!r} is missing; re-export the bundle")
     ctx = {}
-    if qnn_file != cpu_file and spec.extra.get("shared_context") and qnn_available():
+    if (qnn_file != cpu_file or packed) and spec.extra.get("shared_context") and qnn_available():
         ctx = {"ep.share_ep_contexts": "1"}
     # on the CPU EP only a graph called per token (seq 1) has its weights folded: one called per chunk keeps them
     # packed, so a prefill and a decode graph of a large model fit beside the CPU's own graphs
@@ -323,6 +326,20 @@ def open_target_session(bundle, graph_name: str, target: Target, strict: bool = 
     _check_io(opened, spec, sess)
     log.debug("opened %s for %s (%s)", graph_name, target.name, session_precision(spec.precision, sess))
     return sess
+
+
+def _check_packed_context(path: Path, graph_name: str, spec, built_for: str | None, target: Target) -> None:
+    """A device bundle (``kztts pack``) keeps a context binary without its source graph: it runs only where its
+    target's HTP does; anywhere else, one line saying so."""
+    where = f"{path}: graph {graph_name!r} is a QNN context binary packed for target {built_for} (`kztts pack`)"
+    if built_for != target.name:
+        raise BundleError(f"{where}, not {target.name}; pack the full bundle for {target.name}")
+    if not qnn_available():
+        raise BundleError(f"{where} and runs only on the QNN execution provider, which is unavailable here "
+                          f"({_STATE.error}); run the full bundle on this machine")
+    if spec.extra.get("shared_context") and host_is_simulator():
+        raise BundleError(f"{where}; its context shares weights with other graphs, which the x86 HTP simulator "
+                          "cannot load: it runs on the device (run the full bundle here)")
 
 
 def bundle_target(bundle) -> str:

@@ -79,8 +79,9 @@ def resolve_placement(spec: "str | Path | LayerPlacement", num_layers: int) -> L
 
 class _Resolver:
     def __init__(self, bundle, target: Target | None, placement: LayerPlacement | None, strict: bool, cp_mode: str,
-                 attention: str, segments: bool):
+                 attention: str, segments: bool, host_check: bool = True):
         self.bundle, self.m = bundle, bundle.manifest
+        self.host_check = host_check
         self.segments = segments
         self.target, self.placement, self.strict = target, placement, strict
         self.cp_mode, self.attention = cp_mode, attention
@@ -139,8 +140,9 @@ class _Resolver:
     @cached_property
     def htp_refusal(self) -> str | None:
         """Why this machine's QNN package cannot run the target's HTP (no skel for its arch), else None;
-        strict mode raises (``kztts.htp.qnn_package``). Asked once a target is known."""
-        return check_target_skel(self.target, self.strict)
+        strict mode raises (``kztts.htp.qnn_package``). Asked once a target is known; not when the plan is
+        the device's (``host_check`` False: ``kztts pack`` plans for a machine other than this one)."""
+        return check_target_skel(self.target, self.strict) if self.host_check else None
 
     def cpu_graph(self, plain: str, fused: str) -> tuple[str, str]:
         if self.attention == "fused" and self.has(fused):
@@ -362,14 +364,16 @@ def check_target_graphs(manifest, target: Target) -> None:
 
 def resolve_plan(bundle, *, target: "str | Path | Target | None" = None,
                  placement: "str | LayerPlacement | None" = None, strict: bool = False, cp_mode: str = "frame",
-                 attention: str | None = None, segments: bool = False, check_saturation: bool = False) -> ExecutionPlan:
+                 attention: str | None = None, segments: bool = False, check_saturation: bool = False,
+                 host_check: bool = True) -> ExecutionPlan:
     """Decide where every role of a synthesis runs (module docstring); nothing is opened yet.
     ``target``: a qnn_configs target (name, file or ``Target``), resolved here once: the plan and
     everything it opens carry the ``Target`` (``plan.target``).
     ``segments``: run the Talker as its per-layer graphs even when the placement is uniform
     (calibration and per-segment validation read every layer's outputs). ``check_saturation``
     (synthesis): a placement with Talker work on the HTP runs the per-layer graphs when the bundle
-    has them, since their magnitude probes are checked on every call (``kztts.htp.saturation``)."""
+    has them, since their magnitude probes are checked on every call (``kztts.htp.saturation``). ``host_check``
+    False: the plan of the target's own device, whatever this machine's QNN package can run (``kztts pack``)."""
     if target is not None:
         target = load_target(target)
     if placement is not None:
@@ -382,7 +386,7 @@ def resolve_plan(bundle, *, target: "str | Path | Target | None" = None,
     if check_saturation and placement is not None and segment_graph_name("prefill", 0) in bundle.manifest.graphs \
             and "htp" in placement.devices:
         segments = True  # the whole-Talker HTP graphs carry no probes
-    r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments)
+    r = _Resolver(bundle, target, placement, strict, cp_mode, attention, segments, host_check)
     runner, pre, dec = r.talker()
     steps = {"talker_prefill": pre, "talker_decode": dec}
     if bundle.manifest.kind != KIND_LM:  # an LM bundle (kztts.lm.lm) is the decoder stack alone

@@ -14,6 +14,7 @@ import numpy as np
 
 from kztts.bundle.bundle import Bundle
 from kztts.bundle.embeddings import EmbeddingTables
+from kztts.bundle.manifest import BUILTIN_VOICE_KEY
 from kztts.bundle.sessions import SessionConfig
 from kztts.core.audio import synthetic_voice
 from kztts.core.call_lock import CallLock, one_call_at_a_time
@@ -131,6 +132,10 @@ class TTS:
         if self._default is None:
             if self.kind.kind == "custom_voice":
                 voice = self.voice_from_speaker(self.kind.default_speaker)
+            elif self.kind.kind == "base" and BUILTIN_VOICE_KEY in self.bundle.manifest.data:
+                # a device bundle keeps the built-in voice's x-vector, not the encoder that made it (kztts pack)
+                stored = self.bundle.manifest.data[BUILTIN_VOICE_KEY]
+                voice = Voice(load_xvector(self.bundle.path / stored["file"], self.speaker_size))
             elif self.kind.kind == "base":
                 try:
                     voice = self.voice_from_wav(synthetic_voice(), 24000)
