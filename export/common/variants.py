@@ -25,6 +25,12 @@ of its own.
 - decoder ``int8-static``: ``decoder`` and ``decoder_stream`` with every Conv and MatMul in static int8 QDQ
   (per-channel int8 weights, uint8 activations calibrated on the graph's own calls), which ONNX Runtime runs
   with its int8 convolution kernels (``kztts.export.common.decoder_qdq``).
+- decoder ``fp16``: ``decoder`` and ``decoder_stream`` with their weights stored in float16, each behind a Cast
+  back to float32 (``fp16_weights``): half the bytes on disk (a device bundle's CPU decoder, ``kztts pack``), and
+  ONNX Runtime folds the Casts at load, so the arithmetic stays fp32 over weights rounded to fp16. The variant
+  judges its decoder against the base's on seeded random codes and refuses itself below
+  ``decoder_snr_db`` of the ``cpu-decoder-fp16`` bounds (``kztts.eval.acceptance``); the manifest's
+  ``decoder_check`` keeps the figure.
 
 Changed graphs get the export id ``<base id>-<tag>`` so a graph copied from another variant
 is refused at open; unchanged graphs keep the base's entries. The manifest gains
@@ -39,10 +45,14 @@ from pathlib import Path
 from typing import Iterator
 
 from kztts.bundle import graphs as G
+from kztts.bundle.bundle import Bundle
 from kztts.bundle.graphs import DYNAMIC_KV, FUSED_KV
 from kztts.bundle.manifest import read_manifest, write_manifest
 from kztts.core.build_cache import build_once, code_key, exclusive_output, scratch_dir, staged_dir
 from kztts.core.errors import KzttsError
+from kztts.core.metrics import snr_db
+from kztts.eval.acceptance import BOUNDS
+from kztts.runners.codec import Decoder, decoder_kwargs
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
 from kztts.bundle.manifest import GraphSpec
 from kztts.bundle.table_compact import COMPACT_TABLES, compact_tables
@@ -229,6 +239,56 @@ def fp16_gqa(model):
     return model
 
 
+def fp16_weights(model, min_elements: int = 1024) -> int:
+    """Store the float32 initializers of ``model``'s main graph with at least ``min_elements`` values in float16,
+    each behind a Cast back to float32 under its old name (module docstring); one beyond fp16's range is kept.
+    Returns how many were converted."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    keep, casts = [], []
+    for t in g.initializer:
+        if t.data_type != TensorProto.FLOAT or np.prod(t.dims, dtype=np.int64) < min_elements:
+            keep.append(t)
+            continue
+        w = numpy_helper.to_array(t)
+        with np.errstate(over="ignore"):
+            half = w.astype(np.float16)
+        if not np.all(np.isfinite(half) | ~np.isfinite(w)):
+            keep.append(t)
+            continue
+        keep.append(numpy_helper.from_array(half, f"{t.name}_fp16"))
+        casts.append(helper.make_node("Cast", [f"{t.name}_fp16"], [t.name], to=TensorProto.FLOAT,
+                                      name=f"{t.name}_to_fp32"))
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    nodes = casts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    return len(casts)
+
+
+def decoder_check(base: Path, variant: Path, frames: int = 10) -> dict:
+    """The variant's CPU decoder against the base's on seeded random codes (the arithmetic, over the whole
+    codebooks): ``{"graph", "frames", "snr_db", "bound"}``; raises below the bound."""
+    import numpy as np
+
+    wavs = []
+    for where in (base, variant):
+        bundle = Bundle.open(where, load_graphs=False)
+        graph = "decoder_stream" if "decoder_stream" in bundle.manifest.graphs else "decoder"
+        kwargs = decoder_kwargs(bundle, graph, {})
+        codes = np.random.default_rng(0).integers(0, kwargs["codebook_size"], (frames, 16)).astype(np.int64)
+        wavs.append(Decoder(bundle.session(graph), **kwargs).decode(codes))
+    snr = float(snr_db(wavs[1], wavs[0]))
+    bound = BOUNDS["cpu-decoder-fp16"]["decoder_snr_db"][1]
+    if not snr >= bound:
+        raise KzttsError(f"{variant}: its fp16-weight decoder is {snr:.1f} dB from the fp32 one, under the "
+                         f"{bound:.0f} dB bound; keep the decoder fp32 (leave out --decoder fp16)")
+    return {"graph": graph, "frames": frames, "snr_db": round(snr, 2), "bound": bound}
+
+
 def _save(model, path: Path) -> None:
     import onnx
 
@@ -291,6 +351,14 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
                 _save(model, work / spec.file)
                 del model
                 precision = "int8-static"
+            elif what == ["fp16"]:
+                model = onnx.load(str(base / spec.file))
+                unshare_weights(model)
+                del model.metadata_props[:]
+                log.info("%s: %d weights stored fp16", name, fp16_weights(model))
+                _save(model, work / spec.file)
+                del model
+                precision = "fp16"
             else:
                 model = onnx.load(str(base / spec.file))
                 unshare_weights(model)  # a fused weight is a constant again: the quantizer sees it
@@ -320,6 +388,9 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
         if weights != "fp32":
             data["variant"].update(block_size=int(block_size), accuracy_level=int(accuracy_level))
         write_manifest(work, data)
+        if decoder == "fp16":
+            data["decoder_check"] = decoder_check(base, work)
+            write_manifest(work, data)
     return out
 
 

@@ -15,8 +15,9 @@ from kztts.core.errors import BundleError
 CPU_WEIGHT_PRECISIONS = ("fp32", "int8", "int4")  # MatMul weights of the CPU graphs (variants)
 KV_PRECISIONS = ("fp32", "fp16")  # the host KV cache of the CPU graphs
 # the speech decoder: fp32; int8 = its MatMuls as 8-bit MatMulNBits (convolutions fp32); int8-static = every Conv
-# and MatMul in static int8 QDQ (per-channel weights, calibrated activations: kztts.export.common.decoder_qdq)
-DECODER_PRECISIONS = ("fp32", "int8", "int8-static")
+# and MatMul in static int8 QDQ (per-channel weights, calibrated activations: kztts.export.common.decoder_qdq);
+# fp16 = its weights stored in fp16, computed in fp32 (kztts.export.common.variants.fp16_weights)
+DECODER_PRECISIONS = ("fp32", "int8", "int8-static", "fp16")
 
 
 # One table of precisions for every route (kztts.bundle.precisions); the HTP precisions of a bundle's static

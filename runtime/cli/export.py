@@ -141,7 +141,9 @@ def add_command(sub) -> None:
                    help="speech decoder: int8 = its MatMuls 8-bit (convs fp32); int8-static = convs and MatMuls in "
                         "static int8 QDQ, per-channel weights, calibrated activations (benchmarks/piper_decoder); "
                         "w8a16 = with --target placing the decoder on the HTP, its decoder_chunk in QDQ, 8-bit "
-                        "per-channel weights and 16-bit activations calibrated on the model's speech (fp16 otherwise)")
+                        "per-channel weights and 16-bit activations calibrated on the model's speech (fp16 otherwise); "
+                        "fp16 = the CPU decoder's weights stored in fp16 (half its bytes; computed in fp32, judged "
+                        "against the fp32 decoder at export)")
     s.add_argument("--no-htp-check", action="store_true",
                    help="with --target at a quantized precision: do not run the quantized HTP graphs on the HTP "
                         "simulator against the CPU graphs (and refuse the export below their bounds); the manifest "
@@ -158,9 +160,13 @@ def cmd_pack(args: argparse.Namespace) -> int:
     report = pack_bundle(args.bundle, args.output, args.target, voice_cloning=args.voice_cloning,
                          tables=args.tables, overwrite=args.overwrite)
     print(f"{'graph':<18}{'role':<17}{'device':<8}{'form':<16}{'MB':>10}")
+    listed: dict[str, str] = {}
     for g in report.graphs:
-        mb = sum(report.files.get(f, 0) for f in g.files) / 1e6
-        print(f"{g.name:<18}{g.role:<17}{g.device:<8}{g.form:<16}{mb:>10,.1f}")
+        mb = sum(report.files.get(f, 0) for f in g.files if f not in listed) / 1e6
+        shared = sorted({listed[f] for f in g.files if f in listed})
+        listed.update({f: g.name for f in g.files if f not in listed})
+        print(f"{g.name:<18}{g.role:<17}{g.device:<8}{g.form:<16}{mb:>10,.1f}"
+              + (f"  (+ shares {', '.join(shared)}'s)" if shared else ""))
     tables = sum(n for f, n in report.files.items() if f.startswith("embeddings/"))
     weights = report.files.get("graphs/weights.data", 0)
     if weights:
@@ -183,9 +189,9 @@ def add_pack_command(sub) -> None:
     s.add_argument("--voice-cloning", action="store_true",
                    help="keep the speech and speaker encoders (voices from recordings on the device); without it "
                         "the device speaks with the built-in voices and .voice files made on the full bundle")
-    s.add_argument("--tables", choices=TABLE_MODES, default="auto",
-                   help="embedding tables: compact (8-bit text table, fp16 codec tables), as-exported, or auto: "
-                        "compact when the HTP graphs are quantized")
+    s.add_argument("--tables", choices=TABLE_MODES, default=TABLE_MODES[0],
+                   help="embedding tables: compact (default: 8-bit text rows, fp16 codec tables, about half the "
+                        "bytes) or as-exported")
     s.add_argument("--json", metavar="FILE", help="also write what was packed as JSON")
     s.error = lambda message, s=s: s.exit(2, f"{s.prog}: error: {message}\n")
     s.set_defaults(func=cmd_pack)

@@ -122,6 +122,12 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # tiny model over 5 and 10 frames of seeded random codes (tests/export/validate/test_decoder.py). The bound
     # leaves 3.6 dB (2.3x the noise power); one Conv's weight scales off by 2x gave 10.2-11.9 dB, by 1.25x 19.8 dB
     "htp-decoder-w8a16": {"decoder_snr_db": (">=", 18.0)},
+    # the CPU decoder with its weights stored fp16 (kztts export --decoder fp16) vs the fp32 one, 10 frames of seeded
+    # random codes (kztts.export.common.variants.decoder_check): good builds 56.0 dB (tiny) and 51.9 dB (0.6B
+    # shape), so the bound is 11.9 dB under the worst; bad builds caught: the weights rounded to bf16 27.2 dB, one
+    # convolution's weights doubled 21.8 dB (tiny; tests/export/common/test_variants.py). The same 40 dB as the
+    # fp16 decoder on the HTP.
+    "cpu-decoder-fp16": {"decoder_snr_db": (">=", 40.0)},
     "placement": {"talker_logits_cos_min": (">=", 0.999)},
     # an LM bundle's CPU graphs against transformers (>= 0.9999 on the real 1.5B checkpoint)
     "lm": {"logits_cos_min": (">=", 0.9999), "greedy_match": (">=", 1.0)},

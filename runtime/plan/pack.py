@@ -9,7 +9,7 @@ pack keeps, per role of that plan:
   graph (a QDQ graph's weights are stored at their precision: int4 packed two to a byte);
 - on the CPU, the graph the plan runs, with only the part of the shared weights file its tensors read (the file
   is rewritten, its records pointed at the new offsets, ``kztts.bundle.onnx_wire.relocated``);
-- the tables (compact when the HTP graphs are quantized: ``kztts.bundle.table_compact``), the tokenizer, and
+- the tables (compact unless asked otherwise: ``kztts.bundle.table_compact``), the tokenizer, and
   the manifest of what is there (``packed``: target, source, graphs).
 
 The speech and speaker encoders clone a voice from a recording; a device speaks with voices made elsewhere
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts.bundle import graphs as G
 from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, write_manifest
 from kztts.bundle.onnx_wire import read_graph, relocated
@@ -42,7 +41,7 @@ log = logging.getLogger(__name__)
 PACK_KEY = "packed"  # the manifest's record of a pack
 BUILTIN_VOICE_FILE = "voices/builtin.xvector.npy"
 CLONING_ROLES = ("speaker_encoder", "speech_encoder")
-TABLE_MODES = ("auto", "compact", "as-exported")
+TABLE_MODES = ("compact", "as-exported")
 _BLOCK = 64 << 20
 
 
@@ -172,10 +171,10 @@ def _check_out(src: Path, out: Path, overwrite: bool) -> None:
 
 
 def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target", *, voice_cloning: bool = False,
-                tables: str = "auto", overwrite: bool = False) -> PackReport:
+                tables: str = "compact", overwrite: bool = False) -> PackReport:
     """Write into ``out`` what ``target``'s plan opens from bundle ``src`` on the device (module docstring).
-    ``tables``: "compact" (8-bit text table, fp16 codec tables), "as-exported", or "auto": compact when the plan
-    runs quantized HTP graphs (or the bundle's are compact already)."""
+    ``tables``: "compact" (8-bit text rows, fp16 codec tables: their error, prompt rows at cosine 0.99996 on the
+    0.6B shape (benchmarks/tables), is far below the HTP's own fp16 arithmetic), or "as-exported"."""
     src, out = Path(src), Path(out)
     if tables not in TABLE_MODES:
         raise KzttsError(f"tables {tables!r} is not one of {', '.join(TABLE_MODES)}")
@@ -188,9 +187,7 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
                          "bundle needs no pack: copy it as it is, or pack for a target with HTP work")
     picks = _role_graphs(plan, voice_cloning)
     m = bundle.manifest
-    quantized = any((e := G.HTP_PRECISION_ENTRIES.get(m.graphs[g].precision)) is not None and e.quantized
-                    for g, _, dev in picks if dev == "htp")
-    compact = tables == "compact" or (tables == "auto" and (quantized or is_compact(m.embeddings)))
+    compact = tables == "compact"
     source_bytes = bundle_bytes(src)
     with exclusive_output(out), staged_dir(out) as work:
         _check_out(src, out, overwrite)

@@ -176,3 +176,47 @@ def test_a_quantized_bundle_keeps_compact_tables(base_bundle, tmp_path):
     with pytest.raises(BundleError, match="int8 table 'text_embedding' has no scale_file") as e:
         EmbeddingTables.from_bundle(Bundle.open(broken, load_graphs=False))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("variant, size", [("equal", "tiny"), ("proj", "tiny"), (None, "mha")])
+def test_fp16_decoder_weights_halve_the_decoder_within_its_bound(variant, size, tmp_path):
+    """``--decoder fp16``: the decoder's weights stored in fp16 behind Casts, judged against the fp32 decoder at
+    export (``decoder_check``); good builds stay well above the bound."""
+    from kztts.bundle.manifest import read_manifest
+    from kztts.eval.acceptance import BOUNDS
+    from kztts.export.common.variants import make_variant
+    from kztts.export.tts.bundle_writer import cached_bundle
+    from kztts.export.tts.tiny import cached_tiny
+
+    base = cached_bundle(cached_tiny(variant, size=size))
+    out = make_variant(base, tmp_path / "dec16", weights="fp32", kv="fp32", decoder="fp16")
+    m = read_manifest(out)
+    check = m.data["decoder_check"]
+    assert check["snr_db"] >= BOUNDS["cpu-decoder-fp16"]["decoder_snr_db"][1] + 10, check
+    assert m.graphs["decoder_stream"].precision == "fp16" and m.data["variant"]["decoder"] == "fp16"
+    assert m.data["weights"]["bytes"] < read_manifest(base).data["weights"]["bytes"]
+    Bundle.open(out)  # every graph opens over the variant's own weights file
+
+
+def test_a_bad_fp16_decoder_is_refused(base_bundle, tmp_path, monkeypatch):
+    """A decoder whose stored weights lose more than fp16 rounding (here: rounded to bf16) fails the bound, and the
+    variant is not written."""
+    import kztts.export.common.variants as V
+    from kztts.core.errors import KzttsError
+    from onnx import TensorProto, numpy_helper
+
+    fp16 = V.fp16_weights
+
+    def bf16(model, min_elements=1024):
+        n = fp16(model, min_elements)
+        for i, t in enumerate(model.graph.initializer):
+            if t.data_type == TensorProto.FLOAT16:
+                w = numpy_helper.to_array(t).astype(np.float32)
+                b = (w.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float16)
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(b, t.name))
+        return n
+
+    monkeypatch.setattr(V, "fp16_weights", bf16)
+    with pytest.raises(KzttsError, match=r"fp16-weight decoder is \d+\.\d dB from the fp32 one, under the 40 dB"):
+        V.make_variant(base_bundle, tmp_path / "bad", weights="fp32", kv="fp32", decoder="fp16")
+    assert not (tmp_path / "bad").exists()
