@@ -258,7 +258,12 @@ def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -
             t = inits[dq.input[1]] if dq is not None and dq.op_type == "DequantizeLinear" else inits[w]
             a = numpy_helper.to_array(t)
             t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
-            onnx.save_model(model, str(out / rel))
+            (out / rel).unlink()
+            onnx.save_model(model, str(out / rel))  # whole (its weights inline): its manifest size follows
+            manifest = json.loads((out / "kztts.json").read_text())
+            if manifest["graphs"][graph]["file"] == rel:
+                manifest["graphs"][graph]["bytes"] = (out / rel).stat().st_size
+                (out / "kztts.json").write_text(json.dumps(manifest, indent=1))
             return out
     raise AssertionError(f"{rel}: no MatMul/Gemm/Conv named like {node!r}")
 

@@ -47,6 +47,12 @@ def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precisi
                      {"bytes": path.stat().st_size, "export_id": export_id})
 
 
+def same_folder(spec: GraphSpec, weights: dict) -> bool:
+    """True when graph ``spec`` lies beside the shared weights file ``weights`` (a manifest ``weights`` entry): ONNX
+    Runtime reads no external data outside a graph's own folder."""
+    return Path(spec.file).parent == Path(weights["file"]).parent
+
+
 def share_graph_weights(bundle_dir: Path, specs: dict[str, GraphSpec], sources: dict[str, Path] | None = None
                         ) -> tuple[dict[str, GraphSpec], dict]:
     """The CPU graphs ``specs`` of the bundle at ``bundle_dir`` rewritten over one shared weights file

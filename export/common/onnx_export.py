@@ -411,7 +411,7 @@ def _share(t, where: Path, location: str, shared: _SharedFile, concats: list | N
     raw = _tensor_bytes(t, where)
     dims = tuple(int(d) for d in t.dims)
     split = None
-    if concats is not None and _digest_unknown(shared, raw):
+    if concats is not None and _digest_unknown(shared, raw) and t.data_type not in _SUB_BYTE:
         split = shared.parts(raw, t.data_type, dims, helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
     if split is None:
         _point(t, location, *shared.put(raw, t.data_type, dims))
@@ -426,6 +426,9 @@ def _share(t, where: Path, location: str, shared: _SharedFile, concats: list | N
         keep.append(part)
         names.append(part.name)
     concats.append(helper.make_node("Concat", names, [t.name], name=f"{SHARED_CONCAT}/{t.name}", axis=axis))
+
+
+_SUB_BYTE = (21, 22)  # TensorProto.UINT4, INT4: two per byte, never split into parts (a QDQ graph's int4 codes)
 
 
 def _count(dims) -> int:

@@ -63,6 +63,7 @@ from kztts.bench import bandwidth
 from kztts.bench import e2e as bench_e2e
 from kztts.bundle.bundle import Bundle
 from kztts.bundle.manifest import bundle_digest
+from kztts.bundle.onnx_wire import graph_read_bytes
 from kztts.core.atomic import atomic_outputs
 from kztts.core.build_cache import code_key
 from kztts.core.errors import KzttsError
@@ -191,8 +192,8 @@ class Resources:
 
 
 def _cpu_graph_bytes(bundle: Bundle, graph: str) -> int:
-    f = Path(bundle.path) / bundle.manifest.graphs[graph].file
-    return sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.is_file())
+    # a session holds the tensors its graph reads: its part of the shared weights file, not the file's size
+    return graph_read_bytes(Path(bundle.path) / bundle.manifest.graphs[graph].file)
 
 
 def plan_memory_mb(bundle: str | Path, roles: Sequence[str], *, target=None, placement=None, cp_mode: str = "frame",

@@ -482,3 +482,12 @@ def _moved_node(buf, span, move):
 
 def _moved_graph(buf, span, move):
     return _moved(buf, span, move, {_GRAPH_INIT: _moved_tensor, _GRAPH_NODE: _moved_node})
+
+
+def graph_read_bytes(path: str | Path) -> int:
+    """The bytes a graph holds: its file and the tensors it reads from other files (its own data file, or its part
+    of a bundle's shared weights file), each tensor once; read from the protobuf, no weight loaded."""
+    path = Path(path)
+    own = path.resolve()
+    external = {t.source for t in read_graph(path, probe=True).tensors if t.source and Path(t.source[0]) != own}
+    return path.stat().st_size + sum(length for _, _, length in external)

@@ -11,6 +11,7 @@ from kztts.bundle import graphs as G
 from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.graphs import CP_MODES
 from kztts.bundle.manifest import KIND_LM, random_weights_label, read_manifest
+from kztts.bundle.onnx_wire import graph_read_bytes
 from kztts.bundle.sessions import _session_options
 from kztts.core.errors import KzttsError
 from kztts.htp.cost import (SPOKEN_PROMPT, bundle_cost, first_audio, format_cost, format_first_audio, format_spoken,
@@ -32,12 +33,6 @@ from kztts.lm import chatml
 from kztts.plan.resolve import resolve_placement, resolve_plan
 from kztts.tts.model_kind import ModelKind
 from kztts.tts.text.split import DEFAULT_FRAMES_PER_TOKEN
-
-
-def _graph_bytes(path: Path) -> int:
-    """The graph file and its external-data files (``<name>.onnx.data``, ``<name>.data``...)."""
-    return sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*") if p.is_file()
-               and (p == path or p.suffix == ".data"))
 
 
 def _attention(graph: str) -> str:
@@ -83,7 +78,7 @@ def inspect_bundle(bundle_dir: str | Path, target: "str | Path | Target | None" 
     rows = []
     for name, spec in graphs.items():
         row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
-               "bytes": _graph_bytes(bundle.path / spec.file), "attention": _attention(name), "opened": sessions}
+               "bytes": graph_read_bytes(bundle.path / spec.file), "attention": _attention(name), "opened": sessions}
         on_target = spec.variant == "static" and target is not None and missing_skel is None
         if sessions:
             row.update(_opened(bundle, name, spec, target if on_target else None, strict))

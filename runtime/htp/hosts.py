@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kztts.bundle.bundle import Bundle
+from kztts.bundle.onnx_wire import graph_read_bytes
 from kztts.core.errors import KzttsError, signal_note
 from kztts.htp.qnn import assignment, graph_files, open_target_session
 from kztts.htp.targets import Target
@@ -65,13 +66,13 @@ class _EpGraph:
 
 
 def graph_bytes(bundle, graph_name: str) -> int:
-    """Bytes of the files the QNN EP opens for a graph: its context binaries when it has them,
-    else its source ONNX and external data (what a process holds of it, to first order)."""
+    """Bytes the QNN EP opens for a graph: its context binaries when it has them, else its source ONNX and the
+    tensors it reads from other files (its part of a shared weights file: what a process holds of it, to first
+    order)."""
     spec = bundle.manifest.graphs[graph_name]
     qnn_file, _ = graph_files(bundle, graph_name)
-    files = {qnn_file, qnn_file.with_name(qnn_file.name + ".data")}
-    files |= {Path(bundle.path) / b for b in spec.extra.get("context_binaries", [])}
-    return sum(f.stat().st_size for f in files if f.is_file())
+    binaries = {Path(bundle.path) / b for b in spec.extra.get("context_binaries", [])}
+    return graph_read_bytes(qnn_file) + sum(f.stat().st_size for f in binaries if f.is_file())
 
 
 # ---------------------------------------------------------------- the host process

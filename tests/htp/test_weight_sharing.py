@@ -186,6 +186,7 @@ def test_weight_shared_context_crashes_the_simulator_and_prefill_only_keeps_one_
         (work / "graphs").mkdir(parents=True)
         for n in graphs:
             shutil.copy(htp_bundle / "graphs" / f"{n}.onnx", work / "graphs")
+        shutil.copy(htp_bundle / "graphs" / "weights.data", work / "graphs")  # the tensors the graphs read
         made = subprocess.run([sys.executable, "-c", _MAKE, str(work), str(small_target), mode, *graphs],
                               capture_output=True, text=True, timeout=600)
         assert made.returncode == 0, made.stderr[-3000:]
