@@ -80,6 +80,7 @@ def test_thread_flags_share_the_bound(capsys, tmp_path, argv, name):
 SUBCOMMANDS = {
     "make-tiny": ["make-tiny", "{loc}/model"],
     "export": ["export", "{tmp}/no-model", "-o", "{loc}/bundle"],
+    "pack": ["pack", "{tmp}/no-bundle", "--target", "x-elite", "-o", "{loc}/device"],
     "synth": ["synth", "hello", "-o", "{loc}/a.wav"],
     "voice": ["voice", "create", "{tmp}/no-recording.wav", "-o", "{loc}/a.voice"],
     "bench": ["bench", "--out", "{loc}/results"],
