@@ -12,7 +12,8 @@ a lookup reads only the rows it gathers.
 
 A bundle with quantized weights (``kztts export --weights int8|int4``) keeps its tables compact: the text table in
 8 bits per row (``dtype`` "int8" and a ``scale_file`` of one fp32 scale per row: a row is ``int8 * scale``), the
-codec tables in fp16 (``kztts.bundle.table_compact.compact_tables``).
+codec tables in fp16 (``kztts.bundle.table_compact.compact_tables``). A device bundle (``kztts pack``) stores
+``text_projected`` instead: T(ids) of every text id, 8 bits per row, in place of the table and the MLP.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from kztts.core.errors import BundleError, KzttsError
 
 _DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int8": np.int8}
+_PROJECTED = "text_projected"  # kztts.bundle.table_compact.project_text_table (kztts pack)
 _TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b",
            "codec_embedding", "cp_codec_embedding")
 
@@ -76,6 +78,10 @@ class EmbeddingTables:
 
     def __init__(self, bundle_dir: str | Path, embeddings: dict, special_ids: dict):
         self.bundle_dir = Path(bundle_dir)
+        self.projected = None
+        if _PROJECTED in embeddings:  # a device bundle: T(ids) stored, no text table or MLP
+            self._init_projected(embeddings, special_ids)
+            return
         missing = [n for n in _TABLES if n not in embeddings]
         if missing:
             raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
@@ -103,6 +109,29 @@ class EmbeddingTables:
         if not shapes_ok:
             raise BundleError(f"{self.bundle_dir}/kztts.json: embedding table shapes do not fit together "
                               f"({ {n: self.specs[n]['shape'] for n in _TABLES} }); re-export the bundle")
+        try:
+            self._special = {k: int(special_ids[k]) for k in ("tts_bos", "tts_eos", "tts_pad")}
+        except KeyError as exc:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: special_ids lacks {exc}") from exc
+
+    def _init_projected(self, embeddings: dict, special_ids: dict) -> None:
+        need = ("codec_embedding", "cp_codec_embedding")
+        missing = [n for n in need if n not in embeddings]
+        if missing:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
+        self.specs = {n: dict(embeddings[n]) for n in (_PROJECTED, *need)}
+        self.projected = load_table(self.bundle_dir, _PROJECTED, self.specs[_PROJECTED])
+        self.projected_scales = load_row_scales(self.bundle_dir, _PROJECTED, self.specs[_PROJECTED])
+        if self.projected_scales is None:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: {_PROJECTED} should be int8 rows with a scale_file")
+        self.codec_table = load_table(self.bundle_dir, "codec_embedding", self.specs["codec_embedding"])
+        self.cp_codec_table = load_table(self.bundle_dir, "cp_codec_embedding", self.specs["cp_codec_embedding"])
+        self.text_vocab = int(self.projected.shape[0])
+        self.codec_vocab, self.hidden = (int(s) for s in self.codec_table.shape)
+        self.num_cp_groups, self.cp_vocab = int(self.cp_codec_table.shape[0]), int(self.cp_codec_table.shape[1])
+        if self.projected.shape[1] != self.hidden or self.cp_codec_table.shape[2] != self.hidden:
+            raise BundleError(f"{self.bundle_dir}/kztts.json: embedding table shapes do not fit together "
+                              f"({ {n: s['shape'] for n, s in self.specs.items()} }); re-export the bundle")
         try:
             self._special = {k: int(special_ids[k]) for k in ("tts_bos", "tts_eos", "tts_pad")}
         except KeyError as exc:
@@ -150,6 +179,9 @@ class EmbeddingTables:
 
     def text(self, ids) -> np.ndarray:
         """T(ids): projected text embeddings, f32 [n, H]."""
+        if self.projected is not None:
+            idx = self._ids(ids, self.text_vocab, "text")
+            return self.projected[idx].astype(np.float32) * self.projected_scales[idx][:, None]
         return self.project(self.text_rows(ids)).astype(np.float32, copy=False)
 
     def codec(self, ids) -> np.ndarray:

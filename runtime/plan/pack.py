@@ -9,7 +9,8 @@ pack keeps, per role of that plan:
   graph (a QDQ graph's weights are stored at their precision: int4 packed two to a byte);
 - on the CPU, the graph the plan runs, with only the part of the shared weights file its tensors read (the file
   is rewritten, its records pointed at the new offsets, ``kztts.bundle.onnx_wire.relocated``);
-- the tables (compact unless asked otherwise: ``kztts.bundle.table_compact``), the tokenizer, and
+- the tables (unless asked otherwise compact: the text projection applied once to every text id and stored 8 bits
+  per row, judged against the fp32 rows; the codec tables fp16: ``kztts.bundle.table_compact``), the tokenizer, and
   the manifest of what is there (``packed``: target, source, graphs).
 
 The speech and speaker encoders clone a voice from a recording; a device speaks with voices made elsewhere
@@ -27,11 +28,12 @@ import numpy as np
 from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, write_manifest
 from kztts.bundle.onnx_wire import read_graph, relocated
-from kztts.bundle.table_compact import compact_tables, is_compact
+from kztts.bundle.table_compact import PROJECTION_TABLES, compact_tables, is_compact, project_text_table
 from kztts.core.atomic import atomic_path
 from kztts.core.audio import synthetic_voice
 from kztts.core.build_cache import exclusive_output, staged_dir
 from kztts.core.errors import KzttsError
+from kztts.eval.acceptance import BOUNDS
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_plan
 from kztts.runners.speaker import SpeakerEncoder
@@ -139,6 +141,7 @@ class _Packer:
     def write_shared(self, ranges: set[tuple[int, int]], rel: str) -> dict[tuple[int, int], int]:
         """The ranges of the shared weights file into the pack's own, in file order; their new offsets."""
         where, at = {}, 0
+        (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
         with open(self.shared, "rb") as src, atomic_path(self.work / rel) as tmp, open(tmp, "wb") as dst:
             for offset, length in sorted(ranges):
                 pad = -at % _align(length)
@@ -161,6 +164,14 @@ def _role_graphs(plan, voice_cloning: bool) -> list[tuple[str, str, str]]:
                 seen.add(g)
                 out.append((g, role, step.device))
     return out
+
+
+def _projection_pays(embeddings: dict) -> bool:
+    """The text projection stored (H columns) beats the 8-bit text table and its MLP when H is at most the table's
+    width (0.6B: 1024 against 2048; 1.7B: equal, the MLP's 34 MB saved; the tiny models' H is twice theirs)."""
+    if not all(n in embeddings for n in PROJECTION_TABLES) or is_compact(embeddings):
+        return False
+    return embeddings["text_proj_fc2_w"]["shape"][0] <= embeddings["text_embedding"]["shape"][1]
 
 
 def _check_out(src: Path, out: Path, overwrite: bool) -> None:
@@ -241,8 +252,16 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
                                "graphs": sorted(g for g, (_, r) in plans.items() if r)}
         else:
             data.pop("weights", None)
-        embeddings = dict(m.embeddings)
-        if compact and not is_compact(embeddings):
+        embeddings, tables_check = dict(m.embeddings), None
+        if compact and _projection_pays(embeddings):
+            embeddings, tables_check = project_text_table(src, work, embeddings)
+            bound = BOUNDS["packed-tables"]["text_rows_cos_min"][1]
+            if not tables_check["cos_min"] >= bound:
+                raise KzttsError(f"{src}: the projected text rows stored 8 bits per row reach cosine "
+                                 f"{tables_check['cos_min']:.6f} of the fp32 ones, under the {bound} bound; pack "
+                                 "with --tables as-exported")
+            tables_check["bound"] = bound
+        if compact:  # what is compact already stays as it is
             embeddings = compact_tables(src, work, embeddings)
         for spec in embeddings.values():
             for key in ("file", "scale_file"):
@@ -266,6 +285,7 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
             packer.copy(data[BUILTIN_VOICE_KEY]["file"])  # a pack of a pack
         data[PACK_KEY] = {"target": target.name, "from": str(src.resolve()), "source_bytes": source_bytes,
                           "voice_cloning": voice_cloning, "tables": "compact" if compact else "as exported",
+                          **({"tables_check": tables_check} if tables_check else {}),
                           "graphs": {p.name: {"role": p.role, "device": p.device, "form": p.form} for p in packed}}
         write_manifest(work, data)
         files = {f.relative_to(work).as_posix(): f.stat().st_size for f in sorted(work.rglob("*")) if f.is_file()}
