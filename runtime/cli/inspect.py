@@ -35,6 +35,13 @@ from kztts.tts.model_kind import ModelKind
 from kztts.tts.text.split import DEFAULT_FRAMES_PER_TOKEN
 
 
+def _packed_binaries(root: Path, spec) -> int:
+    """The context binaries of a device bundle's graph (its file is the EPContext model that names them)."""
+    if not spec.extra.get("packed_context"):
+        return 0
+    return sum((root / b).stat().st_size for b in spec.extra.get("context_binaries", []) if (root / b).is_file())
+
+
 def _attention(graph: str) -> str:
     """``fused`` (ORT GroupQueryAttention), ``plain`` (ONNX ops: a role that also has a fused
     graph), or ``-`` (the decoder and encoders)."""
@@ -78,7 +85,7 @@ def inspect_bundle(bundle_dir: str | Path, target: "str | Path | Target | None" 
     rows = []
     for name, spec in graphs.items():
         row = {"graph": name, "variant": spec.variant, "file": spec.file, "exported_precision": spec.precision,
-               "bytes": graph_read_bytes(bundle.path / spec.file), "attention": _attention(name), "opened": sessions}
+               "bytes": graph_read_bytes(bundle.path / spec.file) + _packed_binaries(bundle.path, spec), "attention": _attention(name), "opened": sessions}
         on_target = spec.variant == "static" and target is not None and missing_skel is None
         if sessions:
             row.update(_opened(bundle, name, spec, target if on_target else None, strict))
@@ -89,13 +96,16 @@ def inspect_bundle(bundle_dir: str | Path, target: "str | Path | Target | None" 
                        context_binary=on_htp and qnn_file.name != Path(spec.file).name)
         rows.append(row)
 
+    # a device bundle keeps context binaries without their source graphs, whose operators the cost counts
+    packed = bundle.manifest.data.get("packed")
     return {"bundle": str(bundle_dir), "target": target.name if target else None,
             "soc": target.soc.name if target else None, "qnn_available": qnn_available(),
             "qnn_unavailable_reason": qnn_unavailable_reason(), "missing_skel": missing_skel,
             "random_weights": bundle.manifest.random_weights, "graphs": rows,
             "accepts": _accepts(bundle.manifest),
             "cost": bundle_cost(bundle_dir, target, bundle.session_config.threads, precision=precision,
-                                plan=plan, measured=profile) if target else None}
+                                plan=plan, measured=profile) if target and not packed else None,
+            "packed": packed}
 
 
 def _opened(bundle: Bundle, name: str, spec, target: Target | None, strict: bool) -> dict:
@@ -238,6 +248,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return cmd_plan(args)
 
     print()
+    if report["packed"]:
+        print(f"a device bundle (kztts pack for {report['packed']['target']}): its context binaries carry no "
+              f"graph to count; the cost on paper is the full bundle's: kztts inspect {report['packed']['from']} "
+              f"--target {report['target']}")
+        return 0
     print(format_cost(report["cost"]))
     return 0
 

@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 
 from kztts.bundle import graphs as G
+from kztts.bundle.table_compact import PROJECTED_COS_MIN
 
 Bound = tuple[str, float]
 
@@ -128,11 +129,9 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     # convolution's weights doubled 21.8 dB (tiny; tests/export/common/test_variants.py). The same 40 dB as the
     # fp16 decoder on the HTP.
     "cpu-decoder-fp16": {"decoder_snr_db": (">=", 40.0)},
-    # a device bundle's projected text rows (kztts pack: T(id) of every text id, 8 bits per row) against the fp32
-    # projection of the exported table, the worst row of the whole vocabulary: good builds 0.999915 (0.6B shape) and
-    # 0.999938 (tiny), so 1 - cos is 12x under the bound's; bad builds caught: one scale for the whole table
-    # 0.998204, 4-bit rows 0.979699 (tiny; tests/bundle/test_table_compact.py)
-    "packed-tables": {"text_rows_cos_min": (">=", 0.999)},
+    # a device bundle's projected text rows (kztts pack) against the fp32 projection: the bound and its evidence are
+    # kztts.bundle.table_compact.PROJECTED_COS_MIN's
+    "packed-tables": {"text_rows_cos_min": (">=", PROJECTED_COS_MIN)},
     "placement": {"talker_logits_cos_min": (">=", 0.999)},
     # an LM bundle's CPU graphs against transformers (>= 0.9999 on the real 1.5B checkpoint)
     "lm": {"logits_cos_min": (">=", 0.9999), "greedy_match": (">=", 1.0)},

@@ -28,12 +28,12 @@ import numpy as np
 from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, write_manifest
 from kztts.bundle.onnx_wire import read_graph, relocated
-from kztts.bundle.table_compact import PROJECTION_TABLES, compact_tables, is_compact, project_text_table
+from kztts.bundle.table_compact import (PROJECTED_COS_MIN, PROJECTION_TABLES, compact_tables, is_compact,
+                                        project_text_table)
 from kztts.core.atomic import atomic_path
 from kztts.core.audio import synthetic_voice
 from kztts.core.build_cache import exclusive_output, staged_dir
 from kztts.core.errors import KzttsError
-from kztts.eval.acceptance import BOUNDS
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_plan
 from kztts.runners.speaker import SpeakerEncoder
@@ -255,7 +255,7 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
         embeddings, tables_check = dict(m.embeddings), None
         if compact and _projection_pays(embeddings):
             embeddings, tables_check = project_text_table(src, work, embeddings)
-            bound = BOUNDS["packed-tables"]["text_rows_cos_min"][1]
+            bound = PROJECTED_COS_MIN
             if not tables_check["cos_min"] >= bound:
                 raise KzttsError(f"{src}: the projected text rows stored 8 bits per row reach cosine "
                                  f"{tables_check['cos_min']:.6f} of the fp32 ones, under the {bound} bound; pack "

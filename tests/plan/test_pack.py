@@ -132,3 +132,8 @@ def test_the_command_prints_what_it_packed(ctx_bundle, small_target, tmp_path, c
     assert report["bytes"] == sum(report["files"].values())
     assert main(["pack", str(ctx_bundle), "--target", str(small_target), "-o", str(out)]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["inspect", str(out), "--target", str(small_target)]) == 0  # no source graph to count: it says so
+    printed = capsys.readouterr().out
+    assert f"the cost on paper is the full bundle's: kztts inspect {ctx_bundle.resolve()}" in printed
+    binary = read_manifest(out).graphs["cp_frame"].extra["context_binaries"][0]
+    assert f"{(out / binary).stat().st_size / 2**20:.1f} MB" in printed  # a context graph's size: its binary
