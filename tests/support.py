@@ -236,6 +236,22 @@ class AtOnce:
         put(*args)
 
 
+def save_bundle_graph(model, bundle: Path, rel: str) -> None:
+    """Save an edited graph of ``bundle`` (loaded with its data) whole, its weights inline (it may have read them from
+    the bundle's shared weights file), never through a hard link, and set its size in the manifest entries that
+    name the file."""
+    import onnx
+
+    path = Path(bundle) / rel
+    path.unlink()
+    onnx.save_model(model, str(path))
+    manifest = json.loads((Path(bundle) / "kztts.json").read_text())
+    for spec in manifest["graphs"].values():
+        if spec["file"] == rel:
+            spec["bytes"] = path.stat().st_size
+    (Path(bundle) / "kztts.json").write_text(json.dumps(manifest, indent=1))
+
+
 def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -> Path:
     """A copy of bundle ``good`` whose ``graph`` (its HTP file) has the first MatMul/Gemm/Conv whose name holds
     ``node`` computing with its weight scaled by ``factor``: its DequantizeLinear's scale times ``factor`` (a
@@ -258,12 +274,7 @@ def scaled_weight(good: Path, out: Path, graph: str, node: str, factor: float) -
             t = inits[dq.input[1]] if dq is not None and dq.op_type == "DequantizeLinear" else inits[w]
             a = numpy_helper.to_array(t)
             t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
-            (out / rel).unlink()
-            onnx.save_model(model, str(out / rel))  # whole (its weights inline): its manifest size follows
-            manifest = json.loads((out / "kztts.json").read_text())
-            if manifest["graphs"][graph]["file"] == rel:
-                manifest["graphs"][graph]["bytes"] = (out / rel).stat().st_size
-                (out / "kztts.json").write_text(json.dumps(manifest, indent=1))
+            save_bundle_graph(model, out, rel)
             return out
     raise AssertionError(f"{rel}: no MatMul/Gemm/Conv named like {node!r}")
 

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support import scaled_weight
+from support import save_bundle_graph, scaled_weight
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def layer_at_two_bits(good: Path, out: Path, layer: int = 0) -> Path:
                 q = onnx.numpy_helper.to_array(codes).astype(np.int8)
                 codes.CopyFrom(_int4_tensor(codes.name, np.clip(np.round(q / 4), -2, 1).astype(np.int8) * 4))
                 changed += 1
-        onnx.save_model(model, str(out / rel))
+        save_bundle_graph(model, out, rel)
     assert changed >= 7 * 2, changed  # the layer's seven projections, in the prefill and decode graphs at least
     return out
 
