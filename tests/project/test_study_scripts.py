@@ -12,8 +12,8 @@ import pytest
 
 from support import ROOT
 
-# name: (script, arguments ({bundle}: the tiny bundle, {lm}: the tiny Qwen3 chat bundle, {out}: a folder of the
-# test's own), a line or key its report must hold)
+# name: (script, arguments ({bundle}: the tiny bundle, {model}: its checkpoint, {lm}: the tiny Qwen3 chat bundle,
+# {out}: a folder of the test's own), a line or key its report must hold)
 SCRIPTS = {
     "ttfa": ("ttfa/ttfa_study.py", "{bundle} --threads 1 --rounds 1 --frames 4 --rtf-runs 1 --out {out}/ttfa.json",
              "TTFA p50"),
@@ -36,6 +36,7 @@ SCRIPTS = {
     "frame_profile": ("frame_profile/profile_frame.py", "{bundle} --threads 1 --frames 4", "ms/run"),
     "compact_tables": ("tables/compact_tables.py", "{bundle} --weights int8 --frames 2 --threads 1 --json {out}/t.json",
                        "| xvec_stream |"),
+    "bundle_sizes": ("bundle_sizes/sizes.py", "{model} {bundle} --json {out}/sizes.json", "of weights: 1.0"),
     "serve": ("serve/bench_serve.py", "--bundle {bundle} --clients 1 --requests 2 --max-frames 4 --threads 1 "
               "--batch 2 --out {out}/serve.json", "ttfa"),
 }
@@ -43,7 +44,9 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def bundles(equal_bundle, chat_bundle):
-    return {"bundle": equal_bundle, "lm": chat_bundle}
+    from kztts.export.tts.tiny import cached_tiny
+
+    return {"bundle": equal_bundle, "lm": chat_bundle, "model": cached_tiny("equal")}
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
