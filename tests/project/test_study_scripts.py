@@ -36,7 +36,7 @@ SCRIPTS = {
     "frame_profile": ("frame_profile/profile_frame.py", "{bundle} --threads 1 --frames 4", "ms/run"),
     "compact_tables": ("tables/compact_tables.py", "{bundle} --weights int8 --frames 2 --threads 1 --json {out}/t.json",
                        "| xvec_stream |"),
-    "bundle_sizes": ("bundle_sizes/sizes.py", "{model} {bundle} --json {out}/sizes.json", "of weights: 1.0"),
+    "bundle_sizes": ("bundle_sizes/sizes.py", "{model} {bundle} --json {out}/sizes.json", "MB of weights: "),
     "serve": ("serve/bench_serve.py", "--bundle {bundle} --clients 1 --requests 2 --max-frames 4 --threads 1 "
               "--batch 2 --out {out}/serve.json", "ttfa"),
 }
