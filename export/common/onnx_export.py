@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
+from kztts.bundle.onnx_wire import DATA_ALIGN, copy_bytes, tensor_alignment
+
 log = logging.getLogger(__name__)
 
 OPSET = 17
 EXTERNAL_DATA_BYTES = 2 ** 31  # tests lower it to send tiny graphs down the > 2 GB path
-DATA_ALIGN = 1 << 16  # 64 KiB: a page multiple on every OS (Windows' allocation granularity)
 
 
 def data_file(path: Path) -> Path:
@@ -84,7 +85,7 @@ def gather_external_data(src: Path, dst: Path, consume: bool = False) -> Path:
                 length = int(info["length"]) if info.get("length") else os.fstat(f.fileno()).st_size - start
                 f.seek(start)
                 place(t, length)
-                _copy(f, out, length)
+                copy_bytes(f, out, length)
             users[info["location"]] -= 1
             if consume and not users[info["location"]]:
                 (Path(src).parent / info["location"]).unlink()
@@ -96,16 +97,6 @@ def gather_external_data(src: Path, dst: Path, consume: bool = False) -> Path:
                 out.write(raw)
     onnx.save_model(model, str(dst))
     return dst
-
-
-def _copy(src, dst, length: int, block: int = 64 << 20) -> None:
-    left = length
-    while left:
-        chunk = src.read(min(block, left))
-        if not chunk:
-            raise OSError(f"external data ends {left} bytes early")
-        dst.write(chunk)
-        left -= len(chunk)
 
 
 def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, input_names: list[str],
@@ -201,12 +192,6 @@ SHARED_MIN_BYTES = 1024  # smaller tensors (shapes, norms' eps) stay in their gr
 SHARED_CONCAT = "kztts_shared_concat"  # the Concat nodes that rebuild a fused weight from the shared parts
 
 
-def _align(length: int) -> int:
-    """Alignment of a tensor in the shared file: whole 64 KiB blocks for the big weights (any reader may map them),
-    pages for the middle ones, 64 bytes for the small (a tiny model's thousand norms would double in 64 KiB)."""
-    return DATA_ALIGN if length >= 1 << 20 else 4096 if length >= 1 << 16 else 64
-
-
 def _tensor_bytes(t, where: Path) -> bytes:
     """A tensor's bytes as stored (raw, or read from its external file beside the graph ``where``)."""
     from onnx import numpy_helper
@@ -255,7 +240,7 @@ class _SharedFile:
         found = self.by_digest.get(digest)
         if found is not None:
             return found
-        pad = -self.offset % _align(len(data))
+        pad = -self.offset % tensor_alignment(len(data))
         self.out.write(b"\0" * pad)
         self.offset += pad
         where = (self.offset, len(data))

@@ -412,6 +412,29 @@ def without_weight_data(path: str | Path, keep: int = 1024) -> bytes:
         return bytes(out)
 
 
+# ------------------------------------------------------------------ external-data files
+DATA_ALIGN = 1 << 16  # 64 KiB: a page multiple on every OS (Windows' allocation granularity)
+
+
+def tensor_alignment(length: int) -> int:
+    """Alignment of a tensor of ``length`` bytes in a shared weights file: whole 64 KiB blocks for the big weights
+    (any reader may map them), pages for the middle ones, 64 bytes for the small (a tiny model's thousand norms would
+    double in 64 KiB). The export writes the file so, and a device bundle's copy of it (``kztts pack``) keeps it."""
+    return DATA_ALIGN if length >= 1 << 20 else 4096 if length >= 1 << 16 else 64
+
+
+def copy_bytes(src, dst, length: int, block: int = 64 << 20) -> None:
+    """Copy ``length`` bytes from the binary file ``src``'s position to ``dst``, a block at a time; ``OSError`` when
+    ``src`` ends first."""
+    left = length
+    while left:
+        chunk = src.read(min(block, left))
+        if not chunk:
+            raise OSError(f"external data ends {left} bytes early")
+        dst.write(chunk)
+        left -= len(chunk)
+
+
 _MOVED_KEYS = ("location", "offset", "length")
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from kztts.bundle.bundle import TOKENIZER_FILE, Bundle
 from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, write_manifest
-from kztts.bundle.onnx_wire import read_graph, relocated
+from kztts.bundle.onnx_wire import copy_bytes, read_graph, relocated, tensor_alignment
 from kztts.bundle.table_compact import (PROJECTED_COS_MIN, PROJECTION_TABLES, compact_tables, is_compact,
                                         project_text_table)
 from kztts.core.atomic import atomic_path
@@ -44,7 +44,6 @@ PACK_KEY = "packed"  # the manifest's record of a pack
 BUILTIN_VOICE_FILE = "voices/builtin.xvector.npy"
 CLONING_ROLES = ("speaker_encoder", "speech_encoder")
 TABLE_MODES = ("compact", "as-exported")
-_BLOCK = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -80,26 +79,9 @@ class PackReport:
                             "files": list(g.files)} for g in self.graphs]}
 
 
-def _align(length: int) -> int:
-    """Alignment of a tensor in the weights file, as the export writes it (whole 64 KiB blocks for the big ones,
-    which any reader may map)."""
-    return 1 << 16 if length >= 1 << 20 else 4096 if length >= 1 << 16 else 64
-
-
 def bundle_bytes(path: Path) -> int:
     """Bytes of every file under ``path``."""
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def _copy_range(src, dst, offset: int, length: int) -> None:
-    src.seek(offset)
-    left = length
-    while left:
-        chunk = src.read(min(_BLOCK, left))
-        if not chunk:
-            raise KzttsError(f"{src.name}: ends {left} bytes before the data a graph reads; re-export the bundle")
-        dst.write(chunk)
-        left -= len(chunk)
 
 
 class _Packer:
@@ -144,10 +126,15 @@ class _Packer:
         (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
         with open(self.shared, "rb") as src, atomic_path(self.work / rel) as tmp, open(tmp, "wb") as dst:
             for offset, length in sorted(ranges):
-                pad = -at % _align(length)
+                pad = -at % tensor_alignment(length)
                 dst.write(b"\0" * pad)
                 at += pad
-                _copy_range(src, dst, offset, length)
+                src.seek(offset)
+                try:
+                    copy_bytes(src, dst, length)
+                except OSError as exc:
+                    raise KzttsError(f"{src.name}: {exc}, short of what its graphs read; "
+                                     "re-export the bundle") from None
                 where[(offset, length)] = at
                 at += length
         return where
@@ -228,15 +215,12 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
         weights = m.data.get("weights")
         needed = {r for _, ranges in plans.values() for r in ranges}
         where = packer.write_shared(needed, weights["file"]) if needed else {}
-        shared_dir = (src / weights["file"]).parent if weights else None
         for g, (rel, ranges) in plans.items():
             dst = work / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             if ranges:
-                name = Path(weights["file"]).name
-
                 def move(location: str, offset: int, length: int | None, base=(src / rel).parent):
-                    if (base / location).resolve() != (shared_dir / name).resolve():
+                    if (base / location).resolve() != packer.shared:
                         return None
                     return location, where[(offset, length)]
 
