@@ -26,8 +26,9 @@ from kztts.core.errors import BundleError, KzttsError
 
 _DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int8": np.int8}
 _PROJECTED = "text_projected"  # kztts.bundle.table_compact.project_text_table (kztts pack)
+_CODEC_TABLES = ("codec_embedding", "cp_codec_embedding")
 _TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b",
-           "codec_embedding", "cp_codec_embedding")
+           *_CODEC_TABLES)
 
 
 def bf16_to_f32(u: np.ndarray) -> np.ndarray:
@@ -78,60 +79,48 @@ class EmbeddingTables:
 
     def __init__(self, bundle_dir: str | Path, embeddings: dict, special_ids: dict):
         self.bundle_dir = Path(bundle_dir)
-        self.projected = None
-        if _PROJECTED in embeddings:  # a device bundle: T(ids) stored, no text table or MLP
-            self._init_projected(embeddings, special_ids)
-            return
-        missing = [n for n in _TABLES if n not in embeddings]
+        # a device bundle stores T(ids) itself (text_projected) in place of the text table and its MLP
+        projected = _PROJECTED in embeddings
+        names = (_PROJECTED, *_CODEC_TABLES) if projected else _TABLES
+        missing = [n for n in names if n not in embeddings]
         if missing:
             raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
-        self.specs = {n: dict(embeddings[n]) for n in _TABLES}
-        t = {n: load_table(self.bundle_dir, n, self.specs[n]) for n in _TABLES}
-        self.text_dtype = self.specs["text_embedding"]["dtype"]
-        if self.text_dtype not in ("bf16", "fp16", "int8"):
-            raise BundleError(f"{self.bundle_dir / self.specs['text_embedding']['file']}: text_embedding "
-                              f"dtype {self.text_dtype!r}; expected 'bf16', 'fp16' or 'int8'")
-        self.text_table = t["text_embedding"]  # np.memmap, never read whole
-        self.text_scales = load_row_scales(self.bundle_dir, "text_embedding", self.specs["text_embedding"])
-        # small tables: read once, fp32, pre-transposed for x @ W^T
-        self.fc1_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc1_w"], dtype=np.float32).T)
-        self.fc1_b = np.asarray(t["text_proj_fc1_b"], dtype=np.float32)
-        self.fc2_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc2_w"], dtype=np.float32).T)
-        self.fc2_b = np.asarray(t["text_proj_fc2_b"], dtype=np.float32)
+        self.specs = {n: dict(embeddings[n]) for n in names}
+        t = {n: load_table(self.bundle_dir, n, self.specs[n]) for n in names}
         self.codec_table = t["codec_embedding"]
         self.cp_codec_table = t["cp_codec_embedding"]
-        self.text_vocab, self.text_hidden = (int(s) for s in self.text_table.shape)
         self.codec_vocab, self.hidden = (int(s) for s in self.codec_table.shape)
         self.num_cp_groups, self.cp_vocab = int(self.cp_codec_table.shape[0]), int(self.cp_codec_table.shape[1])
-        shapes_ok = (self.fc1_wt.shape[0] == self.text_hidden and self.fc1_b.shape == (self.fc1_wt.shape[1],)
-                     and self.fc2_wt.shape == (self.fc1_wt.shape[1], self.hidden)
-                     and self.fc2_b.shape == (self.hidden,) and self.cp_codec_table.shape[2] == self.hidden)
+        shapes_ok = self.cp_codec_table.shape[2] == self.hidden
+        self.projected = None
+        if projected:
+            self.projected = t[_PROJECTED]
+            self.projected_scales = load_row_scales(self.bundle_dir, _PROJECTED, self.specs[_PROJECTED])
+            if self.projected_scales is None:
+                raise BundleError(f"{self.bundle_dir}/kztts.json: {_PROJECTED} should be int8 rows with a "
+                                  "scale_file")
+            self.text_vocab = int(self.projected.shape[0])
+            shapes_ok = shapes_ok and self.projected.shape[1] == self.hidden
+        else:
+            self.text_dtype = self.specs["text_embedding"]["dtype"]
+            if self.text_dtype not in ("bf16", "fp16", "int8"):
+                raise BundleError(f"{self.bundle_dir / self.specs['text_embedding']['file']}: text_embedding "
+                                  f"dtype {self.text_dtype!r}; expected 'bf16', 'fp16' or 'int8'")
+            self.text_table = t["text_embedding"]  # np.memmap, never read whole
+            self.text_scales = load_row_scales(self.bundle_dir, "text_embedding", self.specs["text_embedding"])
+            # small tables: read once, fp32, pre-transposed for x @ W^T
+            self.fc1_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc1_w"], dtype=np.float32).T)
+            self.fc1_b = np.asarray(t["text_proj_fc1_b"], dtype=np.float32)
+            self.fc2_wt = np.ascontiguousarray(np.asarray(t["text_proj_fc2_w"], dtype=np.float32).T)
+            self.fc2_b = np.asarray(t["text_proj_fc2_b"], dtype=np.float32)
+            self.text_vocab, self.text_hidden = (int(s) for s in self.text_table.shape)
+            shapes_ok = (shapes_ok and self.fc1_wt.shape[0] == self.text_hidden
+                         and self.fc1_b.shape == (self.fc1_wt.shape[1],)
+                         and self.fc2_wt.shape == (self.fc1_wt.shape[1], self.hidden)
+                         and self.fc2_b.shape == (self.hidden,))
         if not shapes_ok:
             raise BundleError(f"{self.bundle_dir}/kztts.json: embedding table shapes do not fit together "
-                              f"({ {n: self.specs[n]['shape'] for n in _TABLES} }); re-export the bundle")
-        try:
-            self._special = {k: int(special_ids[k]) for k in ("tts_bos", "tts_eos", "tts_pad")}
-        except KeyError as exc:
-            raise BundleError(f"{self.bundle_dir}/kztts.json: special_ids lacks {exc}") from exc
-
-    def _init_projected(self, embeddings: dict, special_ids: dict) -> None:
-        need = ("codec_embedding", "cp_codec_embedding")
-        missing = [n for n in need if n not in embeddings]
-        if missing:
-            raise BundleError(f"{self.bundle_dir}/kztts.json: embeddings lack {missing}; re-export the bundle")
-        self.specs = {n: dict(embeddings[n]) for n in (_PROJECTED, *need)}
-        self.projected = load_table(self.bundle_dir, _PROJECTED, self.specs[_PROJECTED])
-        self.projected_scales = load_row_scales(self.bundle_dir, _PROJECTED, self.specs[_PROJECTED])
-        if self.projected_scales is None:
-            raise BundleError(f"{self.bundle_dir}/kztts.json: {_PROJECTED} should be int8 rows with a scale_file")
-        self.codec_table = load_table(self.bundle_dir, "codec_embedding", self.specs["codec_embedding"])
-        self.cp_codec_table = load_table(self.bundle_dir, "cp_codec_embedding", self.specs["cp_codec_embedding"])
-        self.text_vocab = int(self.projected.shape[0])
-        self.codec_vocab, self.hidden = (int(s) for s in self.codec_table.shape)
-        self.num_cp_groups, self.cp_vocab = int(self.cp_codec_table.shape[0]), int(self.cp_codec_table.shape[1])
-        if self.projected.shape[1] != self.hidden or self.cp_codec_table.shape[2] != self.hidden:
-            raise BundleError(f"{self.bundle_dir}/kztts.json: embedding table shapes do not fit together "
-                              f"({ {n: s['shape'] for n, s in self.specs.items()} }); re-export the bundle")
+                              f"({ {n: self.specs[n]['shape'] for n in names} }); re-export the bundle")
         try:
             self._special = {k: int(special_ids[k]) for k in ("tts_bos", "tts_eos", "tts_pad")}
         except KeyError as exc:
