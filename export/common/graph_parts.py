@@ -47,10 +47,16 @@ def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precisi
                      {"bytes": path.stat().st_size, "export_id": export_id})
 
 
-def same_folder(spec: GraphSpec, weights: dict) -> bool:
-    """True when graph ``spec`` lies beside the shared weights file ``weights`` (a manifest ``weights`` entry): ONNX
-    Runtime reads no external data outside a graph's own folder."""
-    return Path(spec.file).parent == Path(weights["file"]).parent
+def share_with_static(bundle_dir: Path, graphs: dict[str, GraphSpec], static: dict[str, GraphSpec], weights: dict
+                      ) -> tuple[dict[str, GraphSpec], dict]:
+    """``share_graph_weights`` again once the static HTP graphs ``static`` are written: a float static graph holds
+    the CPU graphs' weights again (the 0.6B Talker's 1.8 GB once per graph), a quantized pair the same codes twice.
+    ``graphs``: every graph of the bundle; ``weights``: the manifest entry of the CPU graphs' sharing. Graphs outside
+    the weights file's folder (the per-layer segments) keep their own: ONNX Runtime reads no external data outside a
+    graph's folder. Returns the specs it rewrote and the new ``weights`` entry."""
+    folder = Path(weights["file"]).parent
+    return share_graph_weights(bundle_dir, {n: graphs[n] for n in (*weights["graphs"], *static)
+                                            if Path(graphs[n].file).parent == folder})
 
 
 def share_graph_weights(bundle_dir: Path, specs: dict[str, GraphSpec], sources: dict[str, Path] | None = None

@@ -36,7 +36,7 @@ from kztts.core.cache import cache_dir
 from kztts.core.errors import KzttsError
 from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.export_key import exporter_code_key
-from kztts.export.common.graph_parts import same_folder, share_graph_weights
+from kztts.export.common.graph_parts import share_graph_weights, share_with_static
 from kztts.export.graphs.gqa_graphs import export_talker_batched, export_talker_gqa
 from kztts.export.graphs.talker_graph import export_talker, talker_shape
 from kztts.export.htp.export_check import lm_htp_check_record
@@ -155,9 +155,7 @@ def export_lm_bundle(source: str | Path, out_dir: str | Path, *, overwrite: bool
             static = export_htp_graphs(model, work, export_id=export_id, plan=plan,
                                        calibration=LmTexts(lm_config(lm)), talker_only=True)
             graphs.update(static)
-            # the float static graphs hold the CPU graphs' weights again, a quantized pair the same codes twice
-            shared, weights = share_graph_weights(work, {n: graphs[n] for n in (*weights["graphs"], *static)
-                                                               if same_folder(graphs[n], weights)})
+            shared, weights = share_with_static(work, graphs, static, weights)
             graphs.update(shared)
             steps.update()
         unknown = [n for n in graphs if n not in G.LM_GRAPH_KINDS and not n.startswith(G.SEGMENT_PREFIXES)]

@@ -15,7 +15,7 @@ from kztts.export.common.bundle_output import bundle_output, check_output
 from kztts.export.common.checkpoint import fingerprint, load_reference, read_config
 from kztts.export.common.embeddings import export_embeddings
 from kztts.export.common.export_key import exporter_code_key
-from kztts.export.common.graph_parts import same_folder, share_graph_weights
+from kztts.export.common.graph_parts import share_graph_weights, share_with_static
 from kztts.export.common.tokenizer import export_tokenizer
 from kztts.export.graphs.code_predictor_graph import export_code_predictor
 from kztts.export.graphs.codec_graphs import export_decoder, export_encoder
@@ -84,11 +84,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             steps.phase(f"HTP graphs for {target.name}")
             static = export_htp_graphs(model, work, export_id=export_id, plan=plan, calibration=TtsPrompts(model))
             graphs.update(static)
-            # a float static graph holds the CPU graphs' weights again (the 0.6B Talker's 1.8 GB once per graph), a
-            # quantized pair the same codes twice: every graph over the one weights file (the per-layer segments,
-            # in a folder of their own, keep theirs: ONNX Runtime reads no data outside a graph's folder)
-            shared, weights = share_graph_weights(work, {n: graphs[n] for n in (*weights["graphs"], *static)
-                                                               if same_folder(graphs[n], weights)})
+            shared, weights = share_with_static(work, graphs, static, weights)
             graphs.update(shared)
             steps.update()
         steps.phase("manifest")
