@@ -1,6 +1,6 @@
-"""Where an export writes its bundle: the output folder checked (``check_output``), then locked and staged
-(``bundle_output``: the opening the TTS, LM and hybrid LM exports share), and the files a bundle derived from
-another shares with it (``link_tree``: precision variants, HTP bench bundles)."""
+"""Where an export writes its bundle: the output folder checked (``kztts.core.build_cache.check_output``), then
+locked and staged (``bundle_output``: the opening the TTS, LM and hybrid LM exports share), and the files a bundle
+derived from another shares with it (``link_tree``: precision variants, HTP bench bundles)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,16 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from kztts.core.build_cache import exclusive_output, staged_dir
-from kztts.core.errors import KzttsError
+from kztts.core.build_cache import check_output, exclusive_output, staged_dir
 
 log = logging.getLogger(__name__)
-
-
-def check_output(out_dir: Path, overwrite: bool) -> None:
-    """Refuse to replace a non-empty ``out_dir`` unless ``overwrite`` (``--overwrite``)."""
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
 
 
 @contextlib.contextmanager

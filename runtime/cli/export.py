@@ -12,6 +12,7 @@ from pathlib import Path
 from kztts.bundle import graphs as G
 from kztts.core import progress
 from kztts.core.atomic import check_writable_dir
+from kztts.core.build_cache import check_output, disk_bytes
 from kztts.core.errors import KzttsError
 from kztts.core.extras import need_export_extra
 from kztts.core.metrics import peak_rss_mb
@@ -77,10 +78,7 @@ def export(args: argparse.Namespace, plan) -> Path:
 
 def cmd_export(args: argparse.Namespace) -> int:
     check_writable_dir(args.output, "bundle", create_parents=True)
-    # a full folder is refused before the export extra loads (seconds of imports) and before the phase line;
-    # bundle_output imports no torch
-    from kztts.export.common.bundle_output import check_output
-
+    # a full folder is refused before the export extra loads (seconds of imports) and before the phase line
     check_output(Path(args.output), args.overwrite)
     need_export_extra()
     start = time.perf_counter()
@@ -88,18 +86,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     progress.phase("%s", export_footprint(out, time.perf_counter() - start))
     print(out)
     return 0
-
-
-def disk_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder``, each hard-linked file once (a variant links its base's files)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for f in folder.rglob("*"):
-        st = f.stat()
-        if f.is_file() and (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_size
-    return total
 
 
 def export_footprint(out: Path, seconds: float) -> str:

@@ -7,7 +7,8 @@ processes (or threads) asking for the same one wait on a file lock next to it, t
 A directory is written through :func:`staged_dir`, so it is either complete or absent; its
 staging folders are named ``.<name>.tmp-<pid>-<random>``, so the next run removes those of a
 process that was killed (:func:`remove_stale_stages`). :func:`exclusive_output` is the lock of a
-user's destination (``kztts export -o``): a second writer fails at once instead of waiting.
+user's destination (``kztts export -o``, ``kztts pack -o``): a second writer fails at once instead of waiting;
+:func:`check_output` refuses a full one, :func:`disk_bytes` counts what one holds.
 """
 from __future__ import annotations
 
@@ -90,6 +91,25 @@ def writers_of(out: Path) -> list[int]:
     out = Path(out)
     pids = {_stage_pid(p, out) for p in out.parent.glob(f"{_stage_prefix(out)}*")}
     return sorted(p for p in pids if p is not None and p != os.getpid() and _alive(p))
+
+
+def check_output(out_dir: Path, overwrite: bool) -> None:
+    """Refuse to replace a non-empty ``out_dir`` (or a file in its place) unless ``overwrite`` (``--overwrite``)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
+        raise KzttsError(f"{out_dir}: exists and is not empty; choose another -o or pass --overwrite")
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``, each hard-linked file once (a variant links its base's files)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for f in Path(folder).rglob("*"):
+        st = f.stat()
+        if f.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
 
 
 @contextmanager

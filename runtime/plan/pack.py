@@ -32,7 +32,7 @@ from kztts.bundle.table_compact import (PROJECTED_COS_MIN, PROJECTION_TABLES, co
                                         project_text_table)
 from kztts.core.atomic import atomic_path
 from kztts.core.audio import synthetic_voice
-from kztts.core.build_cache import exclusive_output, staged_dir
+from kztts.core.build_cache import check_output, disk_bytes, exclusive_output, staged_dir
 from kztts.core.errors import KzttsError
 from kztts.htp.targets import Target, load_target
 from kztts.plan.resolve import resolve_plan
@@ -77,11 +77,6 @@ class PackReport:
                 "tables": self.tables, "files": self.files,
                 "graphs": [{"graph": g.name, "role": g.role, "device": g.device, "form": g.form,
                             "files": list(g.files)} for g in self.graphs]}
-
-
-def bundle_bytes(path: Path) -> int:
-    """Bytes of every file under ``path``."""
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 class _Packer:
@@ -164,8 +159,7 @@ def _projection_pays(embeddings: dict) -> bool:
 def _check_out(src: Path, out: Path, overwrite: bool) -> None:
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise KzttsError(f"{out}: the pack cannot be written into the bundle it packs; choose another -o")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise KzttsError(f"{out}: exists and is not empty; choose another -o or pass --overwrite")
+    check_output(out, overwrite)
 
 
 def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target", *, voice_cloning: bool = False,
@@ -186,7 +180,7 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
     picks = _role_graphs(plan, voice_cloning)
     m = bundle.manifest
     compact = tables == "compact"
-    source_bytes = bundle_bytes(src)
+    source_bytes = disk_bytes(src)
     with exclusive_output(out), staged_dir(out) as work:
         _check_out(src, out, overwrite)
         packer = _Packer(bundle, work)
