@@ -287,8 +287,7 @@ def scaled_nbits(good: Path, out: Path, graph: str, node: str, factor: float) ->
     from onnx import numpy_helper
 
     shutil.copytree(good, out)
-    manifest = json.loads((out / "kztts.json").read_text())
-    rel = manifest["graphs"][graph]["file"]
+    rel = json.loads((out / "kztts.json").read_text())["graphs"][graph]["file"]
     model = onnx.load(str(out / rel))
     inits = {t.name: t for t in model.graph.initializer}
     for n in model.graph.node:
@@ -296,9 +295,6 @@ def scaled_nbits(good: Path, out: Path, graph: str, node: str, factor: float) ->
             t = inits[n.input[2]]
             a = numpy_helper.to_array(t)
             t.CopyFrom(numpy_helper.from_array((a * factor).astype(a.dtype), t.name))
-            (out / rel).unlink()
-            onnx.save_model(model, str(out / rel))
-            manifest["graphs"][graph]["bytes"] = (out / rel).stat().st_size
-            (out / "kztts.json").write_text(json.dumps(manifest, indent=1))
+            save_bundle_graph(model, out, rel)
             return out
     raise AssertionError(f"{rel}: no MatMulNBits named like {node!r}")
