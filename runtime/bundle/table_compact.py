@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kztts.bundle.embeddings import bf16_to_f32, load_table
+from kztts.bundle.embeddings import bf16_to_f32, load_table, silu
 from kztts.core.atomic import atomic_path
 
 TABLE_DIR = "embeddings"
@@ -98,11 +98,6 @@ PROJECTED_COS_MIN = 0.999
 PROJECTION_TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b")
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return x / (np.float32(1.0) + np.exp(-x))
-
-
 def project_text_table(base: Path, out_dir: Path, embeddings: dict) -> tuple[dict, dict]:
     """The text projection applied once to every row of the text table of the bundle at ``base`` and stored 8 bits
     per row (``text_projected``, [vocab, H]): what the prompt reads in place of the table and the projection MLP.
@@ -123,7 +118,7 @@ def project_text_table(base: Path, out_dir: Path, embeddings: dict) -> tuple[dic
         for start in range(0, rows, BLOCK_ROWS):
             block = table[start:start + BLOCK_ROWS]
             x = bf16_to_f32(block) if spec["dtype"] == "bf16" else block.astype(np.float32)
-            t = _silu(x @ fc1_wt + w["text_proj_fc1_b"]) @ fc2_wt + w["text_proj_fc2_b"]
+            t = silu(x @ fc1_wt + w["text_proj_fc1_b"]) @ fc2_wt + w["text_proj_fc2_b"]
             q, s = row_quantize(t)
             scales[start:start + t.shape[0]] = s
             back = q.astype(np.float32) * s[:, None]
