@@ -52,7 +52,7 @@ from kztts.core.build_cache import build_once, code_key, exclusive_output, scrat
 from kztts.core.errors import KzttsError
 from kztts.core.metrics import snr_db
 from kztts.eval.acceptance import BOUNDS
-from kztts.runners.codec import Decoder, decoder_kwargs
+from kztts.runners.codec import Decoder, decoder_codes, decoder_kwargs
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
 from kztts.bundle.manifest import GraphSpec
 from kztts.bundle.table_compact import COMPACT_TABLES, compact_tables
@@ -272,14 +272,12 @@ def fp16_weights(model, min_elements: int = 1024) -> int:
 def decoder_check(base: Path, variant: Path, frames: int = 10) -> dict:
     """The variant's CPU decoder against the base's on seeded random codes (the arithmetic, over the whole
     codebooks): ``{"graph", "frames", "snr_db", "bound"}``; raises below the bound."""
-    import numpy as np
-
-    wavs = []
+    wavs, codes = [], None
     for where in (base, variant):
         bundle = Bundle.open(where, load_graphs=False)
         graph = "decoder_stream" if "decoder_stream" in bundle.manifest.graphs else "decoder"
         kwargs = decoder_kwargs(bundle, graph, {})
-        codes = np.random.default_rng(0).integers(0, kwargs["codebook_size"], (frames, 16)).astype(np.int64)
+        codes = decoder_codes(frames, kwargs["codebook_size"]) if codes is None else codes
         wavs.append(Decoder(bundle.session(graph), **kwargs).decode(codes))
     snr = float(snr_db(wavs[1], wavs[0]))
     bound = BOUNDS["cpu-decoder-fp16"]["decoder_snr_db"][1]

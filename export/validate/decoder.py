@@ -18,15 +18,7 @@ from kztts.bundle.bundle import Bundle
 from kztts.core.metrics import snr_db
 from kztts.core.worker_process import run_worker, worker_main
 from kztts.plan.resolve import resolve_plan
-from kztts.runners.codec import Decoder, decoder_kwargs
-
-SEED = 0
-
-
-def decoder_codes(frames: int, codebook_size: int, seed: int = SEED) -> np.ndarray:
-    """``frames`` frames of seeded random codes [frames, 16]."""
-    return np.random.default_rng(seed).integers(0, codebook_size, (frames, 16)).astype(np.int64)
-
+from kztts.runners.codec import Decoder, decoder_codes, decoder_kwargs
 
 def _decode_worker(spec: dict) -> dict:
     bundle = Bundle.open(spec["bundle"], load_graphs=False)

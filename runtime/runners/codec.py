@@ -50,6 +50,12 @@ def check_codes(codes, codebook_size: int = CODEBOOK_SIZE, num_quantizers: int =
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def decoder_codes(frames: int, codebook_size: int, seed: int = 0) -> np.ndarray:
+    """``frames`` frames of seeded random codes [frames, 16]: what a check of a decoder's arithmetic feeds it (random
+    codes exercise the whole codebooks)."""
+    return np.random.default_rng(seed).integers(0, codebook_size, (frames, 16)).astype(np.int64)
+
+
 def _segmentation(chunk_size, left_context) -> tuple[int | None, int]:
     if chunk_size is None:
         return None, 0
