@@ -1,26 +1,27 @@
-"""torch -> ONNX for the wrapper modules, checked by ONNX Runtime right after export.
+"""torch -> ONNX for the wrapper modules, their weights streamed to disk.
 
-Graphs whose weights reach :data:`EXTERNAL_DATA_BYTES` (protobuf cannot hold more than 2 GB) keep them
-in one file beside the graph, ``<file>.data`` (``<name>.onnx.data``), at offsets aligned to
-:data:`DATA_ALIGN` (whole pages for any reader that maps them; ONNX Runtime 1.32 maps them either way,
-measured: sessions without weight prepacking add no anonymous memory). The TorchScript
-exporter itself switches to external data past 2 GB, with one file per tensor named after the
-tensor; those names (``onnx::MatMul_6490``...) are not unique across graphs (a 28-layer Qwen2's
-``talker`` and ``talker_prefill`` share 18, 15 of them with different contents), so each graph is
-exported into a directory of its own and its tensors are gathered into its ``.data`` file
-(:func:`gather_external_data`, streamed: the weights are never held in memory).
+Every graph keeps its tensors of at least 1 KiB in one file beside it, ``<file>.data`` (``<name>.onnx.data``), at
+aligned offsets (``kztts.bundle.onnx_wire.tensor_alignment``: whole blocks for the big weights, which any reader may
+map; ONNX Runtime 1.32 maps them either way, measured: sessions without weight prepacking add no anonymous memory).
+The exporter writes the graph without its weights (``export_params=False``) and :func:`export_onnx` writes them
+itself, one tensor at a time, from the exporter's own parameters (weights and folded constants). The exporter left
+alone holds a graph's weights two or three times over in memory (its ModelProto and the serialised bytes, under
+2 GB; a transposed copy of every ``Linear`` weight from its constant folding, at any size): the 0.6B Talker's export
+took 6.4 GB of anonymous memory for 1.8 GB of weights. Graphs whose weights reach :data:`EXTERNAL_DATA_BYTES`
+(protobuf cannot hold more than 2 GB) are never loaded whole later either (``kztts.export.htp.qdq``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import tempfile
+import types
 import warnings
 from pathlib import Path
 
 import torch
 
-from kztts.bundle.onnx_wire import DATA_ALIGN, copy_bytes, tensor_alignment
+from kztts.bundle.onnx_wire import tensor_alignment
 
 log = logging.getLogger(__name__)
 
@@ -33,101 +34,170 @@ def data_file(path: Path) -> Path:
     return path.with_name(path.name + ".data")
 
 
-def has_external_data(model) -> bool:
-    """Whether a graph (a path or a ModelProto loaded without its external data) keeps tensors outside
-    its ``.onnx`` file."""
-    import onnx
+def weight_bytes(model) -> int:
+    """Bytes of the tensors of a graph (a ModelProto loaded without its external data), inline or external."""
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
-    return any(uses_external_data(t) for t in _get_all_tensors(model))
-
-
-def gather_external_data(src: Path, dst: Path, consume: bool = False) -> Path:
-    """Write graph ``src`` as ``dst`` with every tensor of at least 1 KiB (inline or in external files
-    beside ``src``) in ``dst``'s ``.data`` file, aligned to ``DATA_ALIGN``. Tensors are copied one at a time
-    (files streamed), never the whole model. ``consume``: delete each of ``src``'s external files once its
-    tensors are copied (the disk then holds one copy of the weights, not two). ``dst`` must not be ``src``."""
-    import onnx
-    from onnx import TensorProto
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    if Path(src).resolve() == Path(dst).resolve():
-        raise ValueError(f"gather_external_data: {src} onto itself")
-    model = onnx.load(str(src), load_external_data=False)
-    data = data_file(dst)
-    users: dict[str, int] = {}  # external file -> tensors still to copy from it
+    total = 0
     for t in _get_all_tensors(model):
         if uses_external_data(t):
-            loc = next(e.value for e in t.external_data if e.key == "location")
-            users[loc] = users.get(loc, 0) + 1
-    offset = 0
+            total += int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
+        else:
+            total += len(t.raw_data) if t.HasField("raw_data") else t.ByteSize()
+    return total
 
-    def place(t, length: int) -> None:  # pad to the next aligned offset; point t's record there
-        nonlocal offset
-        pad = -offset % DATA_ALIGN
-        out.write(b"\0" * pad)
-        offset += pad
-        del t.external_data[:]
-        for key, value in (("location", data.name), ("offset", offset), ("length", length)):
-            t.external_data.add(key=key, value=str(value))
-        t.data_location = TensorProto.EXTERNAL
-        offset += length
 
-    with open(data, "wb") as out:
-        for t in _get_all_tensors(model):  # external already (torch: one file per tensor)
-            if not uses_external_data(t):
-                continue
-            info = {e.key: e.value for e in t.external_data}
-            with open(Path(src).parent / info["location"], "rb") as f:
-                start = int(info.get("offset", 0) or 0)
-                length = int(info["length"]) if info.get("length") else os.fstat(f.fileno()).st_size - start
-                f.seek(start)
-                place(t, length)
-                copy_bytes(f, out, length)
-            users[info["location"]] -= 1
-            if consume and not users[info["location"]]:
-                (Path(src).parent / info["location"]).unlink()
-        for t in model.graph.initializer:  # inline weights (onnx's own default: initializers of >= 1 KiB)
-            if t.HasField("raw_data") and len(t.raw_data) >= 1024:
-                raw = t.raw_data
-                t.ClearField("raw_data")
-                place(t, len(raw))
-                out.write(raw)
-    onnx.save_model(model, str(dst))
-    return dst
+def past_protobuf_limit(model) -> bool:
+    """Whether a graph's tensors (:func:`weight_bytes`) reach :data:`EXTERNAL_DATA_BYTES`: such a graph is never
+    loaded whole (protobuf cannot hold it), and everything that rewrites it works on it lazily."""
+    return weight_bytes(model) >= EXTERNAL_DATA_BYTES
 
 
 def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, input_names: list[str],
                 output_names: list[str], dynamic_axes: dict[str, dict[int, str]] | None = None) -> Path:
-    """Export with the TorchScript exporter.
+    """Export with the TorchScript exporter, the weights streamed into ``<file>.data`` (module docstring).
 
     The wrappers are plain tensor code over the reference weights, which this
     exporter turns into compact graphs without transformers' mask machinery; the
     dynamo exporter cannot take ``dynamic_axes`` for variadic KV inputs.
-    Graphs whose weights reach ``EXTERNAL_DATA_BYTES`` (all graphs over 2 GB) are written with
-    their weights in ``<file>.data`` (module docstring).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data_file(path).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.stem}.", dir=path.parent) as tmp:
-        raw = Path(tmp) / path.name  # a directory of its own: torch names external files after tensors
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notes
-            torch.onnx.export(module, example_inputs, str(raw), input_names=input_names,
-                              output_names=output_names, dynamic_axes=dynamic_axes or {},
-                              opset_version=OPSET, do_constant_folding=True, dynamo=False)
-        files = list(Path(tmp).iterdir())  # more than the graph: torch wrote its tensors beside it
-        size = sum(f.stat().st_size for f in files)
-        if size >= EXTERNAL_DATA_BYTES or len(files) > 1:
-            gather_external_data(raw, path, consume=True)
-            log.info("exported %s (%.1f MB, weights in %s)", path.name, size / 1e6, data_file(path).name)
-            return path
-        os.replace(raw, path)
-    log.info("exported %s (%.1f MB)", path.name, path.stat().st_size / 1e6)
+    structure = path.with_name(f".{path.name}.structure")
+    release_pages(module)  # what building the wrapper read (a fused graph's parts), before the trace reads its own
+    with torch.no_grad(), warnings.catch_warnings(), _linear_as_matmul(module), _exported_params() as box:
+        warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notes
+        torch.onnx.export(module, example_inputs, str(structure), input_names=input_names,
+                          output_names=output_names, dynamic_axes=dynamic_axes or {},
+                          opset_version=OPSET, do_constant_folding=True, dynamo=False, export_params=False)
+    try:
+        size = _write_weights(structure, path, box.pop("params"))
+    finally:
+        structure.unlink(missing_ok=True)
+        release_pages(module)
+    log.info("exported %s (%.1f MB of weights in %s)", path.name, size / 1e6, data_file(path).name)
     return path
+
+
+_MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the range's pages; file pages are dropped, nothing is lost
+
+
+def release_pages(module: torch.nn.Module) -> int:
+    """Hand the pages of ``module``'s weights back to the kernel, on Linux: the reference model's weights are the
+    checkpoint's file mapped into memory (transformers maps safetensors), and every page a trace or a write read
+    stays resident until the process ends, so an export's memory grew to the whole model's bytes however
+    little each graph read. Clean file pages are dropped (read again from the page cache or the disk when next
+    touched); other pages stay (no swap). Returns the bytes advised; 0 where ``madvise`` is missing."""
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    page, seen, total = mmap.PAGESIZE, set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        if t.device.type != "cpu" or start in seen or storage.nbytes() < page:
+            continue
+        seen.add(start)
+        first, end = start - start % page, start + storage.nbytes()
+        length = end - first + (-(end - first) % page)
+        if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), _MADV_PAGEOUT) == 0:
+            total += length
+    return total
+
+
+def _matmul_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.dim() <= 2:  # Gemm(transB=1) reads the weight as it is: nothing to fold
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    y = torch.matmul(x, self.weight_t)
+    return y if self.bias is None else y + self.bias
+
+
+@contextlib.contextmanager
+def _linear_as_matmul(module: torch.nn.Module):
+    """Trace every ``nn.Linear`` of ``module`` on 3-D inputs as ``MatMul`` over a transposed view of its weight,
+    a parameter of its own: the graph is the one the exporter writes for ``Linear`` (``MatMul`` with a
+    transposed weight, then ``Add`` of the bias), but the exporter's constant folding no longer makes a
+    transposed copy of every weight in memory (at 1.7B, 5.5 GB beside the model). Restored on exit."""
+    patched = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear) and "weight_t" not in m._parameters:
+            m.register_parameter("weight_t", torch.nn.Parameter(m.weight.detach().t(), requires_grad=False))
+            m.forward = types.MethodType(_matmul_forward, m)
+            patched.append(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m._parameters["weight_t"]
+            del m.forward
+
+
+@contextlib.contextmanager
+def _exported_params():
+    """The exporter's own parameters (weights and folded constants, by graph input name) of the export inside:
+    ``box["params"]``. Exported with ``export_params=False``, a graph takes them as inputs, and the exporter
+    never serialises them into its in-memory ModelProto (two copies of every weight of a graph under 2 GB)."""
+    from torch.onnx._internal.torchscript_exporter import utils as exporter
+
+    model_to_graph = exporter._model_to_graph
+    box: dict = {}
+
+    def keep(*args, **kwargs):
+        graph, params, out = model_to_graph(*args, **kwargs)
+        box["params"] = params
+        return graph, params, out
+
+    exporter._model_to_graph = keep
+    try:
+        yield box
+    finally:
+        exporter._model_to_graph = model_to_graph
+
+
+_ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
+               torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
+
+
+def _write_weights(structure: Path, path: Path, params: dict[str, torch.Tensor]) -> int:
+    """Graph ``structure`` (its weights as inputs) written as ``path`` with them as initializers: each of
+    at least 1 KiB in ``path``'s ``.data`` file at an aligned offset, streamed one tensor at a time; the smaller
+    ones inline. Returns the bytes of the data file."""
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load(str(structure))
+    names = {i.name for i in model.graph.input} & set(params)
+    data, offset = data_file(path), 0
+    with open(data, "wb") as out:
+        for name in [i.name for i in model.graph.input if i.name in names]:
+            t = params[name].detach().contiguous()
+            raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+            tensor = TensorProto(name=name, data_type=_ONNX_TYPES[t.dtype], dims=list(t.shape))
+            if len(raw) >= 1024:
+                pad = -offset % tensor_alignment(len(raw))
+                out.write(b"\0" * pad)
+                offset += pad
+                out.write(raw)
+                for key, value in (("location", data.name), ("offset", offset), ("length", len(raw))):
+                    tensor.external_data.add(key=key, value=str(value))
+                tensor.data_location = TensorProto.EXTERNAL
+                offset += len(raw)
+            else:
+                tensor.raw_data = raw
+            model.graph.initializer.append(tensor)
+            del t, raw
+    inputs = [i for i in model.graph.input if i.name not in names]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    onnx.save_model(model, str(path))
+    if not offset:
+        data.unlink()
+    return offset
 
 
 def _external_records(model, location: str) -> dict[str, tuple[int, int]]:

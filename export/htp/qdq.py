@@ -34,7 +34,7 @@ import numpy as np
 
 from kztts.bundle import graphs as G
 from kztts.bundle.onnx_wire import tensor_arrays
-from kztts.export.common.onnx_export import data_file, has_external_data, share_external_data
+from kztts.export.common.onnx_export import data_file, past_protobuf_limit, share_external_data
 from kztts.export.common.qdq_ranges import QDQ_OPSET, minmax_ranges, quiet_root_warnings, scratch
 from kztts.export.graphs.static_layers import NORM_SCOPE, PROBE_SCOPE
 from kztts.export.htp.calibration import CalibrationSource
@@ -84,9 +84,9 @@ def _drop_weight_aliases(model) -> int:
 
 def _qdq_input(src: Path, dst: Path):
     """The model ``quantize_static`` gets, written to ``dst`` beside ``src`` without loading the weights of
-    a graph with external data (they stay in ``src``'s ``.data`` file, ``dst`` refers to it): metadata
+    a graph of 2 GB or more (they stay in ``src``'s ``.data`` file, ``dst`` refers to it): metadata
     dropped (``qnn_preprocess_model``, ORT 1.32, fails on it; ``graph_spec`` stamps the output), QNN
-    pre-processing (inline graphs; see ``_check_preprocessing_not_needed``), opset ``QDQ_OPSET``
+    pre-processing (graphs under 2 GB, their weights loaded; see ``_check_preprocessing_not_needed``), opset ``QDQ_OPSET``
     (``quantize_static`` converts 16-bit models below it itself, on the whole ModelProto: impossible past
     2 GB). Returns the model before the opset conversion (lazy), from which ``get_qnn_qdq_config``
     decides its options as before (com.microsoft Q/DQ ops, external data or not)."""
@@ -94,15 +94,16 @@ def _qdq_input(src: Path, dst: Path):
 
     import onnx
     from onnx import version_converter
+    from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
 
     model = onnx.load(str(src), load_external_data=False)
     del model.metadata_props[:]
     _drop_weight_aliases(model)
-    if has_external_data(model):
+    if past_protobuf_limit(model):
         _check_preprocessing_not_needed(model, src)
-    else:
+    else:  # under 2 GB the weights come inline, as quantize_static and the pre-processing take them best
+        load_external_data_for_model(model, str(src.parent))
         pre = scratch(src, "pre")
         try:  # (a copy: it saves its input with external data, which rewrites the input's tensors)
             if qnn_preprocess_model(copy.deepcopy(model), str(pre)):

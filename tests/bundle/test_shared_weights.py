@@ -154,9 +154,8 @@ def test_a_quantized_variant_shares_its_weights_too(equal_bundle):
     assert _graphs_bytes(v) / _distinct_bytes(tensors) <= MAX_LAYOUT_RATIO
 
 
-def test_graphs_past_2_gb_share_their_data_files_and_compute_the_same(monkeypatch, tmp_path):
-    """Graphs written with external data (every graph over 2 GB; here all, the threshold lowered) share it the same
-    way: their own ``.data`` files are gone once their tensors are in the shared file (an export's disk never holds
+def test_exported_graphs_share_their_data_files_and_compute_the_same(tmp_path):
+    """Exported graphs, each written with its own ``.data`` file, share their weights: their own ``.data`` files are gone once their tensors are in the shared file (an export's disk never holds
     both layouts), and each graph's outputs are unchanged, the fused one's Concat included."""
     import onnxruntime as ort
 
@@ -168,7 +167,6 @@ def test_graphs_past_2_gb_share_their_data_files_and_compute_the_same(monkeypatc
     from kztts.export.graphs.talker_graph import export_talker
     from kztts.export.tts.tiny import cached_tiny
 
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
     model = load_reference(cached_tiny("equal")).model
     specs: dict[str, GraphSpec] = {"talker": export_talker(model, tmp_path, "t"),
                                    "talker_gqa": gqa_graphs.export_talker_gqa(model, tmp_path, "t")}

@@ -1,7 +1,8 @@
 """w8a16 static graphs with external data (graphs over 2 GB, e.g. Qwen2.5-Coder-1.5B's 6.2 GB fp32 stack).
 
-``kztts.export.common.onnx_export.EXTERNAL_DATA_BYTES`` is lowered to 0 so the tiny LM's graphs take the path
-the 2 GB graphs take: weights in ``<file>.data``, a lazily prepared model for ``quantize_static``,
+Every exported graph keeps its weights in ``<file>.data``; ``kztts.export.common.onnx_export.EXTERNAL_DATA_BYTES``
+is lowered to 0 so the tiny LM's graphs take the path the 2 GB graphs take: weights never loaded, a lazily prepared
+model for ``quantize_static``,
 the MinMax ranges of ``kztts.export.htp.qdq.minmax_ranges``, a QDQ graph with external data. The
 results must equal the inline path's exactly (same code after the weights' location).
 """
@@ -57,47 +58,13 @@ def _static_graphs(talker, work: Path) -> dict[str, str]:
     return files
 
 
-def test_gather_external_data_one_aligned_file(tmp_path):
-    """The layout torch writes past 2 GB (one file per tensor, named after it) becomes ``<file>.data``:
-    one file, offsets aligned for mapping, the per-tensor files consumed, the graph's outputs unchanged."""
-    import copy
-
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from kztts.export.common.onnx_export import DATA_ALIGN, data_file, gather_external_data
-
-    rng = np.random.default_rng(0)
-    w = [rng.standard_normal((32, 32)).astype(np.float32) for _ in range(3)]
-    nodes = [helper.make_node("MatMul", [x, f"onnx::MatMul_{i}"], [y])
-             for i, (x, y) in enumerate((("x", "a"), ("a", "b"), ("b", "y")))]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-                              [numpy_helper.from_array(a, f"onnx::MatMul_{i}") for i, a in enumerate(w)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    (tmp_path / "raw").mkdir()
-    onnx.save_model(copy.deepcopy(model), str(tmp_path / "raw/m.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=False, size_threshold=1024)
-    assert len(list((tmp_path / "raw").iterdir())) == 4
-    gather_external_data(tmp_path / "raw/m.onnx", tmp_path / "m.onnx", consume=True)
-    assert [p.name for p in (tmp_path / "raw").iterdir()] == ["m.onnx"]
-    lazy = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
-    ext = [{e.key: e.value for e in t.external_data} for t in lazy.graph.initializer]
-    assert {e["location"] for e in ext} == {"m.onnx.data"} and all(int(e["offset"]) % DATA_ALIGN == 0 for e in ext)
-    assert data_file(tmp_path / "m.onnx").is_file()
-    x = rng.standard_normal((1, 32)).astype(np.float32)
-    np.testing.assert_allclose(cpu_session(tmp_path / "m.onnx").run(None, {"x": x})[0], x @ w[0] @ w[1] @ w[2],
-                               rtol=1e-5, atol=1e-4)
-
-
-def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypatch):
+def test_share_external_data_only_when_identical(tiny_talker, tmp_path):
     """The static decode graph reads the prefill graph's ``.data`` (same tensors, same bytes) and gives the
     same outputs; a graph whose data differ in one byte is left alone."""
     import shutil
 
     import kztts.export.common.onnx_export as onnx_export
 
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
     files = _static_graphs(tiny_talker, tmp_path)
     prefill, decode = tmp_path / files["talker_prefill"], tmp_path / files["talker_decode"]
     feed = _feeds(cpu_session(decode), 1, 0)[0]
@@ -115,24 +82,25 @@ def test_share_external_data_only_when_identical(tiny_talker, tmp_path, monkeypa
 
 
 def test_quantize_graphs_external_equals_inline(tiny_talker, tmp_path, monkeypatch):
-    """The static Talker graphs of the tiny LM quantized with their weights inline and in ``<file>.data``:
-    the external path keeps external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ
-    graphs are the inline path's (same initializers, same outputs on the CPU EP)."""
+    """The static Talker graphs of the tiny LM quantized as a graph under 2 GB is (its weights loaded inline) and
+    as one over 2 GB (the threshold lowered: the weights stay in ``<file>.data``, never loaded): the lazy path keeps
+    external data out (``.w8a16.onnx.data``), leaves no scratch file, and its QDQ graphs are the inline path's (same
+    initializers, same outputs on the CPU EP)."""
     import kztts.export.common.onnx_export as onnx_export
     from kztts.export.htp.qdq import quantize_graphs
 
     inline, external = tmp_path / "inline", tmp_path / "external"
     files = _static_graphs(tiny_talker, inline)
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
     assert _static_graphs(tiny_talker, external) == files
     assert all(onnx_export.data_file(external / rel).is_file() for rel in files.values())
-    assert not any(onnx_export.data_file(inline / rel).exists() for rel in files.values())
     feeds = {name: _feeds(cpu_session(inline / rel), 3, seed) for seed, (name, rel) in enumerate(files.items())}
     out = {}
-    for work in (inline, external):
+    for work, threshold in ((inline, onnx_export.EXTERNAL_DATA_BYTES), (external, 0)):
+        monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", threshold)
         given = SimpleNamespace(what="the test feeds",  # a calibration source of given feeds
                                 feeds=lambda work_dir, drive, graph, target: iter(feeds[graph]))
         out[work] = quantize_graphs(work, files, given, None, precision="w8a16")
+    assert not any(onnx_export.data_file(inline / rel).exists() for rel in out[inline].values())
     assert out[inline] == out[external]
     assert sorted(p.name for p in (external / "graphs").iterdir()) == sorted(
         n for rel in out[external].values() for n in (Path(rel).name, Path(rel).name + ".data"))
