@@ -5,6 +5,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from kztts.core import env
@@ -68,13 +69,17 @@ def fingerprint(model_dir: Path) -> dict:
             "files": [p.relative_to(model_dir).as_posix() for p in files]}
 
 
-def load_reference(model_dir: Path, attention: str | None = "eager"):
+def load_reference(model_dir: Path, attention: str | None = "eager", staging: Path | None = None):
     """The official ``Qwen3TTSModel`` wrapper, fp32, on the CPU; ``attention``: transformers'
-    ``attn_implementation``, eager for numerics, None for qwen-tts's default (what a user gets)."""
+    ``attn_implementation``, eager for numerics, None for qwen-tts's default (what a user gets).
+    ``staging``: an empty folder where a checkpoint stored in 16 bits (the released ones: bf16) is first
+    written in fp32 (:func:`fp32_checkpoint`), so that the weights are the file's pages, mapped, not a copy in
+    memory (an export: 7.8 GB of memory at 1.7B)."""
     import torch
 
-
     read_config(model_dir)
+    if staging is not None:
+        model_dir = fp32_checkpoint(model_dir, staging)
     threads = env.threads("KZTTS_THREADS", 0)
     if threads > 0:  # the same thread budget as the ONNX Runtime side
         torch.set_num_threads(threads)
@@ -93,3 +98,79 @@ def _set_pad_token(model) -> None:
     config = model.talker.generation_config
     if config.pad_token_id is None:
         config.pad_token_id = model.config.talker_config.codec_eos_token_id
+
+
+_SAFETENSORS_FLOATS = {"BF16": "bf16", "F16": "fp16"}  # what fp32_checkpoint widens
+
+
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    """(header, offset of the data) of a .safetensors file."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        try:
+            header = json.loads(f.read(size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise KzttsError(f"{path}: not a safetensors file ({exc}); the checkpoint is damaged") from exc
+    return header, 8 + size
+
+
+def fp32_checkpoint(model_dir: Path, staging: Path) -> Path:
+    """``model_dir`` itself when its weights are fp32 already; else ``staging`` holding the same checkpoint with
+    every 16-bit float tensor widened to fp32 (exact), a tensor at a time, and links to its other files.
+    transformers maps a safetensors file whose dtype is the one asked for, and copies one it must convert: the
+    widened copy keeps the weights on disk, each graph's export reading only its own."""
+    import numpy as np
+
+    model_dir, staging = Path(model_dir), Path(staging)
+    files = sorted(p for p in model_dir.rglob("*.safetensors") if p.is_file())
+    narrow = [p for p in files if any(v.get("dtype") in _SAFETENSORS_FLOATS
+                                      for k, v in _safetensors_header(p)[0].items() if k != "__metadata__")]
+    if not narrow:
+        return model_dir
+    for src in (p for p in model_dir.rglob("*") if p.is_file() and p not in narrow):
+        dst = staging / src.relative_to(model_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.symlink(src.resolve(), dst)
+        except OSError:  # Windows without the symlink privilege
+            shutil.copy2(src, dst)
+    for src in narrow:
+        _widen(src, staging / src.relative_to(model_dir), np)
+    log.info("%s: %d safetensors file(s) widened to fp32 in %s", model_dir, len(narrow), staging)
+    return staging
+
+
+def _widen(src: Path, dst: Path, np) -> None:
+    """``src`` (safetensors) rewritten as ``dst`` with its bf16/fp16 tensors in fp32, one tensor in memory at a
+    time."""
+    header, start = _safetensors_header(src)
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    out_header = {"__metadata__": header["__metadata__"]} if "__metadata__" in header else {}
+    offset = 0
+    for n in names:
+        entry = dict(header[n])
+        a, b = entry["data_offsets"]
+        length = (b - a) * 2 if entry["dtype"] in _SAFETENSORS_FLOATS else b - a
+        if entry["dtype"] in _SAFETENSORS_FLOATS:
+            entry["dtype"] = "F32"
+        entry["data_offsets"] = [offset, offset + length]
+        out_header[n] = entry
+        offset += length
+    raw = json.dumps(out_header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        out.write(len(raw).to_bytes(8, "little"))
+        out.write(raw)
+        for n in names:
+            a, b = header[n]["data_offsets"]
+            f.seek(start + a)
+            data = f.read(b - a)
+            if len(data) != b - a:
+                raise KzttsError(f"{src}: ends inside tensor {n!r}; the checkpoint is damaged (download it again)")
+            kind = _SAFETENSORS_FLOATS.get(header[n]["dtype"])
+            if kind == "bf16":
+                data = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32).tobytes()
+            elif kind == "fp16":
+                data = np.frombuffer(data, np.float16).astype(np.float32).tobytes()
+            out.write(data)

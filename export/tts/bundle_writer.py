@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -54,10 +55,11 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
     target = plan.target
     cfg = read_config(model_dir)
     check_output(out_dir, overwrite)
-    with bundle_output(out_dir, overwrite) as work:
+    with bundle_output(out_dir, overwrite) as work, tempfile.TemporaryDirectory(
+            prefix=".fp32-checkpoint.", dir=Path(work).parent, ignore_cleanup_errors=True) as staging:
         steps = progress.Steps(6 + (target is not None), "export")
         steps.phase("loading checkpoint")
-        tts = load_reference(model_dir)
+        tts = load_reference(model_dir, staging=Path(staging))  # a bf16 checkpoint widened on disk, mapped
         model = tts.model
         steps.update()
         steps.phase("hashing checkpoint")

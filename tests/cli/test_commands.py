@@ -185,7 +185,7 @@ def quick_export(monkeypatch, reference):
             return _StubGraph(name) if name == "talker" else {name: _StubGraph(name)}
         return write
 
-    monkeypatch.setattr(bundle_writer, "load_reference", lambda model_dir: reference)
+    monkeypatch.setattr(bundle_writer, "load_reference", lambda model_dir, **_: reference)
     monkeypatch.setattr(bundle_writer, "export_talker", stub("talker"))
     monkeypatch.setattr(bundle_writer, "export_tokenizer",
                         lambda model_dir, work: (work / "tokenizer.json").write_text("{}"))
