@@ -30,6 +30,7 @@ from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, wri
 from kztts.bundle.onnx_wire import copy_bytes, read_graph, relocated, tensor_alignment
 from kztts.bundle.table_compact import (PROJECTED_COS_MIN, PROJECTION_TABLES, compact_tables, is_compact,
                                         project_text_table)
+from kztts.bundle.table_views import moved_views, view_ranges
 from kztts.core.atomic import atomic_path
 from kztts.core.audio import synthetic_voice
 from kztts.core.build_cache import check_output, disk_bytes, exclusive_output, staged_dir
@@ -208,6 +209,8 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
             packed.append(PackedGraph(g, role, device, form, (rel, *binaries, *others)))
         weights = m.data.get("weights")
         needed = {r for _, ranges in plans.values() for r in ranges}
+        if weights and not compact:  # a table viewed in the shared file goes with it (compact: an fp16 .npy)
+            needed |= view_ranges(m.embeddings, weights["file"])
         where = packer.write_shared(needed, weights["file"]) if needed else {}
         for g, (rel, ranges) in plans.items():
             dst = work / rel
@@ -241,6 +244,7 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
             tables_check["bound"] = bound
         if compact:  # what is compact already stays as it is
             embeddings = compact_tables(src, work, embeddings)
+        embeddings = moved_views(src, work, embeddings, weights["file"] if weights else "", where)
         for spec in embeddings.values():
             for key in ("file", "scale_file"):
                 if key in spec and not (work / spec[key]).exists():
