@@ -73,7 +73,7 @@ def view_tables(bundle_dir: Path, embeddings: dict, weights: dict | None, source
             if not is_view(spec) and Path(spec["file"]).parent.as_posix() == TABLE_DIR:
                 (bundle_dir / spec["file"]).unlink(missing_ok=True)  # a variant's is a hard link: the base keeps it
         elif is_view(spec):
-            out[name] = save_table(bundle_dir, name, np.asarray(table), spec["dtype"])
+            out[name] = _write_out(bundle_dir, name, table, spec)
     return out
 
 
@@ -89,16 +89,16 @@ def moved_views(source: Path, out_dir: Path, embeddings: dict, rel: str, where: 
         if spec["file"] == rel and all((int(o), length) in where for o in spec[VIEW_KEY]):
             out[name] = {**spec, VIEW_KEY: [where[(int(o), length)] for o in spec[VIEW_KEY]]}
         else:
-            out[name] = save_table(out_dir, name, np.asarray(load_table(source, name, spec)), spec["dtype"])
+            out[name] = _write_out(out_dir, name, load_table(source, name, spec), spec)
     return out
-
-
-def view_ranges(embeddings: dict, rel: str) -> set[tuple[int, int]]:
-    """The (offset, length) ranges of the shared file ``rel`` that the views of ``embeddings`` read."""
-    return {(int(o), view_length(s)) for s in embeddings.values() if is_view(s) and s["file"] == rel
-            for o in s[VIEW_KEY]}
 
 
 def view_length(spec: dict) -> int:
     """Bytes of one group of a view entry."""
     return int(np.prod(spec["shape"][1:])) * np.dtype(TABLE_DTYPES[spec["dtype"]]).itemsize
+
+
+def _write_out(out_dir: Path, name: str, table, spec: dict) -> dict:
+    """A view's table as a .npy of its own in ``out_dir``; its manifest entry."""
+    (Path(out_dir) / TABLE_DIR).mkdir(parents=True, exist_ok=True)
+    return save_table(out_dir, name, np.asarray(table), spec["dtype"])
