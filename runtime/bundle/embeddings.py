@@ -14,6 +14,9 @@ A bundle with quantized weights (``kztts export --weights int8|int4``) keeps its
 8 bits per row (``dtype`` "int8" and a ``scale_file`` of one fp32 scale per row: a row is ``int8 * scale``), the
 codec tables in fp16 (``kztts.bundle.table_compact.compact_tables``). A device bundle (``kztts pack``) stores
 ``text_projected`` instead: T(ids) of every text id, 8 bits per row, in place of the table and the MLP.
+
+``cp_codec_embedding`` is usually a view into the graphs' shared weights file (an entry with ``offsets``, one per
+group: ``kztts.bundle.table_views``), mapped as read-only slices (``TableSlices``); an older bundle's .npy loads too.
 """
 from __future__ import annotations
 
