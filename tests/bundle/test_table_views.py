@@ -134,3 +134,14 @@ def test_the_bundle_is_within_the_issue_s_ratio_of_its_weights(tmp_path):
     now = _ratio(sizes, checkpoint, bundle)
     before = _ratio(sizes, checkpoint, _old_layout(bundle, tmp_path / "old"))
     assert now <= MAX_BUNDLE_RATIO < before, (now, before)
+
+
+def test_htp_graphs_added_to_a_bundle_calibrate_on_its_view(tiny_bundle_dir):
+    """HTP graphs exported into a bundle that is already one (``kztts.bench.htp``) calibrate on its prompts: the
+    tables they read are the manifest's, with the Code Predictor's codec table a view, not only the .npy files."""
+    from kztts.export.tts.prompt_calibration import _tables_spec
+
+    m = read_manifest(tiny_bundle_dir)
+    assert _tables_spec(tiny_bundle_dir) == m.embeddings
+    tables = EmbeddingTables(tiny_bundle_dir, _tables_spec(tiny_bundle_dir), m.special_ids)
+    assert isinstance(tables.cp_codec_table, TableSlices)
