@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from kztts.bundle.manifest import read_manifest, write_manifest
+    from kztts.bundle.table_views import view_tables
     from kztts.core.metrics import cosine_rows
     from kztts.eval.acceptance import VALIDATION_PROMPTS, validation_voice
     from kztts.export.common.variants import make_variant
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
         shutil.rmtree(full)
     shutil.copytree(compact, full, copy_function=os.link)
     data = json.loads(json.dumps(read_manifest(full).data))
-    data["embeddings"] = read_manifest(base).embeddings
+    # the base's tables; one that is a view into the base's weights file (not this variant's) written out as a .npy
+    data["embeddings"] = view_tables(full, read_manifest(base).embeddings, None, source=base)
     for spec in data["embeddings"].values():
         dst = full / spec["file"]
         if not dst.exists():

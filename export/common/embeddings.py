@@ -9,7 +9,9 @@ Tables (see docs/DESIGN.md, "Embedding tables"):
 - ``codec_embedding`` [3072, H]: the talker codec embedding C(.), fp32.
 - ``cp_codec_embedding`` [15, 2048, H]: the code predictor's codec embeddings, fp32. They
   are talker-hidden sized even when the code predictor is narrower (the
-  ``small_to_mtp_projection`` is applied after the lookup).
+  ``small_to_mtp_projection`` is applied after the lookup). Written as a .npy here; once the graphs' weights are
+  shared, the bundle writer turns it into a view into ``graphs/weights.data``, which holds the same bytes as the
+  Code Predictor graphs' embeddings, and removes the .npy (``kztts.bundle.table_views``).
 
 The big text table is written row-block by row-block (a .npy header, then sequential
 writes) so the export holds at most one block of converted values besides the model.

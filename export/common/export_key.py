@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kztts.bundle import manifest
+from kztts.bundle import manifest, table_views
 from kztts.core.build_cache import code_key
 
 SHARED_FOLDERS = ("common", "graphs", "htp")  # the folders of kztts.export every exporter stands on
@@ -19,4 +19,4 @@ def exporter_code_key(exporter: str) -> str:
     export = Path(__file__).resolve().parents[1]
     files = [f for folder in (*SHARED_FOLDERS, exporter) for f in sorted((export / folder).glob("*.py"))
              if f.name not in DERIVED_ONLY]
-    return code_key(*files, manifest)
+    return code_key(*files, manifest, table_views)  # table_views: which tables become views

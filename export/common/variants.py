@@ -56,6 +56,7 @@ from kztts.runners.codec import Decoder, decoder_codes, decoder_kwargs
 from kztts.export.common.decoder_qdq import decoder_feeds, quantize_decoder_graph
 from kztts.bundle.manifest import GraphSpec
 from kztts.bundle.table_compact import COMPACT_TABLES, compact_tables
+from kztts.bundle.table_views import view_tables
 from kztts.export.common.graph_parts import graph_spec, share_graph_weights
 from kztts.export.common.onnx_export import unshare_weights
 from kztts.export.common.bundle_output import check_output, link_tree
@@ -382,6 +383,8 @@ def make_variant(base: str | Path, out: str | Path, *, weights: str = "int4", kv
             specs, data["weights"] = share_graph_weights(
                 work, specs, sources={n: base / s.file for n, s in specs.items() if n not in changes})
             data["graphs"].update({n: s.to_json() for n, s in specs.items()})
+        # a table viewed in the base's weights file: re-pointed into this one, or written out (never old offsets)
+        data["embeddings"] = view_tables(work, data["embeddings"], data.get("weights"), source=base)
         data["variant"] = {"base": base.name, "weights": weights, "kv": kv, "decoder": decoder}
         if weights != "fp32":
             data["variant"].update(block_size=int(block_size), accuracy_level=int(accuracy_level))

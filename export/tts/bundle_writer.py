@@ -9,6 +9,7 @@ from typing import Callable
 
 from kztts.bundle.graphs import FLOAT_HTP_PRECISION
 from kztts.bundle.manifest import FORMAT, FORMAT_VERSION, MODEL_TYPE, TOKENIZER_TYPE, write_manifest
+from kztts.bundle.table_views import view_tables
 from kztts.core import progress
 from kztts.core.build_cache import build_once, code_key
 from kztts.core.cache import cache_dir
@@ -89,6 +90,7 @@ def export_bundle(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool
             shared, weights = share_with_static(work, graphs, static, weights)
             graphs.update(shared)
             steps.update()
+        tables = view_tables(work, tables, weights)  # the codec tables the graphs hold: read from their weights file
         steps.phase("manifest")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "model_type": MODEL_TYPE,

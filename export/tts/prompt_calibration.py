@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from kztts.bundle.embeddings import EmbeddingTables
+from kztts.bundle.manifest import MANIFEST_NAME, read_manifest
 from kztts.eval.replay import decode_input, greedy_cb0
 from kztts.export.common.reference import synthetic_voice
 from kztts.export.graphs.codec_graphs import _decoder_of
@@ -50,7 +51,11 @@ CP_CALIBRATION_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repet
 
 
 def _tables_spec(work_dir: Path) -> dict:
-    """The manifest ``embeddings`` entry, rebuilt from the exported tables."""
+    """The manifest ``embeddings`` entry: the bundle's own when it has a manifest (HTP graphs added to an exported
+    bundle, whose Code Predictor codec table is a view into its weights file), else rebuilt from the tables the
+    export has written so far."""
+    if (work_dir / MANIFEST_NAME).is_file():
+        return read_manifest(work_dir).embeddings
     kinds = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
     spec = {}
     for f in sorted((work_dir / "embeddings").glob("*.npy")):

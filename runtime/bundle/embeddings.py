@@ -14,6 +14,9 @@ A bundle with quantized weights (``kztts export --weights int8|int4``) keeps its
 8 bits per row (``dtype`` "int8" and a ``scale_file`` of one fp32 scale per row: a row is ``int8 * scale``), the
 codec tables in fp16 (``kztts.bundle.table_compact.compact_tables``). A device bundle (``kztts pack``) stores
 ``text_projected`` instead: T(ids) of every text id, 8 bits per row, in place of the table and the MLP.
+
+``cp_codec_embedding`` is usually a view into the graphs' shared weights file (an entry with ``offsets``, one per
+group: ``kztts.bundle.table_views``), mapped as read-only slices (``TableSlices``); an older bundle's .npy loads too.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import numpy as np
 
 from kztts.core.errors import BundleError, KzttsError
 
-_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int8": np.int8}
+VIEW_KEY = "offsets"  # a table entry that is a view into another file (``TableSlices``)
+TABLE_DTYPES = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int8": np.int8}
 _PROJECTED = "text_projected"  # kztts.bundle.table_compact.project_text_table (kztts pack)
 _CODEC_TABLES = ("codec_embedding", "cp_codec_embedding")
 _TABLES = ("text_embedding", "text_proj_fc1_w", "text_proj_fc1_b", "text_proj_fc2_w", "text_proj_fc2_b",
@@ -41,25 +45,72 @@ def silu(x: np.ndarray) -> np.ndarray:
         return x / (np.float32(1.0) + np.exp(-x))
 
 
-def load_table(bundle_dir: Path, name: str, spec: dict) -> np.ndarray:
-    """One table of the manifest, memory-mapped and checked against its spec."""
+def load_table(bundle_dir: Path, name: str, spec: dict) -> "np.ndarray | TableSlices":
+    """One table of the manifest, memory-mapped and checked against its spec: a .npy, or a view into the graphs'
+    shared weights file (``offsets``: ``TableSlices``)."""
     try:
         f = Path(bundle_dir) / spec["file"]
         dtype, shape = spec["dtype"], list(spec["shape"])
-    except (KeyError, TypeError) as exc:
+        offsets = [int(o) for o in spec[VIEW_KEY]] if VIEW_KEY in spec else None
+    except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"{bundle_dir}/kztts.json: embeddings entry {name!r} is malformed "
                           f"(missing {exc}); re-export the bundle") from exc
+    if offsets is not None:
+        return _load_view(f, name, dtype, shape, offsets)
     if not f.is_file():
         raise BundleError(f"{f}: embedding table {name!r} is missing; re-export the bundle")
     try:
         arr = np.load(f, mmap_mode="r")
     except (ValueError, OSError, EOFError) as exc:
         raise BundleError(f"{f}: unreadable embedding table ({exc}); re-export the bundle") from exc
-    want = _DTYPES.get(dtype)
+    want = TABLE_DTYPES.get(dtype)
     if want is None or arr.dtype != want or list(arr.shape) != shape:
         raise BundleError(f"{f}: table is {arr.dtype}{list(arr.shape)}, the manifest says "
                           f"{dtype}{shape}; re-export the bundle")
     return arr
+
+
+class TableSlices:
+    """A table stored as ``shape[0]`` slices at offsets of one file (the graphs' shared weights file, which holds the
+    Code Predictor's codec embeddings as its graphs' weights): each slice a read-only ``np.memmap``, the table never
+    copied into memory. ``table[i]`` is slice i, as of the stacked array; ``np.asarray(table)`` stacks them (a copy:
+    the compact tables and a pack's materialised table)."""
+
+    def __init__(self, parts: list[np.memmap]):
+        self.parts = tuple(parts)
+        self.dtype = self.parts[0].dtype
+        self.shape = (len(self.parts), *self.parts[0].shape)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return self.parts[index]
+        return np.asarray(self)[index]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.stack(self.parts)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def _load_view(f: Path, name: str, dtype: str, shape: list[int], offsets: list[int]) -> TableSlices:
+    want = TABLE_DTYPES.get(dtype)
+    if want is None or len(shape) < 2 or len(offsets) != shape[0] or shape[0] < 1:
+        raise BundleError(f"{f}: embedding table {name!r} is {dtype}{shape} at {len(offsets)} offsets in this file; "
+                          "the manifest entry is malformed; re-export the bundle")
+    if not f.is_file():
+        raise BundleError(f"{f}: the shared weights file holding embedding table {name!r} is missing; "
+                          "re-export the bundle")
+    part = tuple(shape[1:])
+    length = int(np.prod(part)) * np.dtype(want).itemsize
+    size = f.stat().st_size
+    end = max(offsets) + length
+    if min(offsets) < 0 or end > size:
+        raise BundleError(f"{f}: {size} bytes, embedding table {name!r} reads up to byte {end}: the shared weights "
+                          "file is truncated or from another export; re-export the bundle")
+    return TableSlices([np.memmap(f, dtype=want, mode="r", offset=o, shape=part) for o in offsets])
 
 
 def load_row_scales(bundle_dir: Path, name: str, spec: dict) -> np.ndarray | None:

@@ -10,8 +10,10 @@ pack keeps, per role of that plan:
 - on the CPU, the graph the plan runs, with only the part of the shared weights file its tensors read (the file
   is rewritten, its records pointed at the new offsets, ``kztts.bundle.onnx_wire.relocated``);
 - the tables (unless asked otherwise compact: the text projection applied once to every text id and stored 8 bits
-  per row, judged against the fp32 rows; the codec tables fp16: ``kztts.bundle.table_compact``), the tokenizer, and
-  the manifest of what is there (``packed``: target, source, graphs).
+  per row, judged against the fp32 rows; the codec tables fp16: ``kztts.bundle.table_compact``; a table kept as
+  exported that is a view into the shared weights file, ``kztts.bundle.table_views``, points into the pack's where
+  its CPU graphs carry it, else is written out as a .npy), the tokenizer, and the manifest of what is there
+  (``packed``: target, source, graphs).
 
 The speech and speaker encoders clone a voice from a recording; a device speaks with voices made elsewhere
 (``kztts voice create`` on the full bundle) unless the pack keeps them (``voice_cloning``).
@@ -30,6 +32,7 @@ from kztts.bundle.manifest import BUILTIN_VOICE_KEY, KIND_LM, MANIFEST_NAME, wri
 from kztts.bundle.onnx_wire import copy_bytes, read_graph, relocated, tensor_alignment
 from kztts.bundle.table_compact import (PROJECTED_COS_MIN, PROJECTION_TABLES, compact_tables, is_compact,
                                         project_text_table)
+from kztts.bundle.table_views import moved_views
 from kztts.core.atomic import atomic_path
 from kztts.core.audio import synthetic_voice
 from kztts.core.build_cache import check_output, disk_bytes, exclusive_output, staged_dir
@@ -241,6 +244,8 @@ def pack_bundle(src: str | Path, out: str | Path, target: "str | Path | Target",
             tables_check["bound"] = bound
         if compact:  # what is compact already stays as it is
             embeddings = compact_tables(src, work, embeddings)
+        # a table viewed in the shared file: pointed into the pack's where its CPU graphs carry it, else a .npy
+        embeddings = moved_views(src, work, embeddings, weights["file"] if weights else "", where)
         for spec in embeddings.values():
             for key in ("file", "scale_file"):
                 if key in spec and not (work / spec[key]).exists():

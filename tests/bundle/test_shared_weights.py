@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kztts.bundle.table_views import view_tables
+
 pytest.importorskip("onnx")
 
 # graphs/ bytes over the bytes of the distinct tensors the CPU graphs hold. Measured on the tiny "equal" bundle: 1.088
@@ -47,7 +49,8 @@ def _graphs_bytes(bundle: Path) -> int:
 
 
 def _old_layout(bundle: Path, dst: Path) -> Path:
-    """``bundle`` rewritten as format 1 wrote it: each graph with its weights inline, no shared file."""
+    """``bundle`` rewritten as format 1 wrote it: each graph with its weights inline, no shared file, every table
+    a .npy."""
     import onnx
 
     shutil.copytree(bundle, dst)
@@ -60,6 +63,8 @@ def _old_layout(bundle: Path, dst: Path) -> Path:
         unshare_weights(model)
         onnx.save_model(model, str(dst / spec["file"]))
         spec["bytes"] = (dst / spec["file"]).stat().st_size
+    # its tables each a .npy of their own (the Code Predictor's codec table is a view into the shared file now)
+    data["embeddings"] = view_tables(dst, data["embeddings"], None, source=bundle)
     (dst / data.pop("weights")["file"]).unlink()
     data["format_version"] = 1
     (dst / "kztts.json").write_text(json.dumps(data))

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from kztts.bundle.embeddings import load_table
 from kztts.bundle.manifest import read_manifest
 from kztts.bundle.onnx_wire import read_graph
 from kztts.core.errors import BundleError, KzttsError
@@ -47,10 +48,17 @@ def test_the_pack_holds_what_the_plan_opens_and_speaks_as_the_bundle(ctx_bundle,
     want = {"kztts.json", "tokenizer.json", BUILTIN_VOICE_FILE}
     for name in ("talker_prefill", "talker_decode", "cp_frame", "decoder_chunk"):
         want |= {graphs[name].extra["context_file"], *graphs[name].extra["context_binaries"]}
-    want |= {spec["file"] for spec in read_manifest(ctx_bundle).data["embeddings"].values()}
+    packed = read_manifest(out)
+    # the tables: the bundle's Code Predictor codec table is a view into its shared weights file, which no graph of
+    # the pack reads: it is written out as a .npy of the same values
+    exported = read_manifest(ctx_bundle).embeddings
+    assert set(packed.embeddings) == set(exported) and "offsets" in exported["cp_codec_embedding"]
+    assert packed.embeddings["cp_codec_embedding"]["file"] == "embeddings/cp_codec_embedding.npy"
+    assert np.array_equal(np.load(out / "embeddings/cp_codec_embedding.npy"),
+                          np.asarray(load_table(ctx_bundle, "cp_codec_embedding", exported["cp_codec_embedding"])))
+    want |= {spec["file"] for spec in packed.embeddings.values()}
     assert set(report.files) == want  # every graph runs from its context binary: no source graph, no CPU graph
     assert {g.form for g in report.graphs} == {"context binary"}
-    packed = read_manifest(out)
     assert packed.data["packed"]["target"] == "simulator" and "weights" not in packed.data
     assert report.bytes < report.source_bytes, (report.bytes, report.source_bytes)
     assert np.array_equal(_codes(out, small_target), _codes(ctx_bundle, small_target))
@@ -75,6 +83,14 @@ def test_cpu_graphs_keep_only_the_weights_they_read(ctx_bundle, cpu_decoder_targ
     assert _codes(out, cpu_decoder_target).shape == full.shape
     as_exported = pack_bundle(ctx_bundle, tmp_path / "exact", cpu_decoder_target, tables="as-exported")
     assert np.array_equal(_codes(as_exported.out, cpu_decoder_target), full)
+    # cp_frame_gqa, on the CPU here, holds the Code Predictor's codec embeddings: the table is a view into the pack's
+    # own weights file, pointed at their new offsets, not a .npy beside it
+    exact, spec = read_manifest(as_exported.out), read_manifest(ctx_bundle).embeddings["cp_codec_embedding"]
+    view = exact.embeddings["cp_codec_embedding"]
+    assert view["file"] == exact.data["weights"]["file"] and len(view["offsets"]) == 15
+    assert not (as_exported.out / "embeddings/cp_codec_embedding.npy").exists()
+    assert np.array_equal(np.asarray(load_table(as_exported.out, "cp_codec_embedding", view)),
+                          np.asarray(load_table(ctx_bundle, "cp_codec_embedding", spec)))
 
 
 def test_a_pack_fails_in_one_line_where_it_cannot_run(ctx_bundle, small_target, tmp_path, monkeypatch):

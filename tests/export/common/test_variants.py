@@ -116,6 +116,12 @@ def test_fp16_kv_agrees_with_fp32(base_bundle):
     np.testing.assert_array_equal(codes, ref_codes)
     assert cosine_rows(logits, ref_logits).min() >= 0.99999
     assert cosine_rows(cp_logits, ref_cp).min() >= 0.99999
+    # the Code Predictor's codec table, a view into the base's weights file, is one into the variant's own (written
+    # anew, its layout its own): the same values, not the base's offsets read in another file
+    spec = b.manifest.embeddings["cp_codec_embedding"]
+    assert spec["file"] == b.manifest.data["weights"]["file"] and len(spec["offsets"]) == 15
+    base = Bundle.open(base_bundle, load_graphs=False)
+    assert np.array_equal(np.asarray(b.table("cp_codec_embedding")), np.asarray(base.table("cp_codec_embedding")))
 
 
 def test_fp16_kv_fused_talker_runs_attention_in_fp16(base_bundle):
