@@ -65,7 +65,7 @@ def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, inpu
     path.parent.mkdir(parents=True, exist_ok=True)
     data_file(path).unlink(missing_ok=True)
     structure = path.with_name(f".{path.name}.structure")
-    release_pages(module)  # what building the wrapper read (a fused graph's parts), before the trace reads its own
+    release_pages()  # what the tables or the wrapper's construction read, before the trace reads its own
     with torch.no_grad(), warnings.catch_warnings(), _linear_as_matmul(module), _exported_params() as box:
         warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer notes
         torch.onnx.export(module, example_inputs, str(structure), input_names=input_names,
@@ -75,7 +75,7 @@ def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, inpu
         size = _write_weights(structure, path, box.pop("params"))
     finally:
         structure.unlink(missing_ok=True)
-        release_pages(module)
+        release_pages()
     log.info("exported %s (%.1f MB of weights in %s)", path.name, size / 1e6, data_file(path).name)
     return path
 
@@ -83,30 +83,28 @@ def export_onnx(module: torch.nn.Module, example_inputs: tuple, path: Path, inpu
 _MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the range's pages; file pages are dropped, nothing is lost
 
 
-def release_pages(module: torch.nn.Module) -> int:
-    """Hand the pages of ``module``'s weights back to the kernel, on Linux: the reference model's weights are the
-    checkpoint's file mapped into memory (transformers maps safetensors), and every page a trace or a write read
-    stays resident until the process ends, so an export's memory grew to the whole model's bytes however
+def release_pages() -> int:
+    """Hand the pages of the mapped checkpoint files (``*.safetensors``) back to the kernel, on Linux: the reference
+    model's weights are those files' pages (transformers maps safetensors), and every page a trace, a table or a
+    write read stays resident until the process ends, so an export's memory grew to the whole model's bytes however
     little each graph read. Clean file pages are dropped (read again from the page cache or the disk when next
-    touched); other pages stay (no swap). Returns the bytes advised; 0 where ``madvise`` is missing."""
+    touched); other pages stay (no swap). Returns the bytes advised; 0 where ``madvise`` or /proc is missing."""
     import ctypes
-    import mmap
     import sys
 
     if not sys.platform.startswith("linux"):
         return 0
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            spans = [line.split()[0] for line in f if line.rstrip().endswith(".safetensors")]
+    except OSError:
+        return 0
     libc = ctypes.CDLL(None, use_errno=True)
-    page, seen, total = mmap.PAGESIZE, set(), 0
-    for t in [*module.parameters(), *module.buffers()]:
-        storage = t.untyped_storage()
-        start = storage.data_ptr()
-        if t.device.type != "cpu" or start in seen or storage.nbytes() < page:
-            continue
-        seen.add(start)
-        first, end = start - start % page, start + storage.nbytes()
-        length = end - first + (-(end - first) % page)
-        if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), _MADV_PAGEOUT) == 0:
-            total += length
+    total = 0
+    for span in spans:
+        start, end = (int(x, 16) for x in span.split("-"))
+        if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_PAGEOUT) == 0:
+            total += end - start
     return total
 
 

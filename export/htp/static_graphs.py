@@ -41,6 +41,7 @@ saturates at 65504 in fp16 (an activation of 2000 already gives a wrong norm).
 """
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -433,6 +434,8 @@ def make_context_binaries(work_dir: Path, files: dict[str, str], target: Target,
         sess = create_session(src, target, strict=True, context=cfg)
         if on_session is not None:
             on_session(name, sess)
+        del sess  # its graph and buffers go before the next graph compiles (a shared context is the EP's to keep)
+        gc.collect()
         out[name] = {"file": ctx_rel, "shared": shared}
     for name, d in out.items():
         import onnx

@@ -74,3 +74,38 @@ def test_the_exporter_makes_no_copy_of_a_linear_weight_and_the_modules_are_resto
         assert lin.weight.untyped_storage().data_ptr() in ptrs
     assert all(type(m).forward is nn.Linear.forward and "forward" not in vars(m) for m in (module.up, module.down))
     assert all("weight_t" not in dict(m.named_parameters()) for m in module.modules())
+
+
+def _mapped_kb(suffix: str) -> int:
+    """Resident kB of this process's mappings of files ending in ``suffix`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                inside = line.rstrip().endswith(suffix)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_release_pages_hands_the_mapped_checkpoint_back_and_the_weights_stay(tmp_path):
+    """The reference model's weights are the checkpoint file's pages: once read they stay resident, until
+    ``release_pages`` drops them; read again, they are the same values."""
+    import sys
+
+    import pytest
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("release_pages acts on Linux only (madvise, /proc/self/maps)")
+    from kztts.export.common.checkpoint import load_reference
+    from kztts.export.tts.tiny import cached_tiny
+
+    model = load_reference(cached_tiny("equal")).model
+    before = [p.detach().clone() for p in model.parameters()]
+    sum(float(p.detach().sum()) for p in model.parameters())  # read every weight
+    resident = _mapped_kb(".safetensors")
+    assert resident > 20_000, resident  # the tiny model's 32.6 MB of weights, mapped
+    assert onnx_export.release_pages() > 0
+    assert _mapped_kb(".safetensors") < resident / 10
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
