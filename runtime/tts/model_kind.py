@@ -51,11 +51,13 @@ class ModelKind:
     speakers: dict[str, Speaker]
     takes_instruction: bool
     size: str | None = None  # tts_model_size ("0b6", "1b7"), for messages
+    hears_recordings: bool = True  # a Base bundle with its speaker encoder (a device pack may leave it out)
 
     @classmethod
     def of(cls, manifest: Manifest) -> "ModelKind":
         speakers = {name: Speaker(name, int(v["id"]), v.get("dialect")) for name, v in manifest.speakers.items()}
-        return cls(manifest.tts_kind, speakers, manifest.takes_instruction, manifest.data.get("tts_model_size"))
+        return cls(manifest.tts_kind, speakers, manifest.takes_instruction, manifest.data.get("tts_model_size"),
+                   "speaker_encoder" in manifest.graphs)
 
     @property
     def label(self) -> str:
@@ -81,6 +83,9 @@ class ModelKind:
         return found
 
     def _who_speaks(self) -> str:
+        if self.kind == "base" and not self.hears_recordings:
+            return ("it speaks a saved voice (--voice F.voice) or its built-in one; it has no speaker encoder to hear "
+                    "a recording (kztts pack --voice-cloning keeps it)")
         if self.kind == "base":
             return "it clones a voice: give a recording (--speaker-wav, --ref-audio) or a saved voice (--voice)"
         if self.kind == "voice_design":

@@ -12,6 +12,7 @@ from kztts.bundle.manifest import read_manifest
 from kztts.bundle.onnx_wire import read_graph
 from kztts.core.errors import BundleError, KzttsError
 from kztts.plan.pack import BUILTIN_VOICE_FILE, pack_bundle
+from kztts.tts.model_kind import ModelKind
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +106,10 @@ def test_a_pack_fails_in_one_line_where_it_cannot_run(ctx_bundle, small_target, 
     monkeypatch.undo()
     with pytest.raises(KzttsError, match="voice from a recording needs graph 'speaker_encoder'"):
         TTS(out, target=small_target, strict=True).voice_from_wav(np.zeros(24000, np.float32), 24000)
+    # what inspect says the pack takes: no recording (the full bundle's line asks for one)
+    said = ModelKind.of(read_manifest(out)).describe()[0]
+    assert "saved voice (--voice F.voice) or its built-in one" in said and "--voice-cloning" in said, said
+    assert "give a recording" in ModelKind.of(read_manifest(ctx_bundle)).describe()[0]
 
 
 def test_pack_refuses_what_it_cannot_write(ctx_bundle, small_target, tmp_path):
