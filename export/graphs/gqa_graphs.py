@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from kztts.bundle.graphs import FUSED_KV
-from kztts.export.common.onnx_export import export_onnx
+from kztts.export.common.onnx_export import export_onnx, release_pages
 from kztts.export.common.qwen3_stack import Qwen3Stack, head_norm, rope_cos_sin, rotate_half
 from kztts.export.graphs.code_predictor_graph import (
     FRAME_INPUTS,
@@ -115,11 +115,12 @@ def _concat_linear(*parts: nn.Linear) -> nn.Linear:
     bias = [p.bias is not None for p in parts]
     if any(bias) and not all(bias):
         raise ValueError("cannot concatenate linears with and without bias")
-    out = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=all(bias))
+    out = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=all(bias), device="meta")
     with torch.no_grad():
-        out.weight.copy_(torch.cat([p.weight for p in parts], dim=0))
+        out.weight = nn.Parameter(torch.cat([p.weight for p in parts], dim=0))
         if all(bias):
-            out.bias.copy_(torch.cat([p.bias for p in parts], dim=0))
+            out.bias = nn.Parameter(torch.cat([p.bias for p in parts], dim=0))
+    release_pages()  # the parts' pages, read once: a layer's at a time, not the whole stack's beside its fused copy
     return out
 
 
