@@ -374,7 +374,9 @@ def test_inspect_prints_a_row_per_graph(tiny_bundle_dir, small_target, tmp_path,
     report = json.loads(js)
     lines = out.splitlines()
     assert lines[0] == "target simulator (SC8380XP); QNN unavailable: disabled by KZTTS_DISABLE_QNN"
-    assert lines[1].startswith("kind: Base 1.7B (base); it clones a voice") and lines[2] == "instruction: not accepted"
+    # two graphs of a Base bundle, no speaker encoder among them: it takes saved voices, not recordings
+    assert lines[1].startswith("kind: Base 1.7B (base); it speaks a saved voice")
+    assert lines[2] == "instruction: not accepted"
     assert report["accepts"]["kind"] == "base" and report["accepts"]["speakers"] == {}
     del lines[1:3]  # what the bundle accepts (tests/tts/test_model_kinds.py checks the other kinds)
     assert lines[1] == "random weights (kztts make-tiny, size tiny, seed 1234): not a real checkpoint"
