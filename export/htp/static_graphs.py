@@ -249,6 +249,9 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
         _release_torch_weights(model, calibration)
         q = quantize_graphs(work_dir, files, calibration, target, precision=precision, drive=drive,
                             matmul_precisions=matmuls, first_layers=first, keep_float=True)
+        for name in files:  # a float layer graph may now read its weights from its twin's data file: its new size
+            specs[name] = replace(specs[name], extra={**specs[name].extra,
+                                                      "bytes": (work_dir / specs[name].file).stat().st_size})
         for name, (phase, unit) in units.items():
             base = specs[name].extra
             variant = segment_graph_name(phase, unit, precision)

@@ -73,6 +73,7 @@ def make_htp_bundle(base: Path, model_dir: Path, target_file: Path, precision: s
             shutil.copy2(base / shared["file"], work / shared["file"])
         if cp_file:
             shutil.copy2(base / cp_file, work / cp_file)
+        write_manifest(work, data)  # the calibration reads the base's tables through it (a table may be a view)
         model = load_reference(model_dir).model
         # with their QNN context binaries, as a device bundle ships: a session loads the compiled
         # graph (fp16 weights) instead of holding the fp32 ONNX beside its compilation
