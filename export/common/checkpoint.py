@@ -8,6 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+
+from kztts.bundle.embeddings import bf16_to_f32
 from kztts.core import env
 from kztts.core.errors import KzttsError
 from kztts.export.common.qwen_import import import_qwen_tts
@@ -120,8 +123,6 @@ def fp32_checkpoint(model_dir: Path, staging: Path) -> Path:
     every 16-bit float tensor widened to fp32 (exact), a tensor at a time, and links to its other files.
     transformers maps a safetensors file whose dtype is the one asked for, and copies one it must convert: the
     widened copy keeps the weights on disk, each graph's export reading only its own."""
-    import numpy as np
-
     model_dir, staging = Path(model_dir), Path(staging)
     files = sorted(p for p in model_dir.rglob("*.safetensors") if p.is_file())
     narrow = [p for p in files if any(v.get("dtype") in _SAFETENSORS_FLOATS
@@ -136,12 +137,12 @@ def fp32_checkpoint(model_dir: Path, staging: Path) -> Path:
         except OSError:  # Windows without the symlink privilege
             shutil.copy2(src, dst)
     for src in narrow:
-        _widen(src, staging / src.relative_to(model_dir), np)
+        _widen(src, staging / src.relative_to(model_dir))
     log.info("%s: %d safetensors file(s) widened to fp32 in %s", model_dir, len(narrow), staging)
     return staging
 
 
-def _widen(src: Path, dst: Path, np) -> None:
+def _widen(src: Path, dst: Path) -> None:
     """``src`` (safetensors) rewritten as ``dst`` with its bf16/fp16 tensors in fp32, one tensor in memory at a
     time."""
     header, start = _safetensors_header(src)
@@ -172,7 +173,7 @@ def _widen(src: Path, dst: Path, np) -> None:
                 if len(data) != min(_WIDEN_BLOCK, b - at):
                     raise KzttsError(f"{src}: ends inside tensor {n!r}; the checkpoint is damaged (download it again)")
                 if kind == "bf16":
-                    data = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+                    data = bf16_to_f32(np.frombuffer(data, np.uint16))
                 elif kind == "fp16":
                     data = np.frombuffer(data, np.float16).astype(np.float32)
                 out.write(memoryview(data).cast("B") if kind else data)

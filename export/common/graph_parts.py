@@ -47,6 +47,11 @@ def graph_spec(bundle_dir: Path, name: str, rel_file: str, variant: str, precisi
                      {"bytes": path.stat().st_size, "export_id": export_id})
 
 
+def with_file_bytes(bundle_dir: Path, spec: GraphSpec) -> GraphSpec:
+    """``spec`` with the bytes its graph file has now (a rewrite pointed its tensors at another data file)."""
+    return replace(spec, extra={**spec.extra, "bytes": (Path(bundle_dir) / spec.file).stat().st_size})
+
+
 def share_with_static(bundle_dir: Path, graphs: dict[str, GraphSpec], static: dict[str, GraphSpec], weights: dict
                       ) -> tuple[dict[str, GraphSpec], dict]:
     """``share_graph_weights`` again once the static HTP graphs ``static`` are written: a float static graph holds
@@ -74,5 +79,5 @@ def share_graph_weights(bundle_dir: Path, specs: dict[str, GraphSpec], sources: 
     sources = sources or {}
     size = share_weights([(sources.get(n, bundle_dir / s.file), bundle_dir / s.file) for n, s in specs.items()],
                          bundle_dir / rel, consume=not sources)  # an export: its staging folder
-    out = {n: replace(s, extra={**s.extra, "bytes": (bundle_dir / s.file).stat().st_size}) for n, s in specs.items()}
+    out = {n: with_file_bytes(bundle_dir, s) for n, s in specs.items()}
     return out, {"file": rel, "bytes": size, "graphs": list(specs)}

@@ -163,8 +163,8 @@ _ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, 
 
 def _write_weights(structure: Path, path: Path, params: dict[str, torch.Tensor]) -> int:
     """Graph ``structure`` (its weights as inputs) written as ``path`` with them as initializers: each of
-    at least 1 KiB in ``path``'s ``.data`` file at an aligned offset, streamed one tensor at a time; the smaller
-    ones inline. Returns the bytes of the data file."""
+    at least ``SHARED_MIN_BYTES`` in ``path``'s ``.data`` file at an aligned offset, streamed one tensor at a time;
+    the smaller ones inline. Returns the bytes of the data file."""
     import onnx
     from onnx import TensorProto
 
@@ -176,14 +176,12 @@ def _write_weights(structure: Path, path: Path, params: dict[str, torch.Tensor])
             t = params[name].detach().contiguous()
             raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
             tensor = TensorProto(name=name, data_type=_ONNX_TYPES[t.dtype], dims=list(t.shape))
-            if len(raw) >= 1024:
+            if len(raw) >= SHARED_MIN_BYTES:
                 pad = -offset % tensor_alignment(len(raw))
                 out.write(b"\0" * pad)
                 offset += pad
                 out.write(raw)
-                for key, value in (("location", data.name), ("offset", offset), ("length", len(raw))):
-                    tensor.external_data.add(key=key, value=str(value))
-                tensor.data_location = TensorProto.EXTERNAL
+                _point(tensor, data.name, offset, len(raw))
                 offset += len(raw)
             else:
                 tensor.raw_data = raw

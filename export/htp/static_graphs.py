@@ -58,7 +58,7 @@ from kztts.export.common.onnx_export import export_onnx
 from kztts.export.common.qwen3_stack import Qwen3Stack
 from kztts.export.graphs.code_predictor_graph import export_cp_frame
 from kztts.export.graphs.codec_graphs import DecoderOptions, DecoderStep, _decoder_of, _example_codes
-from kztts.export.common.graph_parts import graph_spec, stamp_graph
+from kztts.export.common.graph_parts import graph_spec, stamp_graph, with_file_bytes
 from kztts.export.graphs.segment_graphs import export_talker_segments
 from kztts.export.graphs.static_layers import MagnitudeProbe, SafeRMSNorm, StaticLayer, check_static, probed_layer
 from kztts.export.graphs.talker_graph import check_rope_is_1d, talker_shape
@@ -249,9 +249,8 @@ def _segment_variants(model, work_dir: Path, specs: dict[str, GraphSpec], plan: 
         _release_torch_weights(model, calibration)
         q = quantize_graphs(work_dir, files, calibration, target, precision=precision, drive=drive,
                             matmul_precisions=matmuls, first_layers=first, keep_float=True)
-        for name in files:  # a float layer graph may now read its weights from its twin's data file: its new size
-            specs[name] = replace(specs[name], extra={**specs[name].extra,
-                                                      "bytes": (work_dir / specs[name].file).stat().st_size})
+        for name in files:  # a float layer graph may now read its weights from its twin's data file
+            specs[name] = with_file_bytes(work_dir, specs[name])
         for name, (phase, unit) in units.items():
             base = specs[name].extra
             variant = segment_graph_name(phase, unit, precision)
